@@ -1,0 +1,149 @@
+"""Entry framing: what every tier stores for one encoder output.
+
+LMCache backends move opaque ``uint8`` buffers, so one encoder output travels
+as a single self-describing frame and every tier (CPU, disk, Redis, S3) gets
+identity and integrity checks for free::
+
+    offset 0   prefix (64 bytes, little-endian)
+               magic "LMCECv1\\0" | header_len u32 | flags u32 |
+               payload_len u64 | payload xxh3_64 u64 | header xxh3_64 u64 | zeros
+    offset 64  header: ASCII JSON (storage name, identity, full mm_hash,
+               dtype, shape, created), space-padded to a multiple of 64
+    then       payload: the tensor's bytes, C-contiguous, 64-byte aligned
+
+A frame is accepted only if the magic, both checksums, the storage name and
+the payload length (= prod(shape) * itemsize) all agree; anything else is
+``CorruptEntryError``, which callers turn into a miss plus removal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import time
+from typing import Any
+
+import torch
+import xxhash
+
+from .key import SUPPORTED_DTYPES, ECKey, dtype_name
+
+MAGIC = b"LMCECv1\x00"
+PREFIX = struct.Struct("<8sIIQQQ")
+PREFIX_SIZE = 64
+ALIGN = 64
+
+
+class CorruptEntryError(Exception):
+    """A stored frame failed verification; ``reason`` says which check."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _pad(size: int) -> int:
+    return -size % ALIGN
+
+
+def encode_header(key: ECKey, tensor: torch.Tensor) -> bytes:
+    """The padded JSON header for ``tensor`` stored under ``key``."""
+    assert key.identity is not None and key.mm_hash is not None
+    header = {
+        "name": key.storage_name,
+        **key.identity.as_dict(),
+        "mm_hash": key.mm_hash,
+        "tensor_dtype": dtype_name(tensor.dtype),
+        "shape": list(tensor.shape),
+        "created": round(time.time(), 3),
+    }
+    raw = json.dumps(header, ensure_ascii=True, separators=(",", ":")).encode()
+    return raw + b" " * _pad(len(raw))
+
+
+def frame_size(header: bytes, tensor: torch.Tensor) -> int:
+    return PREFIX_SIZE + len(header) + tensor.numel() * tensor.element_size()
+
+
+def write_frame(buffer: torch.Tensor, header: bytes, tensor: torch.Tensor) -> None:
+    """Fill ``buffer`` (CPU ``uint8``, ``frame_size`` long) with the frame.
+
+    The payload is copied first (this is where a device tensor comes to the
+    host) and checksummed from the buffer itself, so the checksum covers
+    exactly the bytes the tiers will store.
+    """
+    payload_len = tensor.numel() * tensor.element_size()
+    start = PREFIX_SIZE + len(header)
+    payload = buffer[start : start + payload_len]
+    payload.view(tensor.dtype).view(tensor.shape).copy_(tensor)
+    payload_sum = xxhash.xxh3_64_intdigest(payload.numpy())
+    prefix = PREFIX.pack(
+        MAGIC, len(header), 0, payload_len, payload_sum, xxhash.xxh3_64_intdigest(header)
+    )
+    buffer[:PREFIX_SIZE].numpy()[:] = 0
+    buffer[: len(prefix)].numpy()[:] = memoryview(prefix)
+    buffer[PREFIX_SIZE:start].numpy()[:] = memoryview(header)
+
+
+def read_prefix(raw: bytes | memoryview) -> tuple[int, int, int, int]:
+    """(header_len, payload_len, payload_sum, header_sum); ``CorruptEntryError``."""
+    if len(raw) < PREFIX_SIZE:
+        raise CorruptEntryError("truncated prefix")
+    magic, header_len, _flags, payload_len, payload_sum, header_sum = PREFIX.unpack_from(raw)
+    if magic != MAGIC:
+        raise CorruptEntryError("bad magic")
+    if header_len % ALIGN:
+        raise CorruptEntryError("bad header length")
+    return header_len, payload_len, payload_sum, header_sum
+
+
+def parse_header(raw: bytes | memoryview, header_sum: int) -> dict[str, Any]:
+    if xxhash.xxh3_64_intdigest(raw) != header_sum:
+        raise CorruptEntryError("header checksum mismatch")
+    try:
+        header = json.loads(bytes(raw))
+        dtype = SUPPORTED_DTYPES[header["tensor_dtype"]]
+        shape = [int(d) for d in header["shape"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptEntryError(f"unreadable header: {exc}") from None
+    header["torch_dtype"] = dtype
+    header["shape"] = shape
+    return header
+
+
+def read_header(buffer: torch.Tensor) -> dict[str, Any]:
+    """The verified header of a frame (payload not checked)."""
+    raw = buffer.numpy()
+    header_len, payload_len, _payload_sum, header_sum = read_prefix(raw)
+    if raw.size < PREFIX_SIZE + header_len:
+        raise CorruptEntryError("truncated header")
+    header = parse_header(raw[PREFIX_SIZE : PREFIX_SIZE + header_len], header_sum)
+    header["payload_len"] = payload_len
+    header["frame_len"] = PREFIX_SIZE + header_len + payload_len
+    return header
+
+
+def decode_frame(buffer: torch.Tensor, key: ECKey, *, verify_payload: bool = True) -> torch.Tensor:
+    """A view of the tensor inside a frame read for ``key``.
+
+    The view aliases ``buffer``; copy it before the buffer is released.
+    ``verify_payload=False`` skips only the payload checksum (used for
+    frames that never left this process's memory).
+    """
+    header = read_header(buffer)
+    if header.get("name") != key.storage_name:
+        raise CorruptEntryError("entry belongs to another key")
+    dtype, shape = header["torch_dtype"], header["shape"]
+    payload_len = header["payload_len"]
+    if len(shape) != 2 or math.prod(shape) * dtype.itemsize != payload_len:
+        raise CorruptEntryError("shape does not match payload length")
+    start = header["frame_len"] - payload_len
+    if buffer.numel() < start + payload_len:
+        raise CorruptEntryError("truncated payload")
+    payload = buffer[start : start + payload_len]
+    if verify_payload:
+        _, _, payload_sum, _ = read_prefix(buffer[:PREFIX_SIZE].numpy())
+        if xxhash.xxh3_64_intdigest(payload.numpy()) != payload_sum:
+            raise CorruptEntryError("payload checksum mismatch")
+    return payload.view(dtype).view(shape)

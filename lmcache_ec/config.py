@@ -1,0 +1,358 @@
+"""The ``ec:`` section of the LMCache YAML file: schema, sources, validation.
+
+Sources, lowest precedence first:
+
+1. the schema defaults below;
+2. the ``ec:`` mapping of the YAML file (and top-level ``ec_<key>`` entries,
+   LMCache 0.5.6's flat spelling of the same keys) — or, with no file at all,
+   the embedded default (CPU tier + a disk tier under the user's cache dir);
+3. ``LMCACHE_EC_<KEY>`` environment variables.
+
+Top-level keys of the file are the KV cache's and are not inherited: the two
+caches are sized independently, and the KV defaults (a 5 GB CPU pool) would
+be wrong for encoder outputs.
+
+Inside ``ec:`` the keys are LMCache's own (``local_cpu``, ``max_local_cpu_size``
+in GB, ``local_disk``, ``max_local_disk_size`` in GB, ``remote_url`` …) plus
+lmcache-ec's additions. Unknown keys and invalid values raise ``ConfigError``
+naming the key and where it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import platformdirs
+import yaml
+
+ENV_PREFIX = "LMCACHE_EC_"
+CONFIG_FILE_ENV = "LMCACHE_CONFIG_FILE"
+FILE_PREFIX = "ec_"
+CACHE_POLICIES = ("LRU", "LFU", "FIFO", "MRU")
+
+# URL schemes whose LMCache connectors size reads from the KV chunk shape and
+# so would return garbage for encoder tensors.
+REFUSED_SCHEMES: dict[str, str] = {
+    "resp": "the resp:// client allocates the KV chunk shape on read",
+    "valkey": "the Valkey connector allocates the KV chunk shape on read",
+    "s3": "LMCache's s3:// connector hard-codes the KV chunk size; "
+    "use the lmcache-ec S3 plugin (remote_storage_plugins: [ec_s3])",
+}
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    kind: str  # bool | int | float | str | list | dict
+    default: Any
+    help: str
+    lmcache: bool  # passed through to LMCacheEngineConfig
+    check: Callable[[Any], str | None] | None = None  # returns an error or None
+
+
+def _positive(value: Any) -> str | None:
+    return None if value > 0 else "must be > 0"
+
+
+def _non_negative(value: Any) -> str | None:
+    return None if value >= 0 else "must be >= 0"
+
+
+def _non_empty(value: Any) -> str | None:
+    return None if value else "must be a non-empty string"
+
+
+def _cache_policy(value: Any) -> str | None:
+    return None if value.upper() in CACHE_POLICIES else f"must be one of {CACHE_POLICIES}"
+
+
+def _remote_url(value: Any) -> str | None:
+    if value is None:
+        return None
+    scheme = urlparse(value).scheme.lower()
+    if not scheme:
+        return "must be a URL such as redis://host:6379"
+    if scheme in REFUSED_SCHEMES:
+        return f"scheme {scheme}:// is refused: {REFUSED_SCHEMES[scheme]}"
+    return None
+
+
+SCHEMA: dict[str, Option] = {
+    opt.name: opt
+    for opt in (
+        Option(
+            "local_cpu",
+            "bool",
+            True,
+            "Keep entries in the CPU tier. When false the CPU pool only "
+            "stages disk and remote transfers.",
+            True,
+        ),
+        Option(
+            "max_local_cpu_size",
+            "float",
+            1.0,
+            "CPU tier capacity in GB (also the largest storable entry). "
+            "Memory is touched on use, not reserved at start.",
+            True,
+            _positive,
+        ),
+        Option(
+            "local_disk",
+            "str",
+            None,
+            "Directory of the disk tier (a path or file:// URL); unset disables the tier.",
+            True,
+        ),
+        Option(
+            "max_local_disk_size",
+            "float",
+            20.0,
+            "Disk tier capacity in GB; least recently used entries are removed beyond it.",
+            True,
+            _positive,
+        ),
+        Option(
+            "remote_url",
+            "str",
+            None,
+            "Remote tier URL, e.g. redis://host:6379 or rediss://…",
+            True,
+            _remote_url,
+        ),
+        Option(
+            "remote_serde",
+            "str",
+            "naive",
+            "LMCache serializer for the remote tier (frames are already bytes: keep naive).",
+            True,
+        ),
+        Option(
+            "remote_storage_plugins",
+            "list",
+            None,
+            "LMCache remote storage plugins to load (e.g. [ec_s3]).",
+            True,
+        ),
+        Option(
+            "extra_config",
+            "dict",
+            None,
+            "LMCache extra_config mapping (plugin settings live here).",
+            True,
+        ),
+        Option(
+            "blocking_timeout_secs",
+            "int",
+            10,
+            "LMCache's timeout for a blocking remote read, in seconds.",
+            True,
+            _positive,
+        ),
+        Option(
+            "cache_policy",
+            "str",
+            "LRU",
+            "Eviction policy of the CPU and disk tiers.",
+            True,
+            _cache_policy,
+        ),
+        Option(
+            "namespace",
+            "str",
+            "default",
+            "Tenant namespace: entries of different namespaces never meet.",
+            False,
+            _non_empty,
+        ),
+        Option(
+            "close_timeout",
+            "float",
+            30.0,
+            "Seconds close() waits for accepted writes to reach every tier.",
+            False,
+            _non_negative,
+        ),
+    )
+}
+
+
+def default_disk_dir() -> str:
+    return str(Path(platformdirs.user_cache_dir("lmcache-ec")) / "store")
+
+
+def embedded_default() -> dict[str, Any]:
+    """The tier used when no config file is given: CPU + disk, no servers."""
+    return {
+        "local_cpu": True,
+        "max_local_cpu_size": 1.0,
+        "local_disk": default_disk_dir(),
+        "max_local_disk_size": 10.0,
+    }
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(opt: Option, value: Any, origin: str) -> Any:
+    """Convert ``value`` to the option's type; strings come from env/YAML."""
+    where = f"{origin}: "
+    if value is None:
+        return None
+    try:
+        if opt.kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+                return value.strip().lower() in _TRUE
+            raise ValueError("expected true or false")
+        if opt.kind in ("int", "float"):
+            if isinstance(value, bool):
+                raise ValueError("expected a number")
+            number = float(value) if opt.kind == "float" else int(value)
+            if opt.kind == "int" and isinstance(value, float) and value != int(value):
+                raise ValueError("expected a whole number")
+            return number
+        if opt.kind == "str":
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise ValueError("expected a string")
+            return str(value)
+        if opt.kind == "list":
+            if isinstance(value, str):
+                value = [part.strip() for part in value.split(",") if part.strip()]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError("expected a list of strings")
+            return value
+        if opt.kind == "dict":
+            if isinstance(value, str):
+                value = json.loads(value)
+            if not isinstance(value, dict):
+                raise ValueError("expected a mapping")
+            return dict(value)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{where}invalid value {value!r:.80}: {exc}") from None
+    raise AssertionError(opt.kind)
+
+
+@dataclass(frozen=True)
+class ECConfig:
+    """Validated settings of the encoder tier, and where they came from."""
+
+    values: Mapping[str, Any]
+    source: str
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def lmcache_settings(self) -> dict[str, Any]:
+        return {k: v for k, v in self.values.items() if SCHEMA[k].lmcache}
+
+    def to_lmcache(self) -> Any:
+        """The ``LMCacheEngineConfig`` LMCache's StorageManager is built from."""
+        from lmcache.v1.config import LMCacheEngineConfig
+
+        settings = {k: v for k, v in self.lmcache_settings().items() if v is not None}
+        if not self.values.get("local_disk"):
+            settings.pop("max_local_disk_size", None)
+        return LMCacheEngineConfig.from_defaults(**settings)
+
+
+def _read_yaml(path: str) -> Mapping[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as stream:
+            loaded = yaml.safe_load(stream)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return loaded
+
+
+def _ec_section(document: Mapping[str, Any], origin: str) -> dict[str, tuple[Any, str]]:
+    """The ``ec:`` keys of a full LMCache config document, with their origin."""
+    found: dict[str, tuple[Any, str]] = {}
+    section = document.get("ec")
+    if section is not None:
+        if not isinstance(section, dict):
+            raise ConfigError(f"{origin}: 'ec' must be a mapping")
+        for name, value in section.items():
+            found[str(name).lower()] = (value, f"{origin} ec.{name}")
+    for name, value in document.items():
+        lower = str(name).lower()
+        if lower.startswith(FILE_PREFIX) and lower != "ec":
+            found.setdefault(lower[len(FILE_PREFIX) :], (value, f"{origin} {name}"))
+    return found
+
+
+def load_config(
+    source: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> ECConfig:
+    """Resolve the encoder tier's settings.
+
+    ``source``: a YAML path; a mapping shaped like the YAML file (with an
+    ``ec`` key) or holding the ``ec`` section's keys directly; or ``None`` for
+    ``$LMCACHE_CONFIG_FILE`` and then the embedded default.
+    """
+    environ = os.environ if environ is None else environ
+    raw: dict[str, tuple[Any, str]]
+    if source is None and environ.get(CONFIG_FILE_ENV):
+        source = environ[CONFIG_FILE_ENV]
+    if source is None:
+        origin = "embedded default"
+        raw = {k: (v, origin) for k, v in embedded_default().items()}
+    elif isinstance(source, Mapping):
+        origin = "config dict"
+        if "ec" in source or any(str(k).startswith(FILE_PREFIX) for k in source):
+            raw = _ec_section(source, origin)
+        else:
+            raw = {str(k).lower(): (v, f"{origin} {k}") for k, v in source.items()}
+    else:
+        origin = os.fspath(source)
+        raw = _ec_section(_read_yaml(origin), origin)
+
+    for env_name, env_value in environ.items():
+        if env_name.startswith(ENV_PREFIX):
+            raw[env_name[len(ENV_PREFIX) :].lower()] = (env_value, env_name)
+
+    values = {name: opt.default for name, opt in SCHEMA.items()}
+    for name, (value, where) in raw.items():
+        opt = SCHEMA.get(name)
+        if opt is None:
+            known = ", ".join(sorted(SCHEMA))
+            raise ConfigError(f"{where}: unknown key '{name}' (known keys: {known})")
+        values[name] = _coerce(opt, value, where)
+        if values[name] is not None and opt.check is not None:
+            problem = opt.check(values[name])
+            if problem:
+                raise ConfigError(f"{where}: '{name}' {problem}")
+
+    if values["local_disk"]:
+        values["local_disk"] = _disk_path(values["local_disk"])
+    return ECConfig(values=values, source=origin)
+
+
+def _disk_path(value: str) -> str:
+    path = value[len("file://") :] if value.startswith("file://") else value
+    if "," in path:
+        raise ConfigError("'local_disk' takes one directory for the encoder tier")
+    return str(Path(path).expanduser().resolve())

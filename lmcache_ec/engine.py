@@ -1,0 +1,338 @@
+"""ECCache: encoder outputs in LMCache's tiers, keyed by ``mm_hash``.
+
+Contract:
+
+- ``put`` validates, frames (``codec.py``) and hands the frame to LMCache's
+  StorageManager: the CPU tier holds it before ``put`` returns; lower tiers
+  are written in the background. ``close()`` waits (up to ``close_timeout``)
+  until every accepted write has reached every tier.
+- ``get`` walks the tiers in order (CPU → disk → remote). A hit below the CPU
+  tier is verified (checksum, identity, shape) and then promoted into the
+  tiers above it. A frame that fails verification is removed from every
+  tier, counted, and reported as a miss. A tier that raises is skipped.
+- The returned tensor is a private copy on the requested device.
+
+Why the walk is here rather than ``StorageManager.get``: that method promotes
+before anyone can verify, and does not say which tier answered.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import torch
+from lmcache.v1.event_manager import EventManager
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.metadata import LMCacheMetadata
+
+from . import codec
+from .config import ECConfig, load_config
+from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
+from .metrics import ECStats
+from .tiers import ECStorageManager, tier_name
+from .tiers.local_cpu import ECLocalCPUBackend
+from .tiers.local_disk import ECLocalDiskBackend
+
+logger = logging.getLogger(__name__)
+
+Items = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+
+
+def _lmcache_metadata(model: str) -> LMCacheMetadata:
+    # LMCache sizes some remote buffers from kv_shape; encoder frames never use
+    # it, but it has to be plausible. role="worker": the scheduler role has no
+    # CPU tier in LMCache.
+    return LMCacheMetadata(
+        model_name=model,
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=torch.bfloat16,
+        kv_shape=(1, 2, 256, 1, 128),
+        role="worker",
+    )
+
+
+def validate_tensor(tensor: Any, pinned_dtype: str = "") -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``tensor`` is storable."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise ValueError(f"expected a dense tensor, got layout {tensor.layout}")
+    if tensor.is_meta:
+        raise ValueError("meta tensors have no data to store")
+    if tensor.dim() != 2:
+        raise ValueError(f"expected a 2-D tensor [tokens, hidden], got shape {tuple(tensor.shape)}")
+    if tensor.numel() == 0:
+        raise ValueError(f"expected a non-empty tensor, got shape {tuple(tensor.shape)}")
+    name = dtype_name(tensor.dtype)  # ValueError for unsupported dtypes
+    if pinned_dtype and name != pinned_dtype:
+        raise ValueError(f"tensor dtype {name} differs from the encoder dtype {pinned_dtype}")
+
+
+class ECCache:
+    """The encoder-output tier. Thread-safe; one per process and identity."""
+
+    def __init__(self, config: ECConfig, identity: EncoderIdentity) -> None:
+        self.config = config
+        self.identity = identity
+        self.stats = ECStats()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._storage = ECStorageManager(
+            config=config.to_lmcache(),
+            metadata=_lmcache_metadata(identity.model),
+            event_manager=EventManager(),
+            lmcache_worker=None,
+            async_lookup_server=None,
+        )
+        cpu = self._storage.storage_backends["LocalCPUBackend"]
+        assert isinstance(cpu, ECLocalCPUBackend)
+        self._cpu = cpu
+        disk = self._storage.storage_backends.get("LocalDiskBackend")
+        self._disk = disk if isinstance(disk, ECLocalDiskBackend) else None
+
+    @classmethod
+    def from_config(
+        cls,
+        source: Any = None,
+        *,
+        model: str,
+        revision: str | None = None,
+        namespace: str | None = None,
+        fingerprint: str = "",
+        dtype: torch.dtype | str | None = None,
+    ) -> ECCache:
+        """Build the tier from a YAML path, a dict, or ``None`` (env, then default).
+
+        ``dtype`` pins the encoder output dtype into the key (recommended when
+        known); ``namespace`` overrides the config's ``namespace``.
+        """
+        config = load_config(source)
+        if isinstance(dtype, torch.dtype):
+            dtype = dtype_name(dtype)
+        identity = EncoderIdentity(
+            model=model,
+            revision=revision or "",
+            fingerprint=fingerprint,
+            dtype=dtype or "",
+            namespace=namespace if namespace is not None else config.namespace,
+        )
+        return cls(config, identity)
+
+    # -- introspection -------------------------------------------------------
+
+    @property
+    def cpu_capacity(self) -> int:
+        """Bytes of the CPU pool: the largest frame the tier can take."""
+        return self._cpu.capacity
+
+    @property
+    def tiers(self) -> list[str]:
+        return [
+            tier_name(name)
+            for name in self._storage.storage_backends
+            if name != "LocalCPUBackend" or self._cpu.use_hot
+        ]
+
+    def key(self, mm_hash: str) -> ECKey:
+        return self.identity.key(mm_hash)
+
+    # -- writes --------------------------------------------------------------
+
+    def put(self, mm_hash: str, tensor: torch.Tensor) -> bool:
+        """Store ``tensor`` under ``mm_hash``.
+
+        Returns True when the entry is stored (or already was), False when the
+        CPU pool has no room right now. Raises ``TypeError``/``ValueError`` for
+        input that can never be stored.
+        """
+        key = self.key(mm_hash)
+        validate_tensor(tensor, self.identity.dtype)
+        return self._put(key, tensor)
+
+    def put_many(self, items: Items) -> list[bool]:
+        """``put`` for several entries; all are validated before any is stored."""
+        pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
+        prepared = []
+        for mm_hash, tensor in pairs:
+            key = self.key(mm_hash)
+            validate_tensor(tensor, self.identity.dtype)
+            prepared.append((key, tensor))
+        return [self._put(key, tensor) for key, tensor in prepared]
+
+    def _put(self, key: ECKey, tensor: torch.Tensor) -> bool:
+        self._check_open()
+        started = time.perf_counter()
+        header = codec.encode_header(key, tensor)
+        size = codec.frame_size(header, tensor)
+        if size > self.cpu_capacity:
+            raise ValueError(
+                f"entry of {size} bytes exceeds the CPU tier ({self.cpu_capacity} "
+                "bytes, max_local_cpu_size); raise max_local_cpu_size"
+            )
+        if self._cpu.use_hot and self._cpu.contains(key):
+            self.stats.add("put_skipped_existing")
+            return True
+        memory_obj = self._storage.allocate(
+            torch.Size([size]),
+            torch.uint8,
+            MemoryFormat.EC_TD,
+            eviction=True,
+            busy_loop=False,
+        )
+        if memory_obj is None or memory_obj.tensor is None:
+            self.stats.add("put_rejected")
+            logger.warning("CPU pool full: %s not stored", key)
+            return False
+        try:
+            codec.write_frame(memory_obj.tensor, header, tensor)
+        except BaseException:
+            memory_obj.ref_count_down()
+            raise
+        self._storage.batched_put([key], [memory_obj])  # takes our reference
+        self.stats.put(size, time.perf_counter() - started)
+        return True
+
+    def remove(self, mm_hash: str) -> bool:
+        """Delete ``mm_hash`` from every tier; True if any tier held it."""
+        self._check_open()
+        return self._storage.remove(self.key(mm_hash)) > 0
+
+    # -- reads ---------------------------------------------------------------
+
+    def contains(self, mm_hash: str) -> str | None:
+        """Name of the first tier holding ``mm_hash`` (``cpu``, ``disk``…), or None."""
+        self._check_open()
+        key = self.key(mm_hash)
+        for name, backend in self._storage.get_active_storage_backends():
+            try:
+                if backend.contains(key):
+                    return tier_name(name)
+            except Exception as exc:
+                self._tier_failed(name, "contains", exc)
+        return None
+
+    def get(self, mm_hash: str, device: str | torch.device = "cpu") -> torch.Tensor | None:
+        """The tensor stored under ``mm_hash`` on ``device``, or None on a miss."""
+        self._check_open()
+        return self._get(self.key(mm_hash), torch.device(device))
+
+    def get_many(
+        self, mm_hashes: Sequence[str], device: str | torch.device = "cpu"
+    ) -> list[torch.Tensor | None]:
+        self._check_open()
+        keys = [self.key(mm_hash) for mm_hash in mm_hashes]
+        target = torch.device(device)
+        return [self._get(key, target) for key in keys]
+
+    def _get(self, key: ECKey, device: torch.device) -> torch.Tensor | None:
+        started = time.perf_counter()
+        found = self._fetch(key)
+        if found is None:
+            self.stats.miss(time.perf_counter() - started)
+            return None
+        level, name, memory_obj = found
+        try:
+            view = codec.decode_frame(memory_obj.tensor, key, verify_payload=level > 0)
+            if level > 0:
+                self._promote(key, memory_obj, level)
+            out = view.to(device=device, copy=True)
+        except codec.CorruptEntryError as exc:
+            self.stats.add("integrity_failures")
+            logger.warning("Dropping corrupt entry %s from %s: %s", key, name, exc.reason)
+            self._storage.remove(key)
+            self.stats.miss(time.perf_counter() - started)
+            return None
+        finally:
+            memory_obj.ref_count_down()
+        nbytes = out.numel() * out.element_size()
+        self.stats.hit(tier_name(name), nbytes, time.perf_counter() - started)
+        return out
+
+    def _fetch(self, key: ECKey) -> tuple[int, str, MemoryObj] | None:
+        """(tier level, backend name, buffer) of the first tier that has ``key``."""
+        for level, (name, backend) in enumerate(self._storage.get_active_storage_backends()):
+            try:
+                memory_obj = backend.get_blocking(key)
+            except Exception as exc:
+                self._tier_failed(name, "get", exc)
+                continue
+            if memory_obj is not None and memory_obj.tensor is not None:
+                return level, name, memory_obj
+        return None
+
+    def _promote(self, key: ECKey, memory_obj: MemoryObj, level: int) -> None:
+        """Copy a verified lower-tier hit into every tier above it."""
+        for upper, (name, backend) in enumerate(self._storage.get_active_storage_backends()):
+            if upper >= level:
+                break
+            try:
+                backend.batched_submit_put_task([key], [memory_obj])
+            except Exception as exc:
+                self._tier_failed(name, "promote", exc)
+
+    def _tier_failed(self, name: str, operation: str, exc: Exception) -> None:
+        self.stats.tier_error(tier_name(name))
+        logger.warning("%s tier failed on %s: %s", tier_name(name), operation, exc)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def pending_writes(self) -> int:
+        """Accepted writes not yet on every tier."""
+        return self._disk.pending_writes() if self._disk is not None else 0
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until accepted writes reach every tier; False on timeout."""
+        deadline = time.monotonic() + (self.config.close_timeout if timeout is None else timeout)
+        while self.pending_writes():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+        return True
+
+    def close(self) -> None:
+        """Flush accepted writes, then release the tiers. Idempotent; bounded."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if not self.flush():
+            logger.warning(
+                "close(): %d writes still pending after %.0fs",
+                self.pending_writes(),
+                self.config.close_timeout,
+            )
+        # LMCache's close can block on a remote connector; never let it hang us.
+        closer = threading.Thread(target=self._storage.close, name="ec-close", daemon=True)
+        closer.start()
+        closer.join(timeout=max(self.config.close_timeout, 1.0))
+        if closer.is_alive():
+            logger.warning("close(): storage backends did not stop in time; leaving them")
+
+    def __enter__(self) -> ECCache:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("ECCache is closed")
+
+    def __repr__(self) -> str:
+        return f"ECCache(model={self.identity.model!r}, tiers={self.tiers})"
+
+
+__all__ = ["DTYPE_NAMES", "ECCache", "validate_tensor"]

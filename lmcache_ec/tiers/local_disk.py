@@ -1,0 +1,221 @@
+"""LMCache's LocalDiskBackend, made persistent and crash-safe for encoder outputs.
+
+What upstream lacks, and this subclass adds:
+
+- **Restart persistence.** Upstream keeps shape/dtype only in an in-memory
+  index that starts empty, so a new process never sees old files. Entries are
+  self-describing frames (``codec.py``) named by their storage name, so the
+  index is rebuilt from a directory scan (names and sizes, no reads), oldest
+  first so LRU order survives too.
+- **Sharing between processes.** A key missing from the index is looked up on
+  disk once (one ``stat``), so entries written by another process on the same
+  directory are found.
+- **Atomic writes.** Upstream writes the final path in place; a crash leaves a
+  torn file. Here a frame is written to a temporary name and renamed, so a
+  reader sees a whole frame or none. (A torn file from elsewhere still fails
+  its checksum and is dropped by the engine.)
+- **No exception from I/O.** A failed write is logged and forgotten; a file
+  deleted under us is a miss; allocation pressure is a miss, not an assert.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+from lmcache.logging import init_logger
+from lmcache.utils import CacheEngineKey, DiskCacheMetadata
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
+
+from ..key import ECKey
+
+logger = init_logger(__name__)
+
+SUFFIX = ".pt"  # upstream's; the storage name before it identifies the entry
+TMP_MARKER = ".tmp-"
+STALE_TMP_SECONDS = 3600
+
+
+class ECLocalDiskBackend(LocalDiskBackend):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.write_errors = 0
+        self.rebuilt_entries = self._rebuild_index()
+
+    # -- index ---------------------------------------------------------------
+
+    def _meta(self, path: str, size: int) -> DiskCacheMetadata:
+        return DiskCacheMetadata(
+            path, size, torch.Size([size]), torch.uint8, None, MemoryFormat.EC_TD, 0
+        )
+
+    def _rebuild_index(self) -> int:
+        found: list[tuple[float, ECKey, str, int]] = []
+        now = time.time()
+        with os.scandir(self.path) as scan:
+            for entry in scan:
+                name = entry.name
+                try:
+                    if TMP_MARKER in name:
+                        if now - entry.stat().st_mtime > STALE_TMP_SECONDS:
+                            os.remove(entry.path)
+                        continue
+                    if not name.endswith(SUFFIX):
+                        continue
+                    stem = name[: -len(SUFFIX)]
+                    if not ECKey.is_storage_name(stem):
+                        continue
+                    stat = entry.stat()
+                except OSError:
+                    continue  # vanished while scanning
+                found.append((stat.st_mtime, ECKey(stem), entry.path, stat.st_size))
+        found.sort(key=lambda item: item[0])
+        with self.disk_lock:
+            for _, key, path, size in found:
+                self.dict[key] = self._meta(path, size)
+                self.cache_policy.update_on_put(key)
+                self.current_cache_size += size
+                self.usage += size
+        self._evict_to_capacity()
+        if found:
+            logger.info("Disk tier %s: %d entries indexed", self.path, len(found))
+        return len(found)
+
+    def _evict_to_capacity(self) -> None:
+        with self.disk_lock:
+            while self.current_cache_size > self.max_cache_size and self.dict:
+                victims = self.cache_policy.get_evict_candidates(self.dict, 1)
+                if not victims:
+                    break
+                for victim in victims:
+                    self.current_cache_size -= self.dict[victim].size
+                self.batched_remove(victims, force=False)
+
+    def _adopt(self, key: CacheEngineKey) -> bool:
+        """Index an entry another process wrote; False if there is none."""
+        path = self._key_to_path(key)
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            return False
+        with self.disk_lock:
+            if key not in self.dict:
+                self.dict[key] = self._meta(path, size)
+                self.cache_policy.update_on_put(key)
+                self.current_cache_size += size
+                self.usage += size
+        return True
+
+    def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
+        if super().contains(key, pin):
+            return True
+        return self._adopt(key) and super().contains(key, pin)
+
+    def entries(self) -> list[tuple[CacheEngineKey, int, str]]:
+        """(key, bytes, path) of every indexed entry, least recently used first."""
+        with self.disk_lock:
+            return [(k, m.size, m.path) for k, m in self.dict.items()]
+
+    # -- reads ---------------------------------------------------------------
+
+    def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
+        with self.disk_lock:
+            meta = self.dict.get(key)
+        if meta is None:
+            if not self._adopt(key):
+                return None
+            with self.disk_lock:
+                meta = self.dict.get(key)
+            if meta is None:
+                return None
+        memory_obj = self.local_cpu_backend.allocate(
+            meta.shape, meta.dtype, MemoryFormat.EC_TD, busy_loop=False
+        )
+        if memory_obj is None:
+            logger.warning("CPU pool full: disk read of %s skipped", key)
+            return None
+        buffer = memory_obj.byte_array
+        try:
+            with open(meta.path, "rb") as stream:
+                read = stream.readinto(buffer)
+        except FileNotFoundError:
+            memory_obj.ref_count_down()
+            with self.disk_lock:
+                if self.dict.pop(key, None) is not None:
+                    self.current_cache_size -= meta.size
+                    self.usage -= meta.size
+            return None
+        except OSError as exc:
+            memory_obj.ref_count_down()
+            logger.warning("Disk read of %s failed: %s", meta.path, exc)
+            return None
+        if read < len(buffer):
+            # Truncated under us: make the tail deterministic; the frame's
+            # checksum then rejects it.
+            memory_obj.tensor[read:] = 0
+        with self.disk_lock:
+            if key in self.dict:
+                self.cache_policy.update_on_hit(key, self.dict)
+        return memory_obj
+
+    # -- writes --------------------------------------------------------------
+
+    def write_file(self, buffer, path: str) -> None:
+        tmp = f"{path}{TMP_MARKER}{os.getpid()}-{threading.get_ident()}"
+        try:
+            with open(tmp, "wb") as stream:
+                stream.write(buffer)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+
+    def async_save_bytes_to_disk(
+        self,
+        key: CacheEngineKey,
+        memory_obj: MemoryObj,
+        on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
+    ) -> None:
+        size = memory_obj.get_physical_size()
+        path = self._key_to_path(key)
+        try:
+            self.write_file(memory_obj.byte_array, path)
+        except OSError as exc:
+            self.write_errors += 1
+            logger.warning("Disk write of %s failed: %s", path, exc)
+            with self.disk_lock:
+                self.current_cache_size -= size
+            self.disk_worker.remove_put_task(key)
+            return
+        finally:
+            memory_obj.ref_count_down()
+        self.usage += size
+        self.insert_key(key, size, torch.Size([size]), torch.uint8, MemoryFormat.EC_TD)
+        self.disk_worker.remove_put_task(key)
+        if on_complete_callback is not None:
+            try:
+                on_complete_callback(key)
+            except Exception as exc:
+                logger.warning("on_complete_callback failed for %s: %s", key, exc)
+
+    def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        if force:
+            # Upstream decrements the size only on its own evictions.
+            with self.disk_lock:
+                meta = self.dict.get(key)
+                if meta is not None:
+                    self.current_cache_size -= meta.size
+        try:
+            return super().remove(key, force)
+        except FileNotFoundError:
+            return True  # another process removed the file first
+
+    def pending_writes(self) -> int:
+        with self.disk_worker.put_lock:
+            return len(self.disk_worker.put_tasks)

@@ -1,0 +1,61 @@
+"""Shared fixtures: small tiers in a temporary directory, deterministic tensors."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
+
+import pytest
+import torch
+
+from lmcache_ec import ECCache
+
+__all__ = ["bit_equal", "make_tensor"]
+
+
+def make_tensor(shape: tuple[int, int], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=generator).to(dtype)
+
+
+def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes (NaN-safe, unlike torch.equal)."""
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    )
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(monkeypatch, tmp_path):
+    """No test reads the developer's LMCache config or writes their cache dir."""
+    for name in list(os.environ):
+        if name.startswith("LMCACHE_EC_") or name == "LMCACHE_CONFIG_FILE":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+@pytest.fixture
+def disk_dir(tmp_path):
+    path = tmp_path / "ec-disk"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def local_config(disk_dir):
+    """CPU (64 MB) + disk (1 GB) tier config as a dict."""
+    return {
+        "local_cpu": True,
+        "max_local_cpu_size": 0.0625,
+        "local_disk": str(disk_dir),
+        "max_local_disk_size": 1.0,
+    }
+
+
+@pytest.fixture
+def cache(local_config):
+    with ECCache.from_config(local_config, model="test/model") as engine:
+        yield engine
