@@ -1,14 +1,61 @@
-"""Counters of one ECCache: hits per tier, misses, bytes, integrity failures.
+"""Counters of one ECCache: hits per tier, misses, bytes, integrity failures, latency.
 
-One place for every number the engine reports; exporters (Prometheus, vLLM's
-connector stats, the CLI) read ``snapshot()``.
+One place for every number the engine reports; exporters (Prometheus in
+``metrics_export.py``, vLLM's connector stats, the CLI) read ``snapshot()``.
+
+Latency histograms are kept here, from the per-operation durations the engine
+already passes to ``hit``/``miss``/``put``: ``get`` covers the whole tier walk
+(including verification and the copy to the caller's device); ``put`` covers
+validation, framing and the hand-off to the CPU tier (lower tiers are written
+in the background and are not on the caller's path).
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import Counter
 from typing import Any
+
+# Upper bounds in seconds (Prometheus ``le``); +Inf is implicit.
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+    5.0,
+)
+
+
+class LatencyHistogram:
+    """Fixed-bucket histogram; not thread-safe on its own (ECStats locks)."""
+
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # last slot: above every bound
+        self.count = 0
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, seconds)] += 1
+        self.count += 1
+        self.total += seconds
+
+    def snapshot(self) -> dict[str, Any]:
+        """``buckets``: (upper bound, cumulative count) pairs, ending with +Inf."""
+        cumulative, running = [], 0
+        for bound, count in zip((*self.buckets, float("inf")), self.counts):
+            running += count
+            cumulative.append((bound, running))
+        return {"buckets": cumulative, "count": self.count, "sum": self.total}
 
 
 class ECStats:
@@ -25,23 +72,28 @@ class ECStats:
         self.bytes_out = 0  # returned by get
         self.get_seconds = 0.0
         self.put_seconds = 0.0
+        self.get_latency = LatencyHistogram()
+        self.put_latency = LatencyHistogram()
 
     def hit(self, tier: str, nbytes: int, seconds: float) -> None:
         with self._lock:
             self.hits[tier] += 1
             self.bytes_out += nbytes
             self.get_seconds += seconds
+            self.get_latency.observe(seconds)
 
     def miss(self, seconds: float) -> None:
         with self._lock:
             self.misses += 1
             self.get_seconds += seconds
+            self.get_latency.observe(seconds)
 
     def put(self, nbytes: int, seconds: float) -> None:
         with self._lock:
             self.puts += 1
             self.bytes_in += nbytes
             self.put_seconds += seconds
+            self.put_latency.observe(seconds)
 
     def add(self, field: str, amount: int = 1) -> None:
         with self._lock:
@@ -67,4 +119,6 @@ class ECStats:
                 "bytes_out": self.bytes_out,
                 "get_seconds": self.get_seconds,
                 "put_seconds": self.put_seconds,
+                "get_latency": self.get_latency.snapshot(),
+                "put_latency": self.put_latency.snapshot(),
             }

@@ -32,6 +32,7 @@ from lmcache.utils import CacheEngineKey, DiskCacheMetadata
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
 
+from ..codec import PREFIX_SIZE
 from ..key import ECKey
 
 logger = init_logger(__name__)
@@ -133,8 +134,10 @@ class ECLocalDiskBackend(LocalDiskBackend):
                 meta = self.dict.get(key)
             if meta is None:
                 return None
+        # At least a frame prefix, so an empty file reads as a corrupt frame.
+        size = max(meta.size, PREFIX_SIZE)
         memory_obj = self.local_cpu_backend.allocate(
-            meta.shape, meta.dtype, MemoryFormat.EC_TD, busy_loop=False
+            torch.Size([size]), torch.uint8, MemoryFormat.EC_TD, busy_loop=False
         )
         if memory_obj is None:
             logger.warning("CPU pool full: disk read of %s skipped", key)

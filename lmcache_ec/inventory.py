@@ -1,0 +1,243 @@
+"""Listing and purging stored entries across tiers, from outside the serving process.
+
+What can be seen from here:
+
+- **disk**: every ``<storage_name>.pt`` file of the configured directory; the
+  frame header (identity, full mm_hash, shape, dtype, created time) is read
+  from the first bytes of the file, the payload is never read.
+- **remote**: through ``lmcache_ec.remote.catalog.open_catalog(config)``
+  (Redis / S3 listing, header reads and deletes).
+- **cpu**: lives inside the process that owns the ``ECCache``; ``scan_cpu``
+  lists it for that process only.
+
+Selection by namespace and model uses the storage name alone (its slugs carry
+a hash of the exact strings, see ``key.py``), so filtering never reads a file.
+Deleting a disk file under a running engine is safe: its next read of that
+entry is a miss and the stale index entry is dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import codec
+from .config import ECConfig
+from .key import KEY_FORMAT_VERSION, ECKey, slug
+from .tiers.local_disk import SUFFIX, TMP_MARKER
+
+
+class RemoteUnavailable(RuntimeError):
+    """The remote tier is configured but cannot be opened."""
+
+
+@dataclass
+class Entry:
+    """One stored entry; ``header`` is None until read, ``error`` if unreadable."""
+
+    tier: str
+    name: str
+    size: int
+    path: str | None = None
+    mtime: float | None = None
+    header: dict[str, Any] | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def created(self) -> float | None:
+        if self.header is not None and "created" in self.header:
+            return float(self.header["created"])
+        return self.mtime
+
+    def age(self, now: float | None = None) -> float | None:
+        created = self.created
+        return None if created is None else (now or time.time()) - created
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Which entries a command acts on; empty fields match everything."""
+
+    namespace: str | None = None
+    model: str | None = None
+    older_than: float | None = None  # seconds
+
+    def name_prefix(self) -> str:
+        """The longest storage-name prefix shared by every selected entry."""
+        prefix = f"ec{KEY_FORMAT_VERSION}."
+        if self.namespace is None:
+            return prefix
+        prefix += slug(self.namespace) + "."
+        return prefix + slug(self.model) + "." if self.model is not None else prefix
+
+    def matches_name(self, name: str) -> bool:
+        if not ECKey.is_storage_name(name):
+            return False
+        parts = name.split(".")
+        if self.namespace is not None and parts[1] != slug(self.namespace):
+            return False
+        return self.model is None or parts[2] == slug(self.model)
+
+    def matches_age(self, entry: Entry, now: float) -> bool:
+        if self.older_than is None:
+            return True
+        age = entry.age(now)
+        return age is not None and age >= self.older_than
+
+
+# -- disk ----------------------------------------------------------------------
+
+
+def scan_disk(directory: str, selector: Selector = Selector()) -> list[Entry]:
+    """Entries of a disk tier directory whose names match (sizes from ``stat``)."""
+    found: list[Entry] = []
+    try:
+        scan = os.scandir(directory)
+    except FileNotFoundError:
+        return found
+    with scan:
+        for item in scan:
+            name = item.name
+            if TMP_MARKER in name or not name.endswith(SUFFIX):
+                continue
+            stem = name[: -len(SUFFIX)]
+            if not selector.matches_name(stem):
+                continue
+            try:
+                stat = item.stat()
+            except OSError:
+                continue  # removed while scanning
+            found.append(Entry("disk", stem, stat.st_size, item.path, stat.st_mtime))
+    found.sort(key=lambda e: e.mtime or 0.0)
+    return found
+
+
+def read_disk_header(entry: Entry) -> None:
+    """Fill ``entry.header`` from the file's frame header (or ``entry.error``)."""
+    assert entry.path is not None
+    try:
+        with open(entry.path, "rb") as stream:
+            prefix = stream.read(codec.PREFIX_SIZE)
+            header_len, _, _, header_sum = codec.read_prefix(prefix)
+            raw = stream.read(header_len)
+        if len(raw) < header_len:
+            raise codec.CorruptEntryError("truncated header")
+        entry.header = codec.parse_header(raw, header_sum)
+    except codec.CorruptEntryError as exc:
+        entry.error = exc.reason
+    except OSError as exc:
+        entry.error = f"unreadable: {exc.strerror or exc}"
+
+
+def delete_disk(entry: Entry) -> bool:
+    assert entry.path is not None
+    try:
+        os.remove(entry.path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+# -- cpu (in-process) ----------------------------------------------------------
+
+
+def scan_cpu(cache: Any, selector: Selector = Selector()) -> list[Entry]:
+    """Entries of the CPU tier of ``cache`` (an ``ECCache`` in this process)."""
+    found = []
+    for key, size in cache._cpu.entries():
+        name = key.to_string()
+        if selector.matches_name(name):
+            found.append(Entry("cpu", name, size))
+    return found
+
+
+# -- remote --------------------------------------------------------------------
+
+
+def remote_configured(config: ECConfig) -> bool:
+    return bool(config.values.get("remote_url") or config.values.get("remote_storage_plugins"))
+
+
+def open_remote(config: ECConfig) -> Any | None:
+    """The remote catalog of ``config``, None if no remote tier is configured."""
+    if not remote_configured(config):
+        return None
+    try:
+        from .remote.catalog import open_catalog
+    except ImportError as exc:
+        raise RemoteUnavailable(f"remote catalog support is not available: {exc}") from None
+    try:
+        return open_catalog(config)
+    except Exception as exc:
+        raise RemoteUnavailable(f"cannot open the remote tier: {exc}") from exc
+
+
+def scan_remote(catalog: Any, selector: Selector = Selector()) -> list[Entry]:
+    found = []
+    for name, size in catalog.list(selector.name_prefix()):
+        if selector.matches_name(name):
+            found.append(Entry("remote", name, int(size)))
+    return found
+
+
+def read_remote_header(catalog: Any, entry: Entry) -> None:
+    try:
+        header = catalog.read_header(entry.name)
+    except Exception as exc:
+        entry.error = f"header read failed: {exc}"
+        return
+    if header is None:
+        entry.error = "no readable header"
+    else:
+        entry.header = header
+
+
+# -- both ----------------------------------------------------------------------
+
+
+def read_headers(
+    entries: Iterable[Entry], catalog: Any | None, advance: Callable[[], None] = lambda: None
+) -> None:
+    for entry in entries:
+        if entry.tier == "disk":
+            read_disk_header(entry)
+        elif entry.tier == "remote" and catalog is not None:
+            read_remote_header(catalog, entry)
+        advance()
+
+
+def select(
+    config: ECConfig,
+    selector: Selector,
+    *,
+    tiers: Iterable[str] = ("disk", "remote"),
+    catalog: Any | None = None,
+) -> list[Entry]:
+    """Entries of the persistent tiers that match by name (headers not read)."""
+    tiers = set(tiers)
+    found: list[Entry] = []
+    if "disk" in tiers and config.values.get("local_disk"):
+        found.extend(scan_disk(config.values["local_disk"], selector))
+    if "remote" in tiers and catalog is not None:
+        found.extend(scan_remote(catalog, selector))
+    return found
+
+
+def filter_age(
+    entries: Iterable[Entry], selector: Selector, now: float | None = None
+) -> Iterator[Entry]:
+    now = time.time() if now is None else now
+    return (e for e in entries if selector.matches_age(e, now))
+
+
+def delete(entry: Entry, catalog: Any | None) -> bool:
+    """Delete one entry from its tier; True if it was there."""
+    if entry.tier == "disk":
+        return delete_disk(entry)
+    if entry.tier == "remote" and catalog is not None:
+        return bool(catalog.delete(entry.name))
+    raise ValueError(f"cannot delete from tier {entry.tier!r} outside its process")

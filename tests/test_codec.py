@@ -1,0 +1,72 @@
+"""Frame encoding and every way a frame is rejected."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmcache_ec import codec
+from lmcache_ec.key import EncoderIdentity
+from tests.conftest import bit_equal, make_tensor
+
+IDENTITY = EncoderIdentity(model="m")
+
+
+def frame_of(tensor: torch.Tensor, mm_hash: str = "h") -> torch.Tensor:
+    key = IDENTITY.key(mm_hash)
+    header = codec.encode_header(key, tensor)
+    buffer = torch.empty(codec.frame_size(header, tensor), dtype=torch.uint8)
+    codec.write_frame(buffer, header, tensor)
+    return buffer
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_round_trip(dtype):
+    tensor = make_tensor((7, 33), dtype)
+    frame = frame_of(tensor)
+    assert frame.numel() % 2 == 0
+    out = codec.decode_frame(frame, IDENTITY.key("h"))
+    assert bit_equal(out, tensor)
+    header = codec.read_header(frame)
+    assert header["mm_hash"] == "h" and header["model"] == "m"
+    assert header["shape"] == [7, 33]
+
+
+def test_non_contiguous_input():
+    tensor = make_tensor((16, 8), torch.float32).t()
+    out = codec.decode_frame(frame_of(tensor), IDENTITY.key("h"))
+    assert bit_equal(out, tensor.contiguous())
+
+
+@pytest.mark.parametrize(
+    ("offset", "reason"),
+    [(0, "bad magic"), (70, "header checksum"), (-1, "payload checksum")],
+)
+def test_flipped_byte_is_detected(offset, reason):
+    frame = frame_of(make_tensor((4, 4), torch.float32))
+    frame[offset] ^= 0xFF
+    with pytest.raises(codec.CorruptEntryError, match=reason):
+        codec.decode_frame(frame, IDENTITY.key("h"))
+
+
+def test_truncated_frame_is_detected():
+    frame = frame_of(make_tensor((4, 4), torch.float32))
+    with pytest.raises(codec.CorruptEntryError, match="truncated"):
+        codec.decode_frame(frame[:-8].clone(), IDENTITY.key("h"))
+    with pytest.raises(codec.CorruptEntryError, match="truncated"):
+        codec.decode_frame(frame[:10].clone(), IDENTITY.key("h"))
+
+
+def test_frame_of_another_key_is_rejected():
+    frame = frame_of(make_tensor((4, 4), torch.float32), mm_hash="a")
+    with pytest.raises(codec.CorruptEntryError, match="another key"):
+        codec.decode_frame(frame, IDENTITY.key("b"))
+
+
+def test_skipping_payload_check_still_checks_header():
+    frame = frame_of(make_tensor((4, 4), torch.float32))
+    frame[-1] ^= 0xFF
+    codec.decode_frame(frame, IDENTITY.key("h"), verify_payload=False)
+    frame[70] ^= 0xFF
+    with pytest.raises(codec.CorruptEntryError):
+        codec.decode_frame(frame, IDENTITY.key("h"), verify_payload=False)

@@ -1,0 +1,221 @@
+"""ECCache over LMCache's CPU and disk tiers: round trips, LRU, bad input."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from lmcache_ec import ECCache
+from tests.conftest import bit_equal, make_tensor
+
+SHAPES = [(256, 2560), (512, 5376), (1024, 2048)]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_round_trip_through_cpu_tier(cache, shape, dtype):
+    tensor = make_tensor(shape, dtype, seed=hash(shape) % 1000)
+    assert cache.put("img", tensor) is True
+    assert cache.contains("img") == "cpu"
+    out = cache.get("img")
+    assert out is not None and bit_equal(out, tensor)
+    assert out.data_ptr() != tensor.data_ptr()
+    assert cache.stats.snapshot()["hits"] == {"cpu": 1}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_round_trip_through_disk_tier(local_config, shape, dtype):
+    tensor = make_tensor(shape, dtype, seed=1)
+    with ECCache.from_config(local_config, model="m") as writer:
+        assert writer.put("img", tensor)
+    with ECCache.from_config(local_config, model="m") as reader:
+        assert reader.contains("img") == "disk"
+        out = reader.get("img")
+        assert out is not None and bit_equal(out, tensor)
+        assert reader.stats.snapshot()["hits"] == {"disk": 1}
+        # The verified disk hit was promoted: the next read is a CPU hit.
+        assert reader.contains("img") == "cpu"
+        assert bit_equal(reader.get("img"), tensor)
+
+
+def test_disk_only_tier_without_cpu_hot_cache(disk_dir):
+    config = {"local_cpu": False, "max_local_cpu_size": 0.05, "local_disk": str(disk_dir)}
+    tensor = make_tensor((64, 32), torch.float16)
+    with ECCache.from_config(config, model="m") as cache:
+        assert cache.tiers == ["disk"]
+        assert cache.put("a", tensor)
+        assert cache.flush()
+        assert cache.contains("a") == "disk"
+        assert bit_equal(cache.get("a"), tensor)
+        assert cache.contains("a") == "disk"  # no CPU copy kept
+
+
+def test_non_contiguous_and_other_device_inputs(cache):
+    tensor = make_tensor((128, 64), torch.float32).t()
+    assert cache.put("t", tensor)
+    assert bit_equal(cache.get("t"), tensor.contiguous())
+
+
+def lru_cache_config(frame_bytes: int, frames: float) -> dict:
+    return {"local_cpu": True, "max_local_cpu_size": frame_bytes * frames / 1024**3}
+
+
+def test_cpu_tier_evicts_least_recently_used():
+    tensors = {
+        name: make_tensor((256, 1024), torch.float32, seed=i) for i, name in enumerate("abcd")
+    }
+    frame = 256 * 1024 * 4 + 4096
+    with ECCache.from_config(lru_cache_config(frame, 3.5), model="m") as cache:
+        for name in "abc":
+            assert cache.put(name, tensors[name])
+        assert cache.get("a") is not None  # a is now the most recently used
+        assert cache.put("d", tensors["d"])
+        assert cache.contains("b") is None  # the least recently used went
+        for name in "acd":
+            assert bit_equal(cache.get(name), tensors[name])
+
+
+def test_entry_larger_than_cpu_tier_is_refused_and_evicts_nothing():
+    with ECCache.from_config({"max_local_cpu_size": 2 / 1024}, model="m") as cache:  # 2 MB
+        small = make_tensor((16, 16), torch.float32)
+        assert cache.put("small", small)
+        with pytest.raises(ValueError, match="exceeds the CPU tier"):
+            cache.put("big", make_tensor((1024, 1024), torch.float32))
+        assert cache.contains("big") is None
+        assert bit_equal(cache.get("small"), small)
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        ([[1.0]], TypeError, "torch.Tensor"),
+        (None, TypeError, "torch.Tensor"),
+        (torch.zeros(8), ValueError, "2-D"),
+        (torch.zeros(2, 3, 4), ValueError, "2-D"),
+        (torch.zeros(0, 16), ValueError, "non-empty"),
+        (torch.zeros(4, 4, dtype=torch.int32), ValueError, "unsupported encoder dtype"),
+        (torch.zeros(4, 4, dtype=torch.float64), ValueError, "unsupported encoder dtype"),
+        (torch.zeros(4, 4, device="meta"), ValueError, "meta"),
+        (torch.eye(4).to_sparse(), ValueError, "dense"),
+    ],
+)
+def test_bad_tensors_raise_clear_errors_and_store_nothing(cache, value, error, message):
+    with pytest.raises(error, match=message):
+        cache.put("x", value)
+    assert cache.contains("x") is None
+    assert cache.stats.snapshot()["puts"] == 0
+
+
+def test_pinned_dtype_rejects_other_dtypes(local_config):
+    with ECCache.from_config(local_config, model="m", dtype=torch.bfloat16) as cache:
+        with pytest.raises(ValueError, match="differs from the encoder dtype"):
+            cache.put("x", torch.zeros(4, 4))
+        assert cache.put("x", torch.zeros(4, 4, dtype=torch.bfloat16))
+
+
+def test_bad_mm_hash_types(cache):
+    with pytest.raises(TypeError):
+        cache.put(b"bytes", torch.zeros(2, 2))  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        cache.get(None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        cache.contains("")
+
+
+def test_identities_never_exchange_entries(local_config):
+    tensor = make_tensor((8, 8), torch.float32)
+    with ECCache.from_config(local_config, model="model-a") as cache:
+        assert cache.put("same-image", tensor)
+    for other in (
+        {"model": "model-b"},
+        {"model": "model-a", "revision": "v2"},
+        {"model": "model-a", "namespace": "tenant-2"},
+        {"model": "model-a", "fingerprint": "other-vision-config"},
+    ):
+        with ECCache.from_config(local_config, **other) as cache:
+            assert cache.contains("same-image") is None
+            assert cache.get("same-image") is None
+    with ECCache.from_config(local_config, model="model-a") as cache:
+        assert bit_equal(cache.get("same-image"), tensor)
+
+
+def test_put_many_and_get_many(cache):
+    items = {f"img-{i}": make_tensor((16 + i, 32), torch.bfloat16, seed=i) for i in range(5)}
+    assert cache.put_many(items) == [True] * 5
+    got = cache.get_many([*items, "missing"])
+    assert got[-1] is None
+    for out, tensor in zip(got, items.values(), strict=False):
+        assert bit_equal(out, tensor)
+
+
+def test_put_many_validates_everything_first(cache):
+    with pytest.raises(ValueError):
+        cache.put_many([("ok", torch.zeros(2, 2)), ("bad", torch.zeros(2))])
+    assert cache.contains("ok") is None
+
+
+def test_repeated_put_is_not_rewritten(cache):
+    tensor = make_tensor((8, 8), torch.float32)
+    assert cache.put("a", tensor) and cache.put("a", tensor)
+    assert cache.stats.snapshot()["put_skipped_existing"] == 1
+
+
+def test_remove(cache):
+    cache.put("a", torch.ones(2, 2))
+    assert cache.flush()
+    assert cache.remove("a") is True
+    assert cache.contains("a") is None and cache.get("a") is None
+    assert cache.remove("a") is False
+
+
+def test_close_flushes_every_accepted_write(local_config):
+    tensors = {f"img-{i}": make_tensor((256, 256), torch.float16, seed=i) for i in range(40)}
+    cache = ECCache.from_config(local_config, model="m")
+    assert all(cache.put_many(tensors))
+    cache.close()
+    cache.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        cache.get("img-0")
+    with ECCache.from_config(local_config, model="m") as reader:
+        for name, tensor in tensors.items():
+            assert reader.contains(name) == "disk"
+            assert bit_equal(reader.get(name), tensor)
+
+
+def test_concurrent_callers(cache):
+    errors: list[BaseException] = []
+
+    def worker(thread: int) -> None:
+        try:
+            for i in range(25):
+                name = f"t{thread}-{i % 7}"
+                tensor = make_tensor((32, 16), torch.float32, seed=thread * 100 + i % 7)
+                cache.put(name, tensor)
+                out = cache.get(name)
+                assert out is not None and bit_equal(out, tensor)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as stream:
+        return int(stream.read().split()[1]) * 4096
+
+
+def test_cpu_pool_is_not_touched_at_start():
+    before = _rss_bytes()
+    with ECCache.from_config({"max_local_cpu_size": 4.0}, model="m") as cache:
+        grown = _rss_bytes() - before
+        assert cache.cpu_capacity == 4 * 1024**3
+        assert grown < 256 * 1024**2, f"RSS grew {grown / 1e6:.0f} MB at construction"
