@@ -222,39 +222,65 @@ class ECCache:
     def get(self, mm_hash: str, device: str | torch.device = "cpu") -> torch.Tensor | None:
         """The tensor stored under ``mm_hash`` on ``device``, or None on a miss."""
         self._check_open()
-        return self._get(self.key(mm_hash), torch.device(device))
+        return self._get_batch([self.key(mm_hash)], torch.device(device))[0]
 
     def get_many(
         self, mm_hashes: Sequence[str], device: str | torch.device = "cpu"
     ) -> list[torch.Tensor | None]:
+        """``get`` for several entries; device copies are issued together."""
         self._check_open()
         keys = [self.key(mm_hash) for mm_hash in mm_hashes]
-        target = torch.device(device)
-        return [self._get(key, target) for key in keys]
+        return self._get_batch(keys, torch.device(device))
 
-    def _get(self, key: ECKey, device: torch.device) -> torch.Tensor | None:
-        started = time.perf_counter()
+    def _get_batch(self, keys: Sequence[ECKey], device: torch.device) -> list[torch.Tensor | None]:
+        # To a CUDA device the copies leave the (pinned) pool asynchronously; the
+        # buffers are released only after one synchronize, so none is reused early.
+        async_copy = device.type == "cuda"
+        results: list[torch.Tensor | None] = []
+        held: list[MemoryObj] = []
+        try:
+            for key in keys:
+                started = time.perf_counter()
+                found = self._read_verified(key)
+                if found is None:
+                    self.stats.miss(time.perf_counter() - started)
+                    results.append(None)
+                    continue
+                tier, memory_obj, view = found
+                held.append(memory_obj)
+                out = view.to(device=device, non_blocking=async_copy, copy=True)
+                results.append(out)
+                self.stats.hit(
+                    tier, view.numel() * view.element_size(), time.perf_counter() - started
+                )
+            if async_copy and held:
+                torch.cuda.current_stream(device).synchronize()
+        finally:
+            for memory_obj in held:
+                memory_obj.ref_count_down()
+        return results
+
+    def _read_verified(self, key: ECKey) -> tuple[str, MemoryObj, torch.Tensor] | None:
+        """(tier, buffer, tensor view) for ``key``; the caller releases the buffer.
+
+        A lower-tier hit is verified before it is promoted; a corrupt entry is
+        removed from every tier and reads as a miss.
+        """
         found = self._fetch(key)
         if found is None:
-            self.stats.miss(time.perf_counter() - started)
             return None
         level, name, memory_obj = found
         try:
             view = codec.decode_frame(memory_obj.tensor, key, verify_payload=level > 0)
-            if level > 0:
-                self._promote(key, memory_obj, level)
-            out = view.to(device=device, copy=True)
         except codec.CorruptEntryError as exc:
+            memory_obj.ref_count_down()
             self.stats.add("integrity_failures")
             logger.warning("Dropping corrupt entry %s from %s: %s", key, name, exc.reason)
             self._storage.remove(key)
-            self.stats.miss(time.perf_counter() - started)
             return None
-        finally:
-            memory_obj.ref_count_down()
-        nbytes = out.numel() * out.element_size()
-        self.stats.hit(tier_name(name), nbytes, time.perf_counter() - started)
-        return out
+        if level > 0:
+            self._promote(key, memory_obj, level)
+        return tier_name(name), memory_obj, view
 
     def _fetch(self, key: ECKey) -> tuple[int, str, MemoryObj] | None:
         """(tier level, backend name, buffer) of the first tier that has ``key``."""
