@@ -24,6 +24,7 @@ import struct
 import time
 from typing import Any
 
+import numpy as np
 import torch
 import xxhash
 
@@ -76,7 +77,11 @@ def write_frame(buffer: torch.Tensor, header: bytes, tensor: torch.Tensor) -> No
     payload_len = tensor.numel() * tensor.element_size()
     start = PREFIX_SIZE + len(header)
     payload = buffer[start : start + payload_len]
-    payload.view(tensor.dtype).view(tensor.shape).copy_(tensor)
+    source = host_bytes(tensor)
+    if source is not None:
+        np.copyto(payload.numpy(), source)
+    else:
+        payload.view(tensor.dtype).view(tensor.shape).copy_(tensor)
     payload_sum = xxhash.xxh3_64_intdigest(payload.numpy())
     prefix = PREFIX.pack(
         MAGIC, len(header), 0, payload_len, payload_sum, xxhash.xxh3_64_intdigest(header)
@@ -84,6 +89,27 @@ def write_frame(buffer: torch.Tensor, header: bytes, tensor: torch.Tensor) -> No
     buffer[:PREFIX_SIZE].numpy()[:] = 0
     buffer[: len(prefix)].numpy()[:] = memoryview(prefix)
     buffer[PREFIX_SIZE:start].numpy()[:] = memoryview(header)
+
+
+def host_bytes(tensor: torch.Tensor) -> np.ndarray | None:
+    """A zero-copy byte view of a contiguous CPU tensor, else None.
+
+    Host-to-host copies go through ``np.copyto`` (one memcpy on the calling
+    thread): torch's intra-op pool is slower for MB-sized copies and, on a busy
+    host, waits for its worker threads to be scheduled.
+    """
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return None
+    return tensor.detach().view(torch.uint8).numpy().reshape(-1)
+
+
+def copy_out(view: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
+    """A private copy of a payload view on ``device``."""
+    if device.type == "cpu":
+        out = torch.empty(view.shape, dtype=view.dtype)
+        np.copyto(out.view(torch.uint8).numpy().reshape(-1), host_bytes(view))
+        return out
+    return view.to(device=device, non_blocking=non_blocking, copy=True)
 
 
 def read_prefix(raw: bytes | memoryview) -> tuple[int, int, int, int]:

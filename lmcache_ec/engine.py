@@ -248,7 +248,7 @@ class ECCache:
                     continue
                 tier, memory_obj, view = found
                 held.append(memory_obj)
-                out = view.to(device=device, non_blocking=async_copy, copy=True)
+                out = codec.copy_out(view, device, non_blocking=async_copy)
                 results.append(out)
                 self.stats.hit(
                     tier, view.numel() * view.element_size(), time.perf_counter() - started
@@ -311,8 +311,12 @@ class ECCache:
     # -- lifecycle -----------------------------------------------------------
 
     def pending_writes(self) -> int:
-        """Accepted writes not yet on every tier."""
-        return self._disk.pending_writes() if self._disk is not None else 0
+        """Accepted writes not yet on every tier (disk and remote uploads)."""
+        return sum(
+            backend.pending_writes()
+            for backend in self._storage.storage_backends.values()
+            if hasattr(backend, "pending_writes")
+        )
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until accepted writes reach every tier; False on timeout."""
