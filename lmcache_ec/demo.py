@@ -10,7 +10,7 @@ CPU tier lost come back from disk. Finally a sample of cached outputs is
 compared bit for bit with a fresh encode.
 
 The time a cache-less engine would need is estimated as
-``requests × mean encode time`` measured in the same run.
+``requests x mean encode time`` measured in the same run.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ IMAGE_SIZE = 224
 TOWER = {
     "image_size": IMAGE_SIZE,
     "patch_size": 14,  # 16 x 16 = 256 output tokens, like Gemma-3's 256
-    "hidden_size": 768,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 6,
-    "num_attention_heads": 12,
+    "hidden_size": 512,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
 }
 OUTPUT_DTYPE = torch.bfloat16
 

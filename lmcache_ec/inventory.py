@@ -159,7 +159,8 @@ def scan_cpu(cache: Any, selector: Selector = Selector()) -> list[Entry]:
 
 
 def remote_configured(config: ECConfig) -> bool:
-    return bool(config.values.get("remote_url") or config.values.get("remote_storage_plugins"))
+    """A remote tier this module can inspect (``remote_url``) is configured."""
+    return bool(config.values.get("remote_url"))
 
 
 def open_remote(config: ECConfig) -> Any | None:
@@ -216,14 +217,24 @@ def select(
     *,
     tiers: Iterable[str] = ("disk", "remote"),
     catalog: Any | None = None,
+    problems: list[str] | None = None,
 ) -> list[Entry]:
-    """Entries of the persistent tiers that match by name (headers not read)."""
+    """Entries of the persistent tiers that match by name (headers not read).
+
+    A remote listing that fails adds a message to ``problems`` (or raises
+    ``RemoteUnavailable`` without it); the disk entries are still returned.
+    """
     tiers = set(tiers)
     found: list[Entry] = []
     if "disk" in tiers and config.values.get("local_disk"):
         found.extend(scan_disk(config.values["local_disk"], selector))
     if "remote" in tiers and catalog is not None:
-        found.extend(scan_remote(catalog, selector))
+        try:
+            found.extend(scan_remote(catalog, selector))
+        except Exception as exc:
+            if problems is None:
+                raise RemoteUnavailable(f"listing the remote tier failed: {exc}") from exc
+            problems.append(f"remote tier skipped: listing failed: {exc}")
     return found
 
 

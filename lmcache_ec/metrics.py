@@ -52,7 +52,7 @@ class LatencyHistogram:
     def snapshot(self) -> dict[str, Any]:
         """``buckets``: (upper bound, cumulative count) pairs, ending with +Inf."""
         cumulative, running = [], 0
-        for bound, count in zip((*self.buckets, float("inf")), self.counts):
+        for bound, count in zip((*self.buckets, float("inf")), self.counts, strict=True):
             running += count
             cumulative.append((bound, running))
         return {"buckets": cumulative, "count": self.count, "sum": self.total}

@@ -1,0 +1,84 @@
+"""Shared pieces of the CLI: the ``--config`` option, config loading, formatting."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+
+from ..config import ConfigError, ECConfig, load_config
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+ConfigOption = Annotated[
+    str | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="LMCache YAML file with an `ec:` section "
+        "(default: $LMCACHE_CONFIG_FILE, then the embedded CPU + disk default).",
+        show_default=False,
+    ),
+]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def config_source(path: str | None) -> str | None:
+    if path is not None and not os.path.exists(path):
+        fail(f"config file not found: {path}", 2)
+    return path
+
+
+def load(path: str | None) -> ECConfig:
+    """The validated config, or exit 2 with the config error."""
+    try:
+        return load_config(config_source(path))
+    except ConfigError as exc:
+        fail(f"invalid configuration: {exc}", 2)
+
+
+def human_bytes(size: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(size) < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError
+
+
+def human_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = max(seconds, 0.0)
+    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= span:
+            return f"{seconds / span:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def parse_duration(text: str | None) -> float | None:
+    """``90``, ``90s``, ``15m``, ``2h``, ``7d`` → seconds; exit 2 if malformed."""
+    if text is None:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    raw = text.strip().lower()
+    scale = units.get(raw[-1:])
+    number = raw[:-1] if scale else raw
+    try:
+        value = float(number) * (scale or 1)
+    except ValueError:
+        fail(f"invalid duration {text!r}: use e.g. 90s, 15m, 2h, 7d", 2)
+    if value < 0:
+        fail(f"invalid duration {text!r}: must be >= 0", 2)
+    return value
+
+
+def short(text: Any, width: int = 16) -> str:
+    text = str(text)
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -1,0 +1,260 @@
+"""``doctor``: validate the configuration and check every tier it names.
+
+Each check yields ``ok``, ``warn`` (works, but probably not what you want) or
+``fail`` (the tier will not work); any ``fail`` makes the exit status 1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import typer
+from packaging.requirements import Requirement
+from packaging.version import InvalidVersion, Version
+from rich.table import Table
+
+from .. import inventory
+from ..config import ConfigError, ECConfig, load_config
+from .common import ConfigOption, config_source, console, human_bytes
+
+DIST = "lmcache-ec"
+STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
+PROBE_NAMESPACE = "lmcache-ec-doctor"
+LIST_LIMIT = 10_000  # entries counted before the doctor stops listing
+
+
+def _redact(url: str) -> str:
+    """``url`` without its password: doctor output ends up in tickets."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass
+class Check:
+    area: str
+    status: str  # ok | warn | fail
+    message: str
+
+
+def check_versions() -> list[Check]:
+    """Installed versions of lmcache-ec's dependencies against its declared ranges."""
+    try:
+        requirements = [Requirement(r) for r in metadata.requires(DIST) or []]
+    except metadata.PackageNotFoundError:
+        return [Check("versions", "warn", f"{DIST} is not installed as a package")]
+    checks = []
+    for req in requirements:
+        marker = str(req.marker or "")
+        extra = marker.split("==")[-1].strip(" \"'") if "extra" in marker else None
+        if extra in ("test",):
+            continue
+        area = f"{req.name}"
+        try:
+            installed = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            if extra:
+                checks.append(Check(area, "ok", f"not installed (only needed for [{extra}])"))
+            else:
+                checks.append(Check(area, "fail", f"not installed; required {req.specifier}"))
+            continue
+        try:
+            inside = req.specifier.contains(Version(installed), prereleases=True)
+        except InvalidVersion:
+            inside = False
+        wanted = str(req.specifier) or "any"
+        if inside:
+            checks.append(Check(area, "ok", f"{installed} (wanted {wanted})"))
+        else:
+            checks.append(
+                Check(area, "fail", f"{installed} is outside the supported range {wanted}")
+            )
+    return checks
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as stream:
+            for line in stream:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_cpu(config: ECConfig) -> Check:
+    size = int(config.max_local_cpu_size * 1024**3)
+    available = _mem_available()
+    use = "holds entries" if config.local_cpu else "stages transfers only (local_cpu: false)"
+    if available is not None and size > available:
+        return Check(
+            "cpu tier",
+            "warn",
+            f"max_local_cpu_size {human_bytes(size)} exceeds "
+            f"available memory {human_bytes(available)}; the pool is touched on use, "
+            "so a full tier would swap or be killed",
+        )
+    return Check("cpu tier", "ok", f"{human_bytes(size)} pool, {use}")
+
+
+def check_disk(config: ECConfig) -> list[Check]:
+    directory = config.local_disk
+    if not directory:
+        return [Check("disk tier", "ok", "not configured (local_disk unset)")]
+    area = "disk tier"
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        return [Check(area, "fail", f"cannot create {directory}: {exc.strerror or exc}")]
+    if not os.path.isdir(directory):
+        return [Check(area, "fail", f"{directory} is not a directory")]
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".doctor-", delete=True) as probe:
+            probe.write(b"lmcache-ec doctor probe")
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        return [Check(area, "fail", f"{directory} is not writable: {exc.strerror or exc}")]
+    checks = [Check(area, "ok", f"{directory} is writable")]
+    wanted = int(config.max_local_disk_size * 1024**3)
+    entries = inventory.scan_disk(directory)
+    used = sum(e.size for e in entries)
+    free = shutil.disk_usage(directory).free
+    message = (
+        f"{len(entries)} entries ({human_bytes(used)}) of {human_bytes(wanted)}; "
+        f"{human_bytes(free)} free on the file system"
+    )
+    if free + used < wanted:
+        checks.append(Check("disk space", "warn", message + ": the tier cannot grow to its size"))
+    else:
+        checks.append(Check("disk space", "ok", message))
+    return checks
+
+
+def _bounded(fn: Callable[[], Check], seconds: float, area: str) -> Check:
+    """Run ``fn`` with an upper bound: a hung server must not hang the doctor."""
+    result: list[Check] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except Exception as exc:
+            result.append(Check(area, "fail", f"{type(exc).__name__}: {exc}"))
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return result[0] if result else Check(area, "fail", f"no answer within {seconds:.0f}s")
+
+
+def check_remote(config: ECConfig) -> Check:
+    area = "remote tier"
+    if not inventory.remote_configured(config):
+        if config.remote_storage_plugins:
+            plugins = ", ".join(config.remote_storage_plugins)
+            return Check(
+                area,
+                "warn",
+                f"storage plugins {plugins} without remote_url: "
+                "not checked (doctor, ls and purge inspect remote_url stores)",
+            )
+        return Check(area, "ok", "not configured")
+    where = config.remote_url or ", ".join(config.remote_storage_plugins or [])
+
+    def probe() -> Check:
+        try:
+            catalog = inventory.open_remote(config)
+        except inventory.RemoteUnavailable as exc:
+            return Check(area, "fail", f"{_redact(where)}: {exc}")
+        if catalog is None:
+            return Check(area, "fail", f"{_redact(where)}: no catalog for this configuration")
+        try:
+            started = time.perf_counter()
+            catalog.exists(f"ec1.{PROBE_NAMESPACE}.probe.{'0' * 64}")
+            count = 0
+            for _ in catalog.list("ec1."):
+                count += 1
+                if count >= LIST_LIMIT:
+                    break
+            ms = (time.perf_counter() - started) * 1000
+        finally:
+            catalog.close()
+        shown = f">= {count}" if count >= LIST_LIMIT else str(count)
+        return Check(area, "ok", f"{_redact(where)} reachable ({ms:.0f} ms), {shown} entries")
+
+    return _bounded(probe, config.blocking_timeout_secs + 5.0, area)
+
+
+def check_engine(config: ECConfig) -> Check:
+    """A real round trip through ``ECCache`` on these tiers (probe namespace)."""
+    area = "round trip"
+
+    def probe() -> Check:
+        import torch
+
+        from ..engine import ECCache
+
+        tensor = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+        with ECCache(config, _probe_identity()) as cache:
+            mm_hash = f"doctor-{os.getpid()}-{time.time_ns()}"
+            cache.put(mm_hash, tensor)
+            cache.flush(timeout=10)
+            back = cache.get(mm_hash)
+            cache.remove(mm_hash)
+        if back is None or not torch.equal(back, tensor):
+            return Check(area, "fail", "a stored probe tensor did not come back intact")
+        return Check(area, "ok", f"put/get/remove through tiers {', '.join(cache.tiers)}")
+
+    return _bounded(probe, config.close_timeout + config.blocking_timeout_secs + 10, area)
+
+
+def _probe_identity() -> Any:
+    from ..key import EncoderIdentity
+
+    return EncoderIdentity(model="doctor-probe", namespace=PROBE_NAMESPACE)
+
+
+def doctor(
+    config: ConfigOption = None,
+    round_trip: bool = typer.Option(
+        True, "--round-trip/--no-round-trip", help="Store and read back a probe entry."
+    ),
+) -> None:
+    """Validate the configuration, check every tier and the installed versions."""
+    checks = check_versions()
+    try:
+        loaded = load_config(config_source(config))
+    except ConfigError as exc:
+        checks.append(Check("config", "fail", str(exc)))
+        loaded = None
+    if loaded is not None:
+        checks.append(Check("config", "ok", f"valid ({loaded.source})"))
+        checks.append(check_cpu(loaded))
+        checks.extend(check_disk(loaded))
+        checks.append(check_remote(loaded))
+        if round_trip and not any(c.status == "fail" for c in checks):
+            checks.append(check_engine(loaded))
+    table = Table(title="lmcache-ec doctor")
+    table.add_column("check")
+    table.add_column("status")
+    table.add_column("details")
+    for check in checks:
+        table.add_row(check.area, f"[{STYLE[check.status]}]{check.status}[/]", check.message)
+    console.print(table)
+    failed = [c for c in checks if c.status == "fail"]
+    if failed:
+        console.print(f"[bold red]{len(failed)} problem(s) found.[/]")
+        raise typer.Exit(1)
+    console.print("[green]All checks passed.[/]")

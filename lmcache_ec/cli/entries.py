@@ -1,0 +1,352 @@
+"""``ls``, ``purge`` and ``stats``: what the persistent tiers hold, and removing it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, defaultdict
+from typing import Annotated, Any
+
+import typer
+from rich.progress import Progress
+from rich.table import Table
+
+from .. import inventory
+from ..config import ECConfig
+from ..inventory import Entry, Selector
+from .common import (
+    ConfigOption,
+    console,
+    err_console,
+    fail,
+    human_age,
+    human_bytes,
+    load,
+    parse_duration,
+    short,
+)
+
+ModelOption = Annotated[
+    str | None, typer.Option("--model", "-m", help="Only entries of this model (exact name).")
+]
+NamespaceOption = Annotated[
+    str | None, typer.Option("--namespace", "-n", help="Only entries of this namespace.")
+]
+TierOption = Annotated[
+    str, typer.Option("--tier", help="disk, remote or all (the persistent tiers).")
+]
+AgeOption = Annotated[
+    str | None,
+    typer.Option("--older-than", help="Only entries created at least this long ago (15m, 2h, 7d)."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+PROGRESS_THRESHOLD = 200  # entries; below this the work is instant
+
+
+def _tiers(tier: str) -> tuple[str, ...]:
+    choices = {"disk": ("disk",), "remote": ("remote",), "all": ("disk", "remote")}
+    if tier not in choices:
+        fail(f"--tier must be one of {', '.join(choices)}, not {tier!r}", 2)
+    return choices[tier]
+
+
+class _Session:
+    """Config plus the remote catalog (if configured); remote problems are kept."""
+
+    def __init__(self, config: ECConfig, tiers: tuple[str, ...]) -> None:
+        self.config = config
+        self.catalog: Any = None
+        self.problems: list[str] = []
+        if "remote" in tiers and inventory.remote_configured(config):
+            try:
+                self.catalog = inventory.open_remote(config)
+            except inventory.RemoteUnavailable as exc:
+                self.problems.append(f"remote tier skipped: {exc}")
+        if tiers == ("disk",) and not config.values.get("local_disk"):
+            self.problems.append("no disk tier configured (local_disk is unset)")
+
+    def close(self) -> None:
+        if self.catalog is not None:
+            self.catalog.close()
+
+    def report(self) -> None:
+        for problem in self.problems:
+            err_console.print(f"[yellow]warning:[/] {problem}")
+        if self.problems:
+            raise typer.Exit(1)
+
+
+def _with_headers(entries: list[Entry], catalog: Any, label: str) -> None:
+    if len(entries) < PROGRESS_THRESHOLD:
+        inventory.read_headers(entries, catalog)
+        return
+    with Progress(console=err_console, transient=True) as progress:
+        task = progress.add_task(label, total=len(entries))
+        inventory.read_headers(entries, catalog, lambda: progress.advance(task))
+
+
+def _row(entry: Entry, now: float) -> dict[str, Any]:
+    header = entry.header or {}
+    return {
+        "tier": entry.tier,
+        "name": entry.name,
+        "namespace": header.get("namespace"),
+        "model": header.get("model"),
+        "revision": header.get("revision"),
+        "mm_hash": header.get("mm_hash"),
+        "shape": header.get("shape"),
+        "dtype": header.get("tensor_dtype"),
+        "size": entry.size,
+        "created": entry.created,
+        "age_seconds": entry.age(now),
+        "error": entry.error,
+    }
+
+
+def ls(
+    config: ConfigOption = None,
+    model: ModelOption = None,
+    namespace: NamespaceOption = None,
+    tier: TierOption = "all",
+    older_than: AgeOption = None,
+    limit: Annotated[int, typer.Option(help="Show at most this many entries (0: all).")] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """List cached entries of the disk and remote tiers (from their frame headers)."""
+    tiers = _tiers(tier)
+    selector = Selector(namespace, model, parse_duration(older_than))
+    session = _Session(load(config), tiers)
+    try:
+        entries = inventory.select(
+            session.config,
+            selector,
+            tiers=tiers,
+            catalog=session.catalog,
+            problems=session.problems,
+        )
+        _with_headers(entries, session.catalog, "reading headers")
+    finally:
+        session.close()
+    now = time.time()
+    entries = list(inventory.filter_age(entries, selector, now))
+    shown = entries[:limit] if limit > 0 else entries
+    if as_json:
+        console.print_json(json.dumps([_row(e, now) for e in shown]))
+    else:
+        table = Table(title=f"{len(entries)} entries, {human_bytes(sum(e.size for e in entries))}")
+        for column in ("tier", "namespace", "model", "mm_hash", "shape", "dtype", "size", "age"):
+            table.add_column(column, justify="right" if column in ("size", "age") else "left")
+        for entry in shown:
+            row = _row(entry, now)
+            if entry.error:
+                table.add_row(
+                    entry.tier,
+                    "[red]unreadable[/]",
+                    entry.error,
+                    short(entry.name, 24),
+                    "",
+                    "",
+                    human_bytes(entry.size),
+                    human_age(row["age_seconds"]),
+                )
+                continue
+            table.add_row(
+                entry.tier,
+                short(row["namespace"], 20),
+                short(row["model"], 32),
+                short(row["mm_hash"], 16),
+                "x".join(str(d) for d in row["shape"]),
+                row["dtype"],
+                human_bytes(entry.size),
+                human_age(row["age_seconds"]),
+            )
+        console.print(table)
+    session.report()
+
+
+def purge(
+    config: ConfigOption = None,
+    model: ModelOption = None,
+    namespace: NamespaceOption = None,
+    tier: TierOption = "all",
+    older_than: AgeOption = None,
+    everything: Annotated[
+        bool, typer.Option("--all", help="Select every lmcache-ec entry of the tiers.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would be deleted; delete nothing.")
+    ] = False,
+) -> None:
+    """Delete entries from the disk and remote tiers by model, namespace, age, or all."""
+    if not (everything or model or namespace or older_than):
+        fail("say what to purge: --model, --namespace, --older-than, or --all", 2)
+    tiers = _tiers(tier)
+    selector = Selector(namespace, model, parse_duration(older_than))
+    session = _Session(load(config), tiers)
+    deleted: Counter[str] = Counter()
+    freed: Counter[str] = Counter()
+    try:
+        entries = inventory.select(
+            session.config,
+            selector,
+            tiers=tiers,
+            catalog=session.catalog,
+            problems=session.problems,
+        )
+        if selector.older_than is not None:
+            _with_headers(entries, session.catalog, "reading headers")
+            entries = list(inventory.filter_age(entries, selector))
+        if dry_run:
+            for entry in entries:
+                deleted[entry.tier] += 1
+                freed[entry.tier] += entry.size
+        else:
+            with Progress(console=err_console, transient=True, disable=len(entries) < 50) as bar:
+                task = bar.add_task("deleting", total=len(entries))
+                for entry in entries:
+                    try:
+                        if inventory.delete(entry, session.catalog):
+                            deleted[entry.tier] += 1
+                            freed[entry.tier] += entry.size
+                    except Exception as exc:
+                        session.problems.append(f"{entry.tier}: cannot delete {entry.name}: {exc}")
+                    bar.advance(task)
+    finally:
+        session.close()
+    verb = "would delete" if dry_run else "deleted"
+    for name in sorted(set(deleted) | set(tiers)):
+        if name in deleted or (name == "disk" and session.config.values.get("local_disk")):
+            console.print(f"{name}: {verb} {deleted[name]} entries ({human_bytes(freed[name])})")
+    if not dry_run and deleted:
+        console.print("[dim]Running engines drop their CPU copies only on eviction or restart.[/]")
+    session.report()
+
+
+def stats(
+    config: ConfigOption = None,
+    metrics_url: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-url",
+            help="Prometheus endpoint of a running engine (see metrics_export) "
+            "to read its hit/miss counters from.",
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Entries and bytes per persistent tier; hit/miss counters of a running engine."""
+    session = _Session(load(config), ("disk", "remote"))
+    tiers: dict[str, Any] = {}
+    groups: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
+    try:
+        entries = inventory.select(
+            session.config, Selector(), catalog=session.catalog, problems=session.problems
+        )
+    finally:
+        session.close()
+    values = session.config.values
+    if values.get("local_disk"):
+        tiers["disk"] = {
+            "entries": 0,
+            "bytes": 0,
+            "capacity": values["max_local_disk_size"] * 1024**3,
+            "location": values["local_disk"],
+        }
+    if session.catalog is not None:
+        tiers["remote"] = {
+            "entries": 0,
+            "bytes": 0,
+            "capacity": None,
+            "location": values.get("remote_url")
+            or ",".join(values.get("remote_storage_plugins") or []),
+        }
+    for entry in entries:
+        tiers[entry.tier]["entries"] += 1
+        tiers[entry.tier]["bytes"] += entry.size
+        _, ns, model, _ = entry.name.split(".")
+        groups[(entry.tier, ns, model)][0] += 1
+        groups[(entry.tier, ns, model)][1] += entry.size
+    counters = _scrape(metrics_url, session) if metrics_url else None
+    if as_json:
+        console.print_json(
+            json.dumps(
+                {
+                    "tiers": tiers,
+                    "groups": [
+                        {"tier": t, "namespace_slug": n, "model_slug": m, "entries": c, "bytes": b}
+                        for (t, n, m), (c, b) in sorted(groups.items())
+                    ],
+                    "counters": counters,
+                }
+            )
+        )
+    else:
+        _print_stats(tiers, groups, counters, metrics_url)
+    session.report()
+
+
+def _print_stats(tiers: dict[str, Any], groups: dict, counters: Any, url: str | None) -> None:
+    table = Table(title="Persistent tiers")
+    for column in ("tier", "entries", "bytes", "capacity", "location"):
+        table.add_column(
+            column, justify="right" if column in ("entries", "bytes", "capacity") else "left"
+        )
+    for name, tier in tiers.items():
+        capacity = tier["capacity"]
+        table.add_row(
+            name,
+            str(tier["entries"]),
+            human_bytes(tier["bytes"]),
+            human_bytes(capacity) if capacity else "-",
+            str(tier["location"]),
+        )
+    console.print(table)
+    if groups:
+        table = Table(title="By namespace / model (storage-name slugs)")
+        for column in ("tier", "namespace", "model", "entries", "bytes"):
+            table.add_column(column, justify="right" if column in ("entries", "bytes") else "left")
+        for (tier, ns, model), (count, size) in sorted(groups.items()):
+            table.add_row(tier, ns, model, str(count), human_bytes(size))
+        console.print(table)
+    if counters is None:
+        console.print(
+            "[dim]Hit/miss counters live in the serving process: pass --metrics-url "
+            "http://HOST:PORT/metrics of an engine exporting them.[/]"
+        )
+        return
+    table = Table(title=f"Counters from {url}")
+    table.add_column("counter")
+    table.add_column("value", justify="right")
+    for name, value in counters.items():
+        table.add_row(name, f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+def _scrape(url: str, session: _Session) -> dict[str, Any] | None:
+    """Sum lmcache-ec counters over every engine the endpoint reports."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+    except OSError as exc:
+        session.problems.append(f"cannot read metrics from {url}: {exc}")
+        return None
+    counters: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith("lmcache_ec_"):
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            name = sample.name.removeprefix("lmcache_ec_").removesuffix("_total")
+            if "tier" in sample.labels:
+                name = f"{name}[{sample.labels['tier']}]"
+            counters[name] = counters.get(name, 0) + int(sample.value)
+    hits = sum(v for k, v in counters.items() if k.startswith("hits["))
+    lookups = hits + counters.get("misses", 0)
+    counters["hit_rate"] = hits / lookups if lookups else 0.0
+    return counters

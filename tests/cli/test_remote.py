@@ -1,0 +1,69 @@
+"""ls / purge / stats / doctor against a real redis-server (tests/servers.py)."""
+
+from __future__ import annotations
+
+from lmcache_ec import ECCache
+
+from .conftest import populate, write_config
+
+
+def _redis_config(tmp_path, disk_dir, url: str) -> str:
+    return write_config(
+        tmp_path / "remote.yaml",
+        local_cpu=True,
+        max_local_cpu_size=0.0625,
+        local_disk=str(disk_dir),
+        max_local_disk_size=1.0,
+        remote_url=url,
+        remote_timeout=2.0,
+    )
+
+
+def test_ls_purge_stats_see_the_redis_tier(tmp_path, disk_dir, redis_url, invoke, invoke_json):
+    config = _redis_config(tmp_path, disk_dir, redis_url)
+    hashes = populate(config, "org/model-a", "tenant-1", 3)
+    populate(config, "org/model-b", "tenant-1", 2)
+
+    rows = invoke_json("ls", "--config", config, "--tier", "remote")
+    assert len(rows) == 5
+    assert {r["mm_hash"] for r in rows if r["model"] == "org/model-a"} == set(hashes)
+    assert all(r["shape"] == [4, 8] and r["dtype"] == "bfloat16" for r in rows)
+
+    stats = invoke_json("stats", "--config", config)
+    assert stats["tiers"]["remote"]["entries"] == 5
+    assert stats["tiers"]["disk"]["entries"] == 5
+
+    out = invoke("purge", "--config", config, "--model", "org/model-a", "--dry-run").stdout
+    assert "remote: would delete 3 entries" in out and "disk: would delete 3 entries" in out
+    assert len(invoke_json("ls", "--config", config, "--tier", "remote")) == 5
+
+    out = invoke("purge", "--config", config, "--model", "org/model-a").stdout
+    assert "remote: deleted 3 entries" in out and "disk: deleted 3 entries" in out
+    left = invoke_json("ls", "--config", config)
+    assert {r["model"] for r in left} == {"org/model-b"} and len(left) == 4
+    # A fresh engine (empty CPU tier) finds the purged entries nowhere.
+    with ECCache.from_config(config, model="org/model-a", namespace="tenant-1") as cache:
+        assert [cache.contains(h) for h in hashes] == [None, None, None]
+
+
+def test_doctor_checks_redis(tmp_path, disk_dir, redis_url, invoke):
+    config = _redis_config(tmp_path, disk_dir, redis_url)
+    out = invoke("doctor", "--config", config).stdout
+    assert "reachable" in out and "All checks passed" in out
+
+
+def test_doctor_reports_unreachable_redis(tmp_path, disk_dir, invoke):
+    from tests.servers import free_port
+
+    config = _redis_config(tmp_path, disk_dir, f"redis://127.0.0.1:{free_port()}")
+    result = invoke("doctor", "--config", config, expect=1)
+    assert "remote tier" in result.stdout and "fail" in result.stdout
+    assert "problem" in result.stdout
+
+
+def test_doctor_redacts_the_password(tmp_path, disk_dir, invoke):
+    from tests.servers import free_port
+
+    url = f"redis://user:hunter2secret@127.0.0.1:{free_port()}"
+    result = invoke("doctor", "--config", _redis_config(tmp_path, disk_dir, url), expect=1)
+    assert "hunter2secret" not in result.output
