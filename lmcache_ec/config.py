@@ -41,9 +41,11 @@ CACHE_POLICIES = ("LRU", "LFU", "FIFO", "MRU")
 REFUSED_SCHEMES: dict[str, str] = {
     "resp": "the resp:// client allocates the KV chunk shape on read",
     "valkey": "the Valkey connector allocates the KV chunk shape on read",
-    "s3": "LMCache's s3:// connector hard-codes the KV chunk size; "
-    "use the lmcache-ec S3 plugin (remote_storage_plugins: [ec_s3])",
 }
+# s3:// is not LMCache's connector (KV chunk size hard-coded, no endpoint) but
+# lmcache-ec's own boto3 plugin; ``ECConfig.to_lmcache`` routes it there.
+S3_SCHEME = "s3"
+ADDRESSING_STYLES = ("path", "virtual", "auto")
 
 
 class ConfigError(ValueError):
@@ -84,7 +86,18 @@ def _remote_url(value: Any) -> str | None:
         return "must be a URL such as redis://host:6379"
     if scheme in REFUSED_SCHEMES:
         return f"scheme {scheme}:// is refused: {REFUSED_SCHEMES[scheme]}"
+    if scheme == S3_SCHEME:
+        from .remote.naming import parse_s3_url
+
+        try:
+            parse_s3_url(value)
+        except ValueError as exc:
+            return str(exc)
     return None
+
+
+def _addressing_style(value: Any) -> str | None:
+    return None if value in ADDRESSING_STYLES else f"must be one of {ADDRESSING_STYLES}"
 
 
 SCHEMA: dict[str, Option] = {
@@ -126,9 +139,56 @@ SCHEMA: dict[str, Option] = {
             "remote_url",
             "str",
             None,
-            "Remote tier URL, e.g. redis://host:6379 or rediss://…",
+            "Remote tier shared by every instance: redis://[user:password@]host:port[/db], "
+            "rediss://… (TLS), unix:///path.sock, or s3://bucket/prefix (any S3-compatible "
+            "store; see s3_endpoint_url, credentials from the AWS environment/config chain). "
+            "Reads fall through CPU -> disk -> remote; writes reach the remote asynchronously.",
             True,
             _remote_url,
+        ),
+        Option(
+            "remote_timeout",
+            "float",
+            2.0,
+            "Upper bound in seconds for every remote operation (connect, lookup, read, "
+            "write, delete); a slower or failing call is a miss and marks the remote tier "
+            "unavailable until a health probe succeeds. Replaces blocking_timeout_secs "
+            "for the encoder tier.",
+            False,
+            _positive,
+        ),
+        Option(
+            "remote_retry_interval",
+            "float",
+            1.0,
+            "Seconds between health probes while the remote tier is unavailable; "
+            "lookups miss and writes stay local meanwhile, and the tier reconnects on "
+            "its own when a probe succeeds.",
+            False,
+            _positive,
+        ),
+        Option(
+            "s3_endpoint_url",
+            "str",
+            None,
+            "S3 endpoint for s3:// remote_url, e.g. http://minio:9000; unset uses AWS.",
+            False,
+        ),
+        Option(
+            "s3_region",
+            "str",
+            None,
+            "S3 region for s3:// remote_url; unset uses the AWS config chain.",
+            False,
+        ),
+        Option(
+            "s3_addressing_style",
+            "str",
+            None,
+            "S3 addressing: path, virtual or auto; unset means path when "
+            "s3_endpoint_url is set, else auto.",
+            False,
+            _addressing_style,
         ),
         Option(
             "remote_serde",
@@ -268,7 +328,31 @@ class ECConfig:
         settings = {k: v for k, v in self.lmcache_settings().items() if v is not None}
         if not self.values.get("local_disk"):
             settings.pop("max_local_disk_size", None)
+        if self.values.get("remote_url"):
+            settings.update(self._remote_settings(settings))
         return LMCacheEngineConfig.from_defaults(**settings)
+
+    def _remote_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """LMCache settings of the remote tier (see ``lmcache_ec.remote``).
+
+        Redis URLs stay in ``remote_url``; ``s3://`` becomes the ``ec_s3``
+        remote storage plugin with its settings in ``extra_config``.
+        """
+        from .remote.naming import RETRY_INTERVAL_KEY, S3_PLUGIN, S3_PLUGIN_KEY, TIMEOUT_KEY
+        from .remote.s3_client import S3Settings
+
+        extra = dict(settings.get("extra_config") or {})
+        extra[TIMEOUT_KEY] = self.values["remote_timeout"]
+        extra[RETRY_INTERVAL_KEY] = self.values["remote_retry_interval"]
+        out: dict[str, Any] = {"extra_config": extra}
+        if urlparse(self.values["remote_url"]).scheme.lower() == S3_SCHEME:
+            extra[S3_PLUGIN_KEY + "module_path"] = "lmcache_ec.remote.s3_connector"
+            extra[S3_PLUGIN_KEY + "class_name"] = "ECS3Connector"
+            extra.update(S3Settings.from_values(self.values).to_extra_config())
+            plugins = list(settings.get("remote_storage_plugins") or [])
+            out["remote_storage_plugins"] = [*plugins, S3_PLUGIN]
+            out["remote_url"] = None
+        return out
 
 
 def _read_yaml(path: str) -> Mapping[str, Any]:

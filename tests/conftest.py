@@ -13,6 +13,8 @@ from lmcache_ec import ECCache
 
 __all__ = ["bit_equal", "make_tensor"]
 
+pytest_plugins = ["tests.servers"]
+
 
 def make_tensor(shape: tuple[int, int], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)

@@ -1,12 +1,15 @@
 """The StorageManager of the encoder tier.
 
 LMCache's ``CreateStorageBackends`` fixes the hierarchy
-(LocalCPU → LocalDisk → remote → plugins). This subclass builds the first two
-from lmcache-ec's subclasses and leaves everything after them — remote URLs,
-remote storage plugins, storage plugins — to upstream, in upstream's order.
+(LocalCPU → LocalDisk → remote → plugins). This subclass builds the first
+three from lmcache-ec's subclasses (the remote ones from ``remote_url`` and
+remote storage plugins, see ``lmcache_ec.remote.backend``) and leaves the
+rest — storage plugins — to upstream, in upstream's order.
 """
 
 from __future__ import annotations
+
+import logging
 
 from lmcache import torch_device_type
 from lmcache.v1.storage_backend import is_cuda_worker
@@ -15,9 +18,21 @@ from lmcache.v1.storage_backend.storage_manager import StorageManager
 from .local_cpu import ECLocalCPUBackend
 from .local_disk import ECLocalDiskBackend
 
+
+class _NoControllerFilter(logging.Filter):
+    """The encoder tier runs without LMCache's cache controller by design."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Controller message sender is not initialized" not in record.getMessage()
+
+
+for _name in ("local_cpu_backend", "local_disk_backend"):
+    logging.getLogger(f"lmcache.v1.storage_backend.{_name}").addFilter(_NoControllerFilter())
+
 CPU_BACKEND = "LocalCPUBackend"
 DISK_BACKEND = "LocalDiskBackend"
-TIER_NAMES = {CPU_BACKEND: "cpu", DISK_BACKEND: "disk", "RemoteBackend": "remote"}
+REMOTE_BACKEND = "RemoteBackend"
+TIER_NAMES = {CPU_BACKEND: "cpu", DISK_BACKEND: "disk", REMOTE_BACKEND: "remote"}
 
 
 def tier_name(backend_name: str) -> str:
@@ -43,5 +58,14 @@ class ECStorageManager(StorageManager):
                 )
                 self.storage_backends[DISK_BACKEND] = disk
                 created[DISK_BACKEND] = type(disk).__name__
+            if not any(name.startswith(REMOTE_BACKEND) for name in self.storage_backends):
+                # Bounded, self-healing remote tiers; upstream then skips its own.
+                from ..remote.backend import create_remote_backends
+
+                remotes = create_remote_backends(
+                    self.config, self.metadata, self.loop, cpu, dst_device
+                )
+                self.storage_backends.update(remotes)
+                created.update({name: type(b).__name__ for name, b in remotes.items()})
         created.update(super().create_backends())
         return created

@@ -1,0 +1,359 @@
+"""``ECRemoteBackend``: LMCache's ``RemoteBackend`` that never stalls its caller.
+
+Upstream's remote backend waits without a timeout in ``contains`` and
+``close``, connects once (reconnection is left to an engine-level
+``HealthMonitor`` that an encoder tier does not run), and re-uploads keys the
+store already has. This subclass keeps its structure — connectors from
+``CreateConnector`` and the plugin framework, ``init_connection``,
+``put_tasks``, the serializer — and adds:
+
+- a bound of ``remote_timeout`` on every operation: blocking reads of
+  lmcache-ec's connectors (``get_sync``/``exists_sync``) run in the caller's
+  thread with client socket timeouts; everything else runs on the event loop
+  under ``asyncio.wait_for`` and the caller waits at most that long too;
+- a health state: the first failed or slow call marks the tier unavailable;
+  while it is, lookups miss and writes stay local at once (no piling up of
+  threads, futures or buffers), and one probe coroutine pings the store
+  (``RemoteConnector.ping``, as upstream's ``RemoteBackendHealthCheck``
+  does) every ``remote_retry_interval`` seconds, rebuilding the connector if
+  needed, until it answers;
+- asynchronous uploads that first ask the store whether the key is there,
+  and remember keys known to be stored, so a put of a stored key sends no
+  bytes;
+- ``close`` bounded by the timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.memory_management import MemoryObj
+from lmcache.v1.metadata import LMCacheMetadata
+from lmcache.v1.storage_backend.connector import InstrumentedRemoteConnector
+from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+from lmcache.v1.storage_backend.remote_backend import RemoteBackend
+
+from .health import RecentKeys, RemoteHealth
+from .naming import REDIS_SCHEMES, RETRY_INTERVAL_KEY, TIMEOUT_KEY, redact, scheme_of
+from .redis_connector import ECRedisConnector
+
+logger = logging.getLogger(__name__)
+
+GRACE = 0.5  # extra seconds the calling thread waits beyond the loop-side bound
+_MISS = object()
+
+
+def _release_late(future: Future) -> None:
+    """Free a buffer that a read abandoned by its caller produced anyway."""
+    if not future.cancelled() and future.exception() is None:
+        result = future.result()
+        if isinstance(result, MemoryObj):
+            result.ref_count_down()
+
+
+def _unwrapped(connection: RemoteConnector) -> RemoteConnector:
+    if isinstance(connection, InstrumentedRemoteConnector):
+        return connection.getWrappedConnector()
+    return connection
+
+
+class ECRemoteBackend(RemoteBackend):
+    def __init__(
+        self,
+        config: LMCacheEngineConfig,
+        metadata: LMCacheMetadata,
+        loop: asyncio.AbstractEventLoop,
+        local_cpu_backend: LocalCPUBackend | None,
+        dst_device: str = "cpu",
+        plugin_name: str | None = None,
+    ) -> None:
+        extra = config.extra_config or {}
+        self.timeout = float(extra.get(TIMEOUT_KEY, 2.0))
+        self.retry_interval = float(extra.get(RETRY_INTERVAL_KEY, 1.0))
+        self._known = RecentKeys()
+        self._closed = False
+        self.health = RemoteHealth(
+            loop, self._where, self._probe_once, self.timeout, self.retry_interval
+        )
+        super().__init__(config, metadata, loop, local_cpu_backend, dst_device, plugin_name)
+        self.min_reconnect_interval = self.retry_interval
+        if self.connection is None:
+            self._mark_down("connect", "no connector")
+
+    # -- connection and health ------------------------------------------------
+
+    def init_connection(self) -> None:
+        if self.connection is not None:
+            return
+        url = self.config.remote_url
+        try:
+            if self.plugin_name is None and scheme_of(url) in REDIS_SCHEMES:
+                connector = ECRedisConnector(url, self.loop, self.local_cpu_backend, self.timeout)
+                self.connection = InstrumentedRemoteConnector(connector)
+            else:
+                super().init_connection()
+        except Exception as exc:  # upstream re-raises IrrecoverableException
+            self.failure_time = time.time()
+            self.connection = None
+            logger.warning("Remote connector for %s not created: %s", self._where(), exc)
+
+    def _where(self) -> str:
+        if getattr(self, "plugin_name", None):
+            return f"plugin {self.plugin_name}"
+        return redact(getattr(self, "config", None) and self.config.remote_url)
+
+    @property
+    def available(self) -> bool:
+        """False between a failed remote call and the next successful probe."""
+        return self.health.up and self.connection is not None
+
+    @property
+    def counters(self) -> Counter[str]:
+        return self.health.counters
+
+    def _mark_down(self, operation: str, exc: object) -> None:
+        self.health.failed(operation, exc)
+
+    async def _probe_once(self) -> None:
+        """Rebuild the connector if needed and ping it; raises unless healthy."""
+        if self.connection is None:
+            self.init_connection()
+        connection = self.connection
+        if connection is None:
+            raise ConnectionError("no connector")
+        if connection.support_ping():
+            code = await connection.ping()
+            if code != 0:
+                raise ConnectionError(f"ping returned error code {code}")
+        else:
+            await connection.exists(CacheEngineKey("ec-probe", 1, 0, 0, None))
+
+    def _call(
+        self,
+        operation: str,
+        make: Callable[[RemoteConnector], Coroutine[Any, Any, Any]],
+        release_late: bool = False,
+    ) -> Any:
+        """Run ``make(connection)`` on the loop within the timeout; ``_MISS`` if not."""
+        connection = self.connection
+        if connection is None or not self.health.up:
+            return _MISS
+        future = asyncio.run_coroutine_threadsafe(
+            asyncio.wait_for(make(connection), self.timeout), self.loop
+        )
+        try:
+            return future.result(self.timeout + GRACE)
+        except Exception as exc:
+            if release_late:
+                future.add_done_callback(_release_late)
+            future.cancel()
+            self._mark_down(operation, exc)
+            return _MISS
+
+    def _blocking(self, operation: str, call: Callable[[Any], Any]) -> Any:
+        """Run ``call(connector)`` in this thread; ``_MISS`` if unavailable or failing.
+
+        For connectors with blocking reads (``get_sync``), whose clients bound
+        every socket operation by the timeout.
+        """
+        connection = self.connection
+        if connection is None or not self.health.up:
+            return _MISS
+        try:
+            return call(_unwrapped(connection))
+        except Exception as exc:
+            self._mark_down(operation, exc)
+            return _MISS
+
+    def _has_blocking_reads(self) -> bool:
+        connection = self.connection
+        return connection is not None and hasattr(_unwrapped(connection), "get_sync")
+
+    # -- reads ---------------------------------------------------------------
+
+    def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
+        if self._has_blocking_reads():
+            found = self._blocking("contains", lambda c: c.exists_sync(key))
+        else:
+            found = self._call("contains", lambda c: c.exists(key))
+        return found is not _MISS and bool(found)
+
+    def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
+        for count, key in enumerate(keys):
+            if not self.contains(key):
+                return count
+        return len(keys)
+
+    def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
+        if self.local_cpu_backend is None:
+            return None  # scheduler role: nowhere to put the bytes
+        if self._has_blocking_reads():
+            memory_obj = self._blocking("get", lambda c: c.get_sync(key))
+        else:
+            memory_obj = self._call("get", lambda c: c.get(key), release_late=True)
+        if memory_obj is _MISS or memory_obj is None:
+            return None
+        self._known.add(key)
+        return self.deserializer.deserialize(memory_obj)
+
+    def batched_get_blocking(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
+        return [self.get_blocking(key) for key in keys]
+
+    # -- writes --------------------------------------------------------------
+
+    def submit_put_task(
+        self,
+        key: CacheEngineKey,
+        memory_obj: MemoryObj,
+        on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
+    ) -> Future:
+        done: Future = Future()
+        done.set_result(None)
+        connection = self.connection
+        if connection is None or self._closed or not self.health.up:
+            self.counters["upload_skipped_unavailable"] += 1
+            return done
+        if key in self._known:
+            self.counters["upload_skipped_existing"] += 1
+            return done
+        with self.lock:
+            if key in self.put_tasks:
+                return done
+            self.put_tasks.add(key)
+        payload = self.serializer.serialize(memory_obj)  # our own reference
+        try:
+            future = asyncio.run_coroutine_threadsafe(
+                self._upload(connection, key, payload), self.loop
+            )
+        except Exception:
+            payload.ref_count_down()
+            with self.lock:
+                self.put_tasks.discard(key)
+            raise
+        future.add_done_callback(lambda f: self._upload_done(key, on_complete_callback))
+        return future
+
+    async def _upload(
+        self, connection: RemoteConnector, key: CacheEngineKey, obj: MemoryObj
+    ) -> None:
+        # The unwrapped connector's put leaves the reference to us, so it is
+        # released even if the timeout cancels the put before it starts.
+        try:
+            if await asyncio.wait_for(connection.exists(key), self.timeout):
+                self._known.add(key)
+                self.counters["upload_skipped_existing"] += 1
+                return
+            await asyncio.wait_for(_unwrapped(connection).put(key, obj), self.timeout)
+            self._known.add(key)
+            self.counters["uploads"] += 1
+        except Exception as exc:
+            self._mark_down("put", exc)
+        finally:
+            obj.ref_count_down()
+
+    def _upload_done(
+        self, key: CacheEngineKey, callback: Callable[[CacheEngineKey], None] | None
+    ) -> None:
+        with self.lock:
+            self.put_tasks.discard(key)
+        if callback is not None:
+            try:
+                callback(key)
+            except Exception as exc:
+                logger.warning("on_complete_callback failed for %s: %s", key, exc)
+
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[CacheEngineKey],
+        memory_objs: list[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
+    ) -> None:
+        for key, memory_obj in zip(keys, memory_objs, strict=True):
+            self.submit_put_task(key, memory_obj, on_complete_callback)
+
+    def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        self._known.discard(key)
+        connection = self.connection
+        if connection is None or not self.health.up:
+            return False
+        try:
+            return bool(connection.remove_sync(key))  # bounded by our connectors
+        except NotImplementedError:
+            return False
+        except Exception as exc:
+            self._mark_down("remove", exc)
+            return False
+
+    def pending_writes(self) -> int:
+        with self.lock:
+            return len(self.put_tasks)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Health and counters, for stats exporters."""
+        return {"available": self.available, "pending": self.pending_writes(), **self.counters}
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def close(self) -> None:
+        self._closed = True
+        self.health.close()
+        connection = self.connection
+        if connection is None:
+            return
+        future = asyncio.run_coroutine_threadsafe(
+            asyncio.wait_for(connection.close(), self.timeout), self.loop
+        )
+        try:
+            future.result(self.timeout + GRACE)
+        except Exception as exc:
+            future.cancel()
+            logger.warning("Remote tier %s did not close cleanly: %s", self._where(), exc)
+
+    def __str__(self) -> str:
+        return "RemoteBackend"
+
+
+def create_remote_backends(
+    config: LMCacheEngineConfig,
+    metadata: LMCacheMetadata,
+    loop: asyncio.AbstractEventLoop,
+    local_cpu_backend: LocalCPUBackend | None,
+    dst_device: str = "cpu",
+) -> dict[str, ECRemoteBackend]:
+    """The remote tiers of ``config``, named as LMCache names them.
+
+    ``remote_url`` (or else the ``ec_s3`` plugin, or else the first plugin)
+    becomes ``RemoteBackend``, tier ``remote``; every other remote storage
+    plugin becomes ``RemoteBackend-<plugin>``.
+    Empty when no remote is configured. An unreachable store does not fail
+    here: the backend starts and reports misses until it reconnects.
+    """
+    from .naming import S3_PLUGIN
+
+    plugins = list(config.remote_storage_plugins or [])
+    primary: str | None = None
+    if not config.remote_url:
+        if not plugins:
+            return {}
+        primary = S3_PLUGIN if S3_PLUGIN in plugins else plugins[0]
+        plugins.remove(primary)
+    backends = {
+        "RemoteBackend": ECRemoteBackend(
+            config, metadata, loop, local_cpu_backend, dst_device, plugin_name=primary
+        )
+    }
+    for plugin in plugins:
+        backends[f"RemoteBackend-{plugin}"] = ECRemoteBackend(
+            config, metadata, loop, local_cpu_backend, dst_device, plugin_name=plugin
+        )
+    return backends

@@ -1,0 +1,33 @@
+"""Configs for the remote-tier tests: small tiers, short timeouts, real servers."""
+
+from __future__ import annotations
+
+import pytest
+
+TIMEOUT = 0.5  # remote_timeout used by the fault tests
+RETRY = 0.2  # remote_retry_interval used by the fault tests
+
+
+def remote_config(url: str, *, endpoint: str | None = None, **extra) -> dict:
+    """An ``ec:`` section with a 16 MB CPU tier, no disk, and ``url`` as remote."""
+    config = {
+        "max_local_cpu_size": 1 / 64,
+        "remote_url": url,
+        "remote_timeout": TIMEOUT,
+        "remote_retry_interval": RETRY,
+        "close_timeout": 5,
+    }
+    if endpoint:
+        config["s3_endpoint_url"] = endpoint
+    config.update(extra)
+    return config
+
+
+@pytest.fixture(params=["redis", "s3"])
+def remote(request) -> dict:
+    """``remote_config`` kwargs for a fresh, empty Redis or S3 remote."""
+    if request.param == "redis":
+        return {"url": request.getfixturevalue("redis_url")}
+    bucket = request.getfixturevalue("s3_bucket")
+    server = request.getfixturevalue("s3_server")
+    return {"url": f"s3://{bucket}/ec-test", "endpoint": server.endpoint}

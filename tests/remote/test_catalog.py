@@ -1,0 +1,89 @@
+"""RemoteCatalog sees what the serving path wrote, with the same naming."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from lmcache_ec import ECCache, codec
+from lmcache_ec.config import load_config
+from lmcache_ec.remote.catalog import RemoteCatalogError, open_catalog
+from tests.conftest import make_tensor
+from tests.remote.conftest import TIMEOUT, remote_config
+
+MODEL = "test/catalog-model"
+
+
+def test_no_remote_no_catalog(local_config):
+    assert open_catalog(load_config(local_config)) is None
+
+
+def test_exists_list_header_delete(remote):
+    config = remote_config(**remote)
+    tensors = {f"h{i}": make_tensor((i + 1, 48), torch.bfloat16, seed=i) for i in range(3)}
+    with ECCache.from_config(config, model=MODEL) as cache:
+        cache.put_many(tensors)
+        assert cache.flush(10)
+        names = {cache.key(h).storage_name: h for h in tensors}
+        prefix = cache.identity.storage_prefix
+        with ECCache.from_config(config, model="another/model") as other:
+            other.put("h0", tensors["h0"])
+            assert other.flush(10)
+
+    catalog = open_catalog(load_config(config))
+    assert catalog is not None
+    with catalog:
+        listed = dict(catalog.list(prefix))
+        assert set(listed) == set(names)
+        assert len(list(catalog.list())) == len(names) + 1
+        for name, mm_hash in names.items():
+            assert catalog.exists(name)
+            header = catalog.read_header(name)
+            assert header is not None
+            assert header["mm_hash"] == mm_hash and header["model"] == MODEL
+            assert header["shape"] == list(tensors[mm_hash].shape)
+            assert header["tensor_dtype"] == "bfloat16"
+            assert listed[name] == header["frame_len"]
+        victim = next(iter(names))
+        assert catalog.delete(victim)
+        assert not catalog.exists(victim)
+        assert catalog.read_header(victim) is None
+        assert not catalog.delete(victim)
+        assert victim not in dict(catalog.list(prefix))
+        assert not catalog.exists(prefix + "0" * 64)
+
+
+def test_header_longer_than_one_ranged_read(remote):
+    config = remote_config(**remote)
+    long_hash = "m" * 6000  # the full mm_hash lives in the header
+    with ECCache.from_config(config, model=MODEL) as cache:
+        cache.put(long_hash, make_tensor((2, 4), torch.float32))
+        assert cache.flush(10)
+        name = cache.key(long_hash).storage_name
+    with open_catalog(load_config(config)) as catalog:
+        header = catalog.read_header(name)
+    assert header is not None and header["mm_hash"] == long_hash
+    assert header["frame_len"] > codec.PREFIX_SIZE + 6000
+
+
+def test_unreachable_store_is_bounded(black_hole, aws_env):
+    for config in (
+        remote_config(f"redis://127.0.0.1:{black_hole.port}"),
+        remote_config("s3://bucket/p", endpoint=f"http://127.0.0.1:{black_hole.port}"),
+    ):
+        with open_catalog(load_config(config)) as catalog:
+            name = "ec1.a.b." + "0" * 64
+            for call in (catalog.exists, catalog.delete):
+                started = time.monotonic()
+                assert call(name) is False
+                assert time.monotonic() - started < TIMEOUT + 1.5
+            started = time.monotonic()
+            assert catalog.read_header(name) is None
+            assert time.monotonic() - started < 2 * TIMEOUT + 1.5
+            try:
+                list(catalog.list())
+            except RemoteCatalogError:
+                pass
+            else:
+                raise AssertionError("listing an unreachable store must raise")

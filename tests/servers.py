@@ -1,0 +1,232 @@
+"""Real servers on 127.0.0.1 for the remote-tier tests.
+
+- ``redis_server`` (session): a ``redis-server`` on a free port, temp dir, no
+  persistence; flushed before each test that uses the function-scoped
+  ``redis_url``. A missing binary fails the test (never skips).
+- ``redis_process`` (function): a private redis-server the test may kill and
+  restart on the same port (``kill()``, ``restart()``).
+- ``s3_server`` (session): moto's ``ThreadedMotoServer``; ``s3_bucket``
+  (function) creates a fresh bucket on it.
+- ``black_hole`` (function): a TCP server that accepts and never answers.
+
+Tests reach these only through ``redis_url`` / ``s3_endpoint`` strings, as a
+user would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+HOST = "127.0.0.1"
+REDIS_PASSWORD = "ec-test-secret"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=0.2):
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"nothing listening on {HOST}:{port} after {timeout}s")
+
+
+@dataclass
+class RedisProcess:
+    """One redis-server; ``kill()`` and ``restart()`` keep the port."""
+
+    port: int
+    workdir: str
+    password: str | None = None
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{HOST}:{self.port}"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server not found on PATH (Debian package redis-server)")
+        args = [
+            binary,
+            "--bind",
+            HOST,
+            "--port",
+            str(self.port),
+            "--dir",
+            self.workdir,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+        ]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.workdir
+        )
+        _wait_for_port(self.port)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def client(self):
+        import redis
+
+        return redis.Redis(host=HOST, port=self.port, password=self.password, socket_timeout=5)
+
+
+def _redis(password: str | None = None) -> Iterator[RedisProcess]:
+    workdir = tempfile.mkdtemp(prefix="ec-redis-")
+    server = RedisProcess(port=free_port(), workdir=workdir, password=password)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisProcess]:
+    yield from _redis()
+
+
+@pytest.fixture(scope="session")
+def redis_server_auth() -> Iterator[RedisProcess]:
+    """A redis-server that requires ``REDIS_PASSWORD``."""
+    yield from _redis(REDIS_PASSWORD)
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisProcess) -> str:
+    """URL of the shared redis-server, emptied for this test."""
+    if redis_server.proc is None or redis_server.proc.poll() is not None:
+        redis_server.start()
+    redis_server.client().flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_process() -> Iterator[RedisProcess]:
+    """A private redis-server this test may kill and restart."""
+    yield from _redis()
+
+
+@dataclass
+class S3Server:
+    endpoint: str
+    _buckets: Iterator[int] = field(default_factory=itertools.count, repr=False)
+
+    def client(self):
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+
+    def new_bucket(self) -> str:
+        name = f"ec-test-{os.getpid()}-{next(self._buckets)}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address=HOST, port=port, verbose=False)
+    server.start()
+    try:
+        _wait_for_port(port)
+        yield S3Server(endpoint=f"http://{HOST}:{port}")
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def aws_env(monkeypatch):
+    """Credentials through the standard AWS environment chain, as users give them."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server, aws_env) -> str:
+    return s3_server.new_bucket()
+
+
+class BlackHole:
+    """Accepts TCP connections and never sends a byte."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind((HOST, 0))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="black-hole", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            self.accepted.append(conn)  # held open, never read or answered
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for conn in self.accepted:
+            conn.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def black_hole() -> Iterator[BlackHole]:
+    server = BlackHole()
+    try:
+        yield server
+    finally:
+        server.close()
