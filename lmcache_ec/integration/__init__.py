@@ -1,0 +1,1 @@
+"""Bridges from the encoder tier into serving engines (``vllm``)."""

@@ -1,0 +1,208 @@
+"""``LMCacheECTierConnector``: vLLM's ECConnector over the lmcache-ec tier.
+
+One instance per process and role. The scheduler-side instance
+(``TierScheduler`` + ``TierIndex``) holds no ECCache and does no network I/O
+on the scheduling path; the worker-side instance (``TierWorker``) owns the
+ECCache built from ``lmcache_config`` / ``$LMCACHE_CONFIG_FILE``. Roles:
+
+- ``ec_producer``: encode-only; saves what it computes, skips what the tiers
+  already hold, never loads.
+- ``ec_consumer``: loads what the tiers hold, never saves.
+- ``ec_both``: both — one instance reusing its own and others' outputs.
+
+Options: see ``settings.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.ec_transfer.ec_connector.base import (
+    ECConnectorBase,
+    ECConnectorRole,
+    ECConnectorWorkerMetadata,
+)
+
+from ...config import load_config
+from ...engine import ECCache
+from .identity import identity_from_vllm, is_content_identifier
+from .index import TierIndex
+from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
+from .scheduler import TierScheduler
+from .settings import ConnectorSettings
+from .stats import ECTierConnectorStats, ECTierPromMetrics
+from .worker import TierWorker
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import ECConnectorOutput
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+def _open_catalog_factory(config: Any) -> Any:
+    """A callable opening the remote catalog, or None when there is no remote tier."""
+    if not config.values.get("remote_url"):
+        return None
+
+    def open_catalog() -> Any:
+        try:
+            from ...remote.catalog import open_catalog as _open
+        except ImportError:
+            logger.warning("lmcache_ec.remote.catalog unavailable; remote tier not indexed")
+            return None
+        return _open(config)
+
+    return open_catalog
+
+
+def _tp_position() -> tuple[int, int]:
+    """(rank, size) of this worker's tensor-parallel group; (0, 1) if none."""
+    try:
+        from vllm.distributed.parallel_state import (
+            get_tensor_model_parallel_rank,
+            get_tensor_model_parallel_world_size,
+            model_parallel_is_initialized,
+        )
+
+        if model_parallel_is_initialized():
+            return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    except Exception as exc:
+        logger.debug("No tensor-parallel group: %s", exc)
+    return 0, 1  # every process writes: duplicates, never gaps
+
+
+class LMCacheECTierConnector(ECConnectorBase):
+    def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole) -> None:
+        super().__init__(vllm_config=vllm_config, role=role)
+        transfer = vllm_config.ec_transfer_config
+        self.settings = ConnectorSettings.from_extra_config(transfer.ec_connector_extra_config)
+        config = load_config(self.settings.lmcache_config)
+        self.identity = identity_from_vllm(
+            vllm_config, model=self.settings.model, namespace=config.namespace
+        )
+        self.scheduler: TierScheduler | None = None
+        self.worker: TierWorker | None = None
+        if role == ECConnectorRole.SCHEDULER:
+            index = TierIndex(
+                self.identity,
+                disk_dir=config.values.get("local_disk"),
+                open_catalog=_open_catalog_factory(config),
+                negative_ttl=self.settings.negative_lookup_ttl_s,
+            )
+            self.scheduler = TierScheduler(
+                self.settings,
+                index,
+                is_producer=self.is_producer,
+                is_consumer=self.is_consumer,
+                tp_size=vllm_config.parallel_config.tensor_parallel_size,
+                deliver_on_idle=bool(getattr(vllm_config, "use_v2_model_runner", False)),
+            )
+        else:
+            cache = ECCache(config, self.identity)
+            tp_rank, tp_size = _tp_position()
+            self.worker = TierWorker(
+                cache,
+                self.settings,
+                persistable=self._persistable,
+                is_producer=self.is_producer,
+                is_consumer=self.is_consumer,
+                tp_rank=tp_rank,
+                tp_size=tp_size,
+                device=getattr(vllm_config.device_config, "device", None) or "cpu",
+            )
+
+    def _persistable(self, identifier: str) -> bool:
+        return self.settings.persist_non_content_ids or is_content_identifier(identifier)
+
+    # -- worker side ---------------------------------------------------------
+
+    def start_load_caches(self, encoder_cache: dict[str, torch.Tensor], **kwargs: Any) -> None:
+        """Worker: release, load this step's items (one batch), queue staging."""
+        assert self.worker is not None
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, ECTierConnectorMetadata)
+        self.worker.start_load_caches(encoder_cache, meta)
+
+    def save_caches(
+        self, encoder_cache: dict[str, torch.Tensor], mm_hash: str, **kwargs: Any
+    ) -> None:
+        """Worker: hand ``encoder_cache[mm_hash]`` to the background writer."""
+        assert self.worker is not None
+        self.worker.save_caches(encoder_cache, mm_hash)
+
+    def build_connector_worker_meta(self) -> ECConnectorWorkerMetadata | None:
+        """Worker: saves, staging results and counter deltas of this step."""
+        return self.worker.build_worker_meta() if self.worker is not None else None
+
+    # -- scheduler side ------------------------------------------------------
+
+    def ensure_cache_available(self, request: Request, num_computed_tokens: int) -> bool:
+        """Scheduler: False while the request waits for items being staged."""
+        assert self.scheduler is not None
+        return self.scheduler.ensure_cache_available(request, num_computed_tokens)
+
+    def has_cache_item(self, identifier: str) -> bool:
+        """Scheduler: in-memory answer; True only for items ready to load."""
+        assert self.scheduler is not None
+        return self.scheduler.has_cache_item(identifier)
+
+    def update_state_after_alloc(self, request: Request, index: int) -> None:
+        """Scheduler: turn approved items into loads; computed items are ignored."""
+        assert self.scheduler is not None
+        self.scheduler.update_state_after_alloc(request, index)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> ECTierConnectorMetadata:
+        """Scheduler: this step's stage/load/release orders."""
+        assert self.scheduler is not None
+        return self.scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: ECConnectorOutput) -> None:
+        """Scheduler: learn from the workers' aggregated metadata."""
+        if self.scheduler is None:
+            return
+        meta = connector_output.ec_connector_worker_meta
+        if meta is not None and not isinstance(meta, ECTierWorkerMetadata):
+            logger.warning("Ignoring foreign EC worker metadata %s", type(meta).__name__)
+            return
+        self.scheduler.update_connector_output(meta)
+
+    # -- stats ---------------------------------------------------------------
+
+    def get_ec_connector_stats(self) -> ECTierConnectorStats | None:
+        """Scheduler: worker and scheduler counters since the last call.
+
+        Workers report through their step metadata (not here), so the V1
+        mixin, which does not collect worker stats, loses nothing and the V2
+        runner, which does, counts nothing twice.
+        """
+        if self.scheduler is None:
+            return None
+        stats = ECTierConnectorStats(data=self.scheduler.take_stats())
+        return None if stats.is_empty() else stats
+
+    @classmethod
+    def build_ec_connector_stats(
+        cls, data: dict[str, Any] | None = None
+    ) -> ECTierConnectorStats | None:
+        return ECTierConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> ECTierPromMetrics:
+        return ECTierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+        if self.scheduler is not None:
+            self.scheduler.index.close()

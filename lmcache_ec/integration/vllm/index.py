@@ -1,0 +1,137 @@
+"""The scheduler's view of what the tiers hold, answered without network I/O.
+
+``lookup`` is called on the scheduler's hot path. It consults, in order:
+
+1. what workers reported saving or staging (``note_present``), in memory;
+2. the disk tier: one ``stat`` of ``<local_disk>/<storage_name>.pt`` (local
+   and sub-microsecond in the page cache; positive answers are remembered);
+3. the remote tier: answered from a cache filled by a background thread
+   (``RemoteCatalog.exists``). An item not yet checked is queued and reported
+   ``PENDING``; the caller decides how long to wait.
+
+No ECCache is built and no CPU pool is allocated in the scheduler process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from ...key import EncoderIdentity
+
+logger = logging.getLogger(__name__)
+
+PENDING = "pending"
+_MAX_ENTRIES = 1_000_000  # identifiers remembered (LRU); ~100 bytes each
+
+
+class _LRU(OrderedDict):
+    def remember(self, key: str, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        if len(self) > _MAX_ENTRIES:
+            self.popitem(last=False)
+
+
+class TierIndex:
+    """Where an identifier can be loaded from: ``worker``/``disk``/``remote``/None/PENDING."""
+
+    def __init__(
+        self,
+        identity: EncoderIdentity,
+        *,
+        disk_dir: str | None,
+        open_catalog: Callable[[], Any] | None,
+        negative_ttl: float,
+    ) -> None:
+        self.identity = identity
+        self.disk_dir = disk_dir
+        self.negative_ttl = negative_ttl
+        self.remote_lookups = 0  # answered by the background thread
+        self._known: _LRU = _LRU()  # identifier -> tier
+        self._remote: _LRU = _LRU()  # identifier -> (present, answered_at)
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        if open_catalog is not None:
+            self._thread = threading.Thread(
+                target=self._remote_loop, args=(open_catalog,), name="ec-index-remote", daemon=True
+            )
+            self._thread.start()
+
+    def storage_name(self, identifier: str) -> str:
+        return self.identity.key(identifier).storage_name
+
+    def lookup(self, identifier: str) -> str | None:
+        with self._lock:
+            tier = self._known.get(identifier)
+            if tier is not None:
+                return tier
+        if self.disk_dir is not None:
+            path = os.path.join(self.disk_dir, self.storage_name(identifier) + ".pt")
+            if os.path.exists(path):
+                self.note_present(identifier, "disk")
+                return "disk"
+        if self._thread is None:
+            return None
+        with self._lock:
+            answer = self._remote.get(identifier)
+            if answer is not None:
+                present, answered_at = answer
+                if present:
+                    return "remote"
+                if time.monotonic() - answered_at < self.negative_ttl:
+                    return None
+            if identifier in self._pending:
+                return PENDING
+            self._pending.add(identifier)
+        self._queue.put(identifier)
+        return PENDING
+
+    def note_present(self, identifier: str, tier: str) -> None:
+        with self._lock:
+            self._known.remember(identifier, tier)
+
+    def forget(self, identifier: str) -> None:
+        """Drop what is known about ``identifier`` (a load of it failed)."""
+        with self._lock:
+            self._known.pop(identifier, None)
+            self._remote.pop(identifier, None)
+
+    def _remote_loop(self, open_catalog: Callable[[], Any]) -> None:
+        try:
+            catalog = open_catalog()
+        except Exception as exc:
+            logger.warning("Remote catalog unavailable; remote tier not indexed: %s", exc)
+            catalog = None
+        try:
+            while (identifier := self._queue.get()) is not None:
+                present = False
+                if catalog is not None:
+                    try:
+                        present = bool(catalog.exists(self.storage_name(identifier)))
+                    except Exception as exc:  # the catalog should not raise; be sure
+                        logger.debug("Remote existence check failed: %s", exc)
+                with self._lock:
+                    self._pending.discard(identifier)
+                    self._remote.remember(identifier, (present, time.monotonic()))
+                    self.remote_lookups += 1
+        finally:
+            if catalog is not None:
+                try:
+                    catalog.close()
+                except Exception as exc:
+                    logger.debug("Closing the remote catalog: %s", exc)
+
+    def close(self, timeout: float = 2.0) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout)
+            self._thread = None

@@ -1,0 +1,58 @@
+"""Messages between the scheduler-side and worker-side connectors.
+
+Scheduler → workers, once per step (``ECTierConnectorMetadata``):
+  ``stage``    items to fetch from the tiers into worker memory, in the background;
+  ``loads``    staged items to place into vLLM's encoder cache before the encoder runs;
+  ``release``  staged items no longer wanted (expired, failed on another rank).
+
+Workers → scheduler, once per step (``ECTierWorkerMetadata``, aggregated over
+ranks by vLLM before ``update_connector_output``):
+  ``saved``    items this worker stored (the scheduler may now offer them);
+  ``staged``   per item, how many ranks hold it staged (summed over ranks);
+  ``failed``   items some rank could not stage (the encoder runs instead);
+  ``stats``    counter deltas since the last report (summed over ranks).
+
+Plain sets, dicts and numbers: vLLM serializes these between processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.ec_transfer.ec_connector.base import (
+    ECConnectorMetadata,
+    ECConnectorWorkerMetadata,
+)
+
+
+@dataclass
+class ECTierConnectorMetadata(ECConnectorMetadata):
+    stage: list[str] = field(default_factory=list)
+    loads: dict[str, int] = field(default_factory=dict)  # identifier -> num embeds
+    release: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ECTierWorkerMetadata(ECConnectorWorkerMetadata):
+    saved: set[str] = field(default_factory=set)
+    staged: dict[str, int] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def aggregate(self, other: ECConnectorWorkerMetadata) -> ECTierWorkerMetadata:
+        assert isinstance(other, ECTierWorkerMetadata)
+        staged = dict(self.staged)
+        for identifier, ranks in other.staged.items():
+            staged[identifier] = staged.get(identifier, 0) + ranks
+        stats = dict(self.stats)
+        for name, value in other.stats.items():
+            stats[name] = stats.get(name, 0) + value
+        return ECTierWorkerMetadata(
+            saved=self.saved | other.saved,
+            staged=staged,
+            failed=self.failed | other.failed,
+            stats=stats,
+        )
+
+    def is_empty(self) -> bool:
+        return not (self.saved or self.staged or self.failed or self.stats)

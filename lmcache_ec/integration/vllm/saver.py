@@ -1,0 +1,100 @@
+"""Background saves: ``submit`` returns at once, a thread does the put.
+
+Tensor lifetime (why the hand-off is safe):
+
+- An accelerator tensor is copied, in ``submit``, into a fresh page-locked
+  host buffer with ``non_blocking=True`` on the *current* stream, and an
+  event is recorded after the copy. The copy is stream-ordered after the
+  encoder kernels that produced the tensor and before anything vLLM later
+  enqueues on that stream — so freeing or overwriting the tensor afterwards
+  cannot race it. The thread waits on the event, never on the stream.
+- A CPU tensor is handed over by reference: vLLM replaces or drops
+  encoder-cache entries and never writes into them, and the put copies the
+  bytes into the tier's own frame.
+
+When ``max_pending`` saves are queued, ``submit`` refuses (returns False)
+rather than make the forward pass wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PutFn = Callable[[str, torch.Tensor], bool]
+DoneFn = Callable[[str, bool, float], None]  # identifier, stored, put seconds
+
+
+class SaveQueue:
+    def __init__(self, put: PutFn, done: DoneFn, max_pending: int) -> None:
+        self._put = put
+        self._done = done
+        self.max_pending = max(1, max_pending)
+        self._pending = 0
+        self._lock = threading.Condition()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="ec-save", daemon=True)
+        self._thread.start()
+
+    def submit(self, identifier: str, tensor: torch.Tensor) -> bool:
+        """Queue a save of ``tensor``; False when the queue is full."""
+        with self._lock:
+            if self._pending >= self.max_pending:
+                return False
+            self._pending += 1
+        event = None
+        if tensor.device.type == "cuda":
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        elif tensor.device.type != "cpu":
+            host = tensor.to("cpu")  # other accelerators: a synchronous copy
+        else:
+            host = tensor
+        self._queue.put((identifier, host, event))
+        return True
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            identifier, host, event = item
+            started = time.perf_counter()
+            stored = False
+            try:
+                if event is not None:
+                    event.synchronize()
+                stored = self._put(identifier, host)
+            except Exception as exc:
+                logger.warning("Saving encoder output %.24s failed: %s", identifier, exc)
+            finally:
+                self._done(identifier, stored, time.perf_counter() - started)
+                with self._lock:
+                    self._pending -= 1
+                    self._lock.notify_all()
+
+    def pending(self) -> int:
+        with self._lock:
+            return self._pending
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every queued save finished; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
+
+    def close(self, timeout: float) -> None:
+        self.flush(timeout)
+        self._queue.put(None)
+        self._thread.join(timeout)

@@ -1,0 +1,88 @@
+"""Connector options, read from ``ec_connector_extra_config``.
+
+Keys (all optional)::
+
+    lmcache_config            path to an LMCache YAML file, or a mapping (the
+                              ``ec:`` section's keys or a full document);
+                              default: $LMCACHE_CONFIG_FILE, then the embedded
+                              default (CPU + disk under the user cache dir)
+    model                     model name used in keys (default: vLLM's
+                              ``model_config.model``); set it when the same
+                              weights are served from different paths
+    persist_non_content_ids   store items whose identifier is not a content
+                              hash (vLLM's ``renderer…-mm-<n>-…`` ids, raw user
+                              UUIDs). Default false: such ids restart at 0 per
+                              process or are chosen by clients, so persisting
+                              them can hand one image's tensor to another.
+    stage_timeout_s           how long a request waits for workers to stage an
+                              item before its encoder runs instead (5.0)
+    remote_lookup_timeout_s   how long a request waits for the remote existence
+                              check before its encoder runs instead (0.05)
+    negative_lookup_ttl_s     how long a remote "absent" answer is trusted (5.0)
+    failed_retry_s            after a failed staging, how long the item is
+                              computed instead of loaded (30.0)
+    max_pending_saves         saves queued on a worker before new ones are
+                              dropped, so the forward pass never waits (64)
+    max_staged_mb             worker memory for staged items (1024)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ...config import ConfigError
+
+
+@dataclass(frozen=True)
+class ConnectorSettings:
+    lmcache_config: Any = None
+    model: str | None = None
+    persist_non_content_ids: bool = False
+    stage_timeout_s: float = 5.0
+    remote_lookup_timeout_s: float = 0.05
+    negative_lookup_ttl_s: float = 5.0
+    failed_retry_s: float = 30.0
+    max_pending_saves: int = 64
+    max_staged_mb: float = 1024.0
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ConnectorSettings:
+        """Validate ``extra``; ``ConfigError`` names the offending key."""
+        extra = dict(extra or {})
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for name, value in extra.items():
+            if name not in known:
+                raise ConfigError(
+                    f"ec_connector_extra_config: unknown key '{name}' "
+                    f"(known keys: {', '.join(sorted(known))})"
+                )
+            values[name] = _coerce(name, known[name].default, value)
+        return cls(**values)
+
+
+def _coerce(name: str, default: Any, value: Any) -> Any:
+    where = f"ec_connector_extra_config.{name}"
+    if name == "lmcache_config":
+        if value is not None and not isinstance(value, (str, Mapping)):
+            raise ConfigError(f"{where}: expected a path or a mapping")
+        return value
+    if name == "model":
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(f"{where}: expected a non-empty string")
+        return value
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            return value.lower() in ("true", "1")
+        raise ConfigError(f"{where}: expected true or false")
+    try:
+        number = type(default)(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected a number, got {value!r:.80}") from None
+    if isinstance(value, bool) or number < 0:
+        raise ConfigError(f"{where}: expected a number >= 0")
+    return number

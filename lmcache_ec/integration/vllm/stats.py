@@ -1,0 +1,111 @@
+"""vLLM connector stats and Prometheus metrics of the encoder tier.
+
+Counters travel as flat ``{name: number}`` dicts: workers send deltas in
+their step metadata (so they reach the scheduler under both model runners),
+the scheduler adds its own (``scheduler_*``) and returns the sum from
+``get_ec_connector_stats``; vLLM aggregates, logs ``reduce()`` and feeds
+``observe`` of the Prometheus metrics.
+
+Worker counters: ``hits_<tier>``, ``misses``, ``bytes_out`` (loaded),
+``bytes_in`` (saved frames), ``get_seconds`` / ``put_seconds`` (tier time),
+``loads``, ``load_seconds`` (placing a step's loads), ``stage_seconds``,
+``saves_submitted``, ``saves_dropped`` (queue full), ``save_failures``,
+``save_handoff_seconds`` (time inside ``save_caches``), ``integrity_failures``,
+``tier_errors_<tier>``. Scheduler counters: ``scheduler_lookups``,
+``scheduler_lookup_hits``, ``scheduler_stage_orders``,
+``scheduler_stage_given_up``, ``scheduler_deferred_steps``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.ec_transfer.ec_connector.metrics import (
+    ECConnectorPromMetrics,
+    ECConnectorStats,
+)
+
+
+@dataclass
+class ECTierConnectorStats(ECConnectorStats):
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: ECConnectorStats) -> ECTierConnectorStats:
+        merged = dict(self.data)
+        for name, value in (other.data or {}).items():
+            merged[name] = merged.get(name, 0) + value
+        return ECTierConnectorStats(data=merged)
+
+    def reduce(self) -> dict[str, int | float]:
+        data = dict(self.data)
+        hits = sum(v for k, v in data.items() if k.startswith("hits_"))
+        lookups = hits + data.get("misses", 0)
+        data["hit_rate"] = round(hits / lookups, 4) if lookups else 0.0
+        if data.get("loads"):
+            data["avg_load_ms"] = round(1000 * data.get("load_seconds", 0) / data["loads"], 4)
+        saves = data.get("saves_submitted", 0) + data.get("saves_dropped", 0)
+        if saves:
+            data["avg_save_handoff_ms"] = round(
+                1000 * data.get("save_handoff_seconds", 0) / saves, 4
+            )
+        if data.get("puts"):
+            data["avg_put_ms"] = round(1000 * data.get("put_seconds", 0) / data["puts"], 4)
+        return data
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+# Prometheus counter name suffix -> data keys summed into it.
+_COUNTERS: dict[str, tuple[str, str]] = {
+    "misses": ("misses", "Encoder-output reads that found nothing usable"),
+    "bytes_loaded": ("bytes_out", "Encoder-output bytes read from the tiers"),
+    "bytes_saved": ("bytes_in", "Encoder-output frame bytes written to the tiers"),
+    "loads": ("loads", "Encoder outputs placed into vLLM's encoder cache"),
+    "load_seconds": ("load_seconds", "Seconds spent placing loads before the encoder"),
+    "read_seconds": ("get_seconds", "Seconds spent reading the tiers (staging)"),
+    "saves": ("saves_submitted", "Saves handed to the background writer"),
+    "saves_dropped": ("saves_dropped", "Saves dropped because the write queue was full"),
+    "save_handoff_seconds": ("save_handoff_seconds", "Seconds spent inside save_caches"),
+    "write_seconds": ("put_seconds", "Seconds the background writer spent in put"),
+    "lookups": ("scheduler_lookups", "Scheduler has_cache_item calls"),
+    "lookup_hits": ("scheduler_lookup_hits", "Scheduler has_cache_item hits"),
+}
+
+
+class ECTierPromMetrics(ECConnectorPromMetrics):
+    def __init__(
+        self,
+        vllm_config: Any,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters: dict[str, dict[int, Any]] = {}
+        for suffix, (_, doc) in _COUNTERS.items():
+            metric = self._counter_cls(
+                name=f"vllm:lmcache_ec_{suffix}", documentation=doc, labelnames=labelnames
+            )
+            self._counters[suffix] = {
+                engine: metric.labels(*values) for engine, values in per_engine_labelvalues.items()
+            }
+        hits = self._counter_cls(
+            name="vllm:lmcache_ec_hits",
+            documentation="Encoder-output reads answered, by tier",
+            labelnames=[*labelnames, "tier"],
+        )
+        self._hits = hits
+        self._labelvalues = per_engine_labelvalues
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for suffix, (key, _) in _COUNTERS.items():
+            value = transfer_stats_data.get(key, 0)
+            if value:
+                self._counters[suffix][engine_idx].inc(value)
+        for key, value in transfer_stats_data.items():
+            if key.startswith("hits_") and value:
+                tier = key[len("hits_") :]
+                self._hits.labels(*self._labelvalues[engine_idx], tier).inc(value)

@@ -1,0 +1,257 @@
+"""Worker side: stage, load and save encoder outputs through an ``ECCache``.
+
+Per engine step (both the V1 model-runner mixin and the V2 runner):
+``bind_connector_metadata`` → ``start_load_caches`` (releases, then this
+step's loads in one batch, then new staging orders handed to a thread) →
+encoder → ``save_caches`` per new output (hand-off, returns at once) →
+``build_connector_worker_meta`` (saves, staging results, stats).
+
+Staging reads the tiers with one ``get_many`` per order batch in a
+background thread into worker memory (CPU tensors, ``max_staged_mb``); a
+load only moves a staged tensor into vLLM's encoder cache (``.to(device)``),
+so it cannot miss. Every rank stages on its own; one rank writes each item
+when the tiers are shared (disk or remote), chosen by a hash of the
+identifier so writes spread over ranks; with only a CPU tier every rank
+writes its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ...engine import ECCache
+from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
+from .saver import SaveQueue
+from .settings import ConnectorSettings
+
+logger = logging.getLogger(__name__)
+
+_RECENT_MAX = 100_000  # identifiers remembered as already stored
+
+
+def writer_rank(identifier: str, tp_size: int) -> int:
+    """The tensor-parallel rank that writes ``identifier``."""
+    digest = hashlib.blake2b(identifier.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % tp_size
+
+
+def _flatten(snapshot: dict[str, Any]) -> dict[str, float]:
+    flat: dict[str, float] = {}
+    for name, value in snapshot.items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            flat[name] = value
+        elif name in ("hits", "tier_errors") and isinstance(value, dict):
+            for tier, count in value.items():
+                flat[f"{name}_{tier}"] = count
+    flat.pop("hit_rate", None)
+    return flat
+
+
+class TierWorker:
+    def __init__(
+        self,
+        cache: ECCache,
+        settings: ConnectorSettings,
+        *,
+        persistable: Callable[[str], bool],
+        is_producer: bool,
+        is_consumer: bool,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.cache = cache
+        self.settings = settings
+        self.persistable = persistable
+        self.is_producer = is_producer
+        self.is_consumer = is_consumer
+        self.tp_rank = tp_rank
+        self.tp_size = max(1, tp_size)
+        self.device = torch.device(device)
+        values = cache.config.values
+        shared = ("local_disk", "remote_url", "remote_storage_plugins")
+        self.shared_tier = any(values.get(name) for name in shared)
+        self._lock = threading.Lock()
+        self._staged: dict[str, torch.Tensor] = {}
+        self._staged_bytes = 0
+        self._wanted: set[str] = set()  # ordered and not released
+        self._stored: OrderedDict[str, None] = OrderedDict()  # saved or loaded here
+        self._saved: set[str] = set()
+        self._staged_report: set[str] = set()
+        self._failed: set[str] = set()
+        self._counters: dict[str, float] = {}
+        self._cache_stats = _flatten(cache.stats.snapshot())
+        self._stage_queue: queue.SimpleQueue[list[str] | None] = queue.SimpleQueue()
+        self._stager = threading.Thread(target=self._stage_loop, name="ec-stage", daemon=True)
+        self._stager.start()
+        self._saver = SaveQueue(cache.put, self._save_done, settings.max_pending_saves)
+
+    def _count(self, name: str, amount: float = 1) -> None:
+        with self._lock:
+            self._counters[name] = self._counters.get(name, 0) + amount
+
+    def _remember_stored(self, identifier: str) -> None:
+        with self._lock:
+            self._stored[identifier] = None
+            self._stored.move_to_end(identifier)
+            if len(self._stored) > _RECENT_MAX:
+                self._stored.popitem(last=False)
+
+    # -- loads ---------------------------------------------------------------
+
+    def start_load_caches(
+        self, encoder_cache: dict[str, torch.Tensor], meta: ECTierConnectorMetadata
+    ) -> None:
+        started = time.perf_counter()
+        for identifier in meta.release:
+            self._release(identifier)
+        placed = 0
+        missing = []
+        for identifier in meta.loads:
+            tensor = self._take_staged(identifier)
+            if identifier in encoder_cache:
+                continue
+            if tensor is None:
+                missing.append(identifier)
+                continue
+            encoder_cache[identifier] = tensor.to(self.device)
+            placed += 1
+        if missing:
+            # Unreachable while staging holds its invariant; one batch read as
+            # a last resort, and vLLM reports anything still missing.
+            logger.error("Staged encoder outputs missing; reading %d directly", len(missing))
+            for identifier, tensor in zip(
+                missing, self.cache.get_many(missing, self.device), strict=True
+            ):
+                if tensor is not None:
+                    encoder_cache[identifier] = tensor
+                    placed += 1
+        for identifier in meta.loads:
+            self._remember_stored(identifier)
+        if meta.loads:
+            self._count("loads", placed)
+            self._count("load_seconds", time.perf_counter() - started)
+        if meta.stage:
+            with self._lock:
+                self._wanted.update(meta.stage)
+            self._stage_queue.put(list(meta.stage))
+
+    def _take_staged(self, identifier: str) -> torch.Tensor | None:
+        with self._lock:
+            self._wanted.discard(identifier)
+            tensor = self._staged.pop(identifier, None)
+            if tensor is not None:
+                self._staged_bytes -= tensor.numel() * tensor.element_size()
+            return tensor
+
+    def _release(self, identifier: str) -> None:
+        self._take_staged(identifier)
+
+    def _stage_loop(self) -> None:
+        limit = int(self.settings.max_staged_mb * 1024 * 1024)
+        while (batch := self._stage_queue.get()) is not None:
+            started = time.perf_counter()
+            try:
+                tensors = self.cache.get_many(batch, "cpu")
+            except Exception as exc:  # a closed or broken cache: compute instead
+                logger.warning("Staging %d encoder outputs failed: %s", len(batch), exc)
+                tensors = [None] * len(batch)
+            with self._lock:
+                for identifier, tensor in zip(batch, tensors, strict=True):
+                    if identifier not in self._wanted:
+                        continue  # released while in flight
+                    nbytes = 0 if tensor is None else tensor.numel() * tensor.element_size()
+                    if tensor is None or self._staged_bytes + nbytes > limit:
+                        self._wanted.discard(identifier)
+                        self._failed.add(identifier)
+                        continue
+                    self._staged[identifier] = tensor
+                    self._staged_bytes += nbytes
+                    self._staged_report.add(identifier)
+                self._counters["stage_seconds"] = (
+                    self._counters.get("stage_seconds", 0) + time.perf_counter() - started
+                )
+
+    # -- saves ---------------------------------------------------------------
+
+    def save_caches(self, encoder_cache: dict[str, torch.Tensor], mm_hash: str) -> None:
+        if not self.is_producer:
+            return
+        started = time.perf_counter()
+        with self._lock:
+            already = mm_hash in self._stored
+        if already:
+            return
+        if not self.persistable(mm_hash):
+            self._count("saves_skipped_identifier")
+            return
+        other_rank_writes = (
+            self.tp_size > 1
+            and self.shared_tier
+            and writer_rank(mm_hash, self.tp_size) != self.tp_rank
+        )
+        if other_rank_writes:
+            self._remember_stored(mm_hash)
+            return
+        tensor = encoder_cache.get(mm_hash)
+        if tensor is None:
+            return
+        if self._saver.submit(mm_hash, tensor.detach()):
+            self._remember_stored(mm_hash)
+            self._count("saves_submitted")
+        else:
+            self._count("saves_dropped")
+        self._count("save_handoff_seconds", time.perf_counter() - started)
+
+    def _save_done(self, identifier: str, stored: bool, seconds: float) -> None:
+        with self._lock:
+            if stored:
+                self._saved.add(identifier)
+            else:
+                self._stored.pop(identifier, None)  # may be retried later
+                self._counters["save_failures"] = self._counters.get("save_failures", 0) + 1
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait for queued saves (and the tiers' own write-behind)."""
+        return self._saver.flush(timeout) and self.cache.flush(timeout)
+
+    # -- reporting -----------------------------------------------------------
+
+    def build_worker_meta(self) -> ECTierWorkerMetadata | None:
+        current = _flatten(self.cache.stats.snapshot())
+        with self._lock:
+            stats = {
+                name: value - self._cache_stats.get(name, 0)
+                for name, value in current.items()
+                if value != self._cache_stats.get(name, 0)
+            }
+            self._cache_stats = current
+            for name, value in self._counters.items():
+                stats[name] = stats.get(name, 0) + value
+            meta = ECTierWorkerMetadata(
+                saved=self._saved,
+                staged={identifier: 1 for identifier in self._staged_report},
+                failed=self._failed,
+                stats=stats,
+            )
+            self._saved, self._staged_report, self._failed = set(), set(), set()
+            self._counters = {}
+        return None if meta.is_empty() else meta
+
+    def close(self) -> None:
+        timeout = self.cache.config.close_timeout
+        self._saver.close(timeout)
+        self._stage_queue.put(None)
+        self._stager.join(timeout)
+        self.cache.close()

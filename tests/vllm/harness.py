@@ -1,0 +1,224 @@
+"""One engine instance on CPU: vLLM's real Scheduler, connectors from the factory.
+
+The model runner is replaced by the few lines of it that touch the EC
+connector, in the order of the V1 mixin (``ec_connector_model_runner_mixin``)
+or the V2 runner (``v1/worker/gpu/ec_connector.py``). The "encoder" is a
+deterministic function of the item's identifier, and every run of it is
+recorded, so a test can tell computed items from loaded ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import time
+
+import torch
+from vllm.config import CacheConfig, ECTransferConfig, SchedulerConfig, VllmConfig
+from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
+from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ECConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+IMAGE_TOKEN = 4
+NUM_EMBEDS = 4  # tiny-blip2: num_query_tokens
+HIDDEN = 64
+BLOCK = 16
+
+
+def image_hash(name: str) -> str:
+    """A content-hash-shaped identifier, as vLLM's blake3 hasher produces."""
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def encoder_output(identifier: str) -> torch.Tensor:
+    seed = int(identifier.encode().hex()[:12], 16) if identifier else 0
+    generator = torch.Generator().manual_seed(seed % (2**31))
+    return torch.randn(NUM_EMBEDS, HIDDEN, generator=generator).to(torch.bfloat16)
+
+
+def make_vllm_config(model_config, role: str, extra: dict, tp_size: int = 1) -> VllmConfig:
+    config = VllmConfig(
+        model_config=copy.deepcopy(model_config),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256, is_encoder_decoder=False
+        ),
+        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
+        ec_transfer_config=ECTransferConfig(
+            ec_connector="LMCacheECTierConnector",
+            ec_role=role,
+            ec_connector_extra_config=extra,
+        ),
+    )
+    config.parallel_config.tensor_parallel_size = tp_size
+    config.cache_config.num_gpu_blocks = 64
+    return config
+
+
+class Engine:
+    """Scheduler + one worker connector per tensor-parallel rank."""
+
+    def __init__(self, vllm_config: VllmConfig, *, runner: str = "v2", tp_size: int = 1) -> None:
+        self.vllm_config = vllm_config
+        self.runner = runner
+        kv = KVCacheConfig(
+            num_blocks=64,
+            kv_cache_tensors=[],
+            kv_cache_groups=[
+                KVCacheGroupSpec(
+                    ["layer"],
+                    FullAttentionSpec(
+                        block_size=BLOCK, num_kv_heads=1, head_size=16, dtype=torch.float32
+                    ),
+                )
+            ],
+        )
+        self.scheduler = Scheduler(
+            vllm_config=vllm_config,
+            kv_cache_config=kv,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            block_size=BLOCK,
+            log_stats=True,
+        )
+        self.workers = []
+        for rank in range(tp_size):
+            worker = ECConnectorFactory.create_connector(vllm_config, ECConnectorRole.WORKER)
+            worker.worker.tp_rank, worker.worker.tp_size = rank, tp_size
+            self.workers.append(worker)
+        self.encoder_caches: list[dict[str, torch.Tensor]] = [{} for _ in range(tp_size)]
+        self.encoded: list[str] = []  # identifiers the encoder computed (rank 0)
+        self.gathered: dict[str, torch.Tensor] = {}  # what the LM consumed
+        self.features: dict[str, list[MultiModalFeatureSpec]] = {}
+        self.finished: dict[str, str] = {}  # request id -> finish reason
+        self.ec_stats: dict[str, float] = {}  # summed SchedulerStats.ec_connector_stats
+        self._next = 0
+
+    @property
+    def connector(self):
+        return self.scheduler.ec_connector
+
+    def add_request(
+        self, identifiers: list[str], *, text_tokens: int = 4, max_tokens: int = 1
+    ) -> str:
+        prompt: list[int] = []
+        features = []
+        for identifier in identifiers:
+            features.append(
+                MultiModalFeatureSpec(
+                    data=None,
+                    modality="image",
+                    identifier=identifier,
+                    mm_position=PlaceholderRange(offset=len(prompt), length=NUM_EMBEDS),
+                    mm_hash=identifier,
+                )
+            )
+            prompt += [IMAGE_TOKEN] * NUM_EMBEDS
+        prompt += [5] * text_tokens
+        request_id = f"req-{self._next}"
+        self._next += 1
+        self.scheduler.add_request(
+            Request(
+                request_id=request_id,
+                prompt_token_ids=prompt,
+                sampling_params=SamplingParams(max_tokens=max_tokens),
+                pooling_params=None,
+                mm_features=features,
+            )
+        )
+        return request_id
+
+    # -- one step ------------------------------------------------------------
+
+    def step(self) -> None:
+        output = self.scheduler.schedule()
+        # A forward pass (or an idle engine loop) takes time; staging runs meanwhile.
+        time.sleep(0.005)
+        for new in output.scheduled_new_reqs:
+            self.features[new.req_id] = new.mm_features
+        ec_outputs = [self._run_worker(rank, output) for rank in range(len(self.workers))]
+        ec_output = None
+        for item in ec_outputs:
+            if item is None:
+                continue
+            if ec_output is None:
+                ec_output = item
+            elif item.ec_connector_worker_meta is not None:
+                meta = ec_output.ec_connector_worker_meta
+                ec_output.ec_connector_worker_meta = (
+                    item.ec_connector_worker_meta
+                    if meta is None
+                    else meta.aggregate(item.ec_connector_worker_meta)
+                )
+        req_ids = list(output.num_scheduled_tokens)
+        runner_output = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=[[7] for _ in req_ids],
+            ec_connector_output=ec_output,
+        )
+        outputs = self.scheduler.update_from_output(output, runner_output)
+        for client_outputs in outputs.values():
+            stats = client_outputs.scheduler_stats
+            for name, value in ((stats and stats.ec_connector_stats) or {}).items():
+                self.ec_stats[name] = self.ec_stats.get(name, 0) + value
+            for item in client_outputs.outputs:
+                if item.finish_reason is not None:
+                    self.finished[item.request_id] = str(item.finish_reason)
+
+    def _run_worker(self, rank: int, output) -> ECConnectorOutput | None:
+        connector = self.workers[rank]
+        cache = self.encoder_caches[rank]
+        for identifier in output.free_encoder_mm_hashes:
+            cache.pop(identifier, None)
+        if self.runner == "v1" and not output.total_num_scheduled_tokens:
+            return None  # V1 returns EMPTY_MODEL_RUNNER_OUTPUT without EC hooks
+        connector.bind_connector_metadata(output.ec_connector_metadata)
+        if connector.is_consumer:
+            connector.start_load_caches(cache)
+        before = set(cache)
+        for req_id, inputs in output.scheduled_encoder_inputs.items():
+            for index in inputs:
+                identifier = self.features[req_id][index].identifier
+                cache[identifier] = encoder_output(identifier)
+                if rank == 0:
+                    self.encoded.append(identifier)
+                if self.runner == "v1":
+                    connector.save_caches(encoder_cache=cache, mm_hash=identifier)
+        gather = connector.is_consumer or not connector.is_producer  # no LM when encode-only
+        for req_id in output.num_scheduled_tokens if gather else ():  # _gather_mm_embeddings
+            for feature in self.features.get(req_id, []):
+                if feature.identifier not in cache:
+                    raise RuntimeError(f"Encoder cache miss for {feature.identifier}.")
+                if rank == 0:
+                    self.gathered[feature.identifier] = cache[feature.identifier]
+        if self.runner == "v2" and connector.is_producer:
+            for identifier in cache.keys() - before:
+                connector.save_caches(encoder_cache=cache, mm_hash=identifier)
+        result = ECConnectorOutput()
+        result.finished_sending, result.finished_recving = connector.get_finished(
+            output.finished_req_ids
+        )
+        result.ec_connector_worker_meta = connector.build_connector_worker_meta()
+        connector.clear_connector_metadata()
+        return result
+
+    def run_until_finished(self, request_ids: list[str], max_steps: int = 1000) -> int:
+        for steps in range(1, max_steps + 1):
+            self.step()
+            if all(r in self.finished for r in request_ids):
+                return steps
+        raise AssertionError(f"requests not finished after {max_steps} steps: {request_ids}")
+
+    def flush(self) -> None:
+        for worker in self.workers:
+            assert worker.worker.flush(30.0)
+
+    def shutdown(self) -> None:
+        self.scheduler.shutdown()
+        for worker in self.workers:
+            worker.shutdown()

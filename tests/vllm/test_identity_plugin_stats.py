@@ -1,0 +1,109 @@
+"""Plugin registration, identity of entries, identifier policy, stats plumbing."""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import os
+
+from prometheus_client import REGISTRY
+from vllm.config import ECTransferConfig
+from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
+from vllm.distributed.ec_transfer.ec_connector.metrics import ECConnectorLogging, ECConnectorProm
+
+from lmcache_ec.integration.vllm.connector import LMCacheECTierConnector
+from lmcache_ec.integration.vllm.identity import (
+    encoder_fingerprint,
+    identity_from_vllm,
+    is_content_identifier,
+)
+from lmcache_ec.integration.vllm.metadata import ECTierWorkerMetadata
+
+from .harness import Engine, image_hash, make_vllm_config
+
+
+def test_entry_point_registers_the_connector_by_name():
+    [entry] = [
+        ep
+        for ep in importlib.metadata.entry_points(group="vllm.general_plugins")
+        if ep.name == "lmcache_ec"
+    ]
+    entry.load()()  # idempotent, as vLLM may run plugins in several processes
+    by_name = ECTransferConfig(ec_connector="LMCacheECTierConnector", ec_role="ec_both")
+    assert ECConnectorFactory.get_connector_class(by_name) is LMCacheECTierConnector
+    by_path = ECTransferConfig(
+        ec_connector="LMCacheECTierConnector",
+        ec_role="ec_consumer",
+        ec_connector_module_path="lmcache_ec.integration.vllm",
+    )
+    ECConnectorFactory._registry.pop("LMCacheECTierConnector")
+    try:
+        assert ECConnectorFactory.get_connector_class(by_path) is LMCacheECTierConnector
+    finally:
+        entry.load()()
+
+
+def test_identity_covers_model_revision_encoder_config_and_dtype(model_config):
+    config = make_vllm_config(model_config, "ec_both", {})
+    identity = identity_from_vllm(config, model=None, namespace="default")
+    assert identity.model.endswith("tiny-blip2") and identity.dtype == "bfloat16"
+    changed = copy.deepcopy(model_config)
+    changed.hf_config.vision_config.image_size = 56
+    assert encoder_fingerprint(changed) != identity.fingerprint
+    changed = copy.deepcopy(model_config)
+    changed.hf_config.text_config.num_hidden_layers = 2  # not the encoder
+    assert encoder_fingerprint(changed) == identity.fingerprint
+    other = identity_from_vllm(config, model="other/model", namespace="default")
+    assert other.key("x" * 64).storage_name != identity.key("x" * 64).storage_name
+
+
+def test_identifier_policy():
+    assert is_content_identifier(image_hash("a"))
+    assert is_content_identifier("my-lora:" + image_hash("a"))
+    assert is_content_identifier("f" * 128)  # sha512
+    assert not is_content_identifier("renderer0-mm-3-" + image_hash("a")[:8])
+    assert not is_content_identifier("user-uuid-1234")
+
+
+def test_request_scoped_ids_are_not_persisted_unless_allowed(model_config, disk_dir, monkeypatch):
+    base = {"max_local_cpu_size": 0.01, "local_disk": str(disk_dir), "max_local_disk_size": 0.1}
+    configs = [
+        make_vllm_config(model_config, "ec_both", {"lmcache_config": base}),
+        make_vllm_config(
+            model_config, "ec_both", {"lmcache_config": base, "persist_non_content_ids": True}
+        ),
+    ]
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    for config, expected in zip(configs, (0, 1), strict=True):
+        engine = Engine(config)
+        try:
+            engine.run_until_finished([engine.add_request(["renderer0-mm-0-1a2b"])])
+            engine.flush()
+        finally:
+            engine.shutdown()
+        assert len([n for n in os.listdir(disk_dir) if n.endswith(".pt")]) == expected
+
+
+def test_worker_metadata_needs_every_rank_before_an_item_is_ready():
+    a = ECTierWorkerMetadata(saved={"x"}, staged={"i": 1}, stats={"hits_disk": 1})
+    b = ECTierWorkerMetadata(staged={"i": 1, "j": 1}, failed={"k"}, stats={"hits_disk": 2})
+    merged = a.aggregate(b)
+    assert merged.staged == {"i": 2, "j": 1} and merged.failed == {"k"}
+    assert merged.saved == {"x"} and merged.stats == {"hits_disk": 3}
+
+
+def test_stats_flow_into_vllm_logging_and_prometheus(model_config):
+    config = make_vllm_config(model_config, "ec_both", {})
+    data = {"hits_disk": 2, "misses": 1, "bytes_out": 1024, "loads": 2, "load_seconds": 0.002}
+    logging_ = ECConnectorLogging(config.ec_transfer_config)
+    logging_.observe(data)
+    logging_.observe(data)
+    reduced = logging_.transfer_stats_accumulator.reduce()
+    assert reduced["hits_disk"] == 4 and reduced["hit_rate"] == round(4 / 6, 4)
+    assert reduced["avg_load_ms"] == 1.0
+
+    prom = ECConnectorProm(config, ["model_name", "engine"], {0: ["m", "0"]})
+    prom.observe(data, engine_idx=0)
+    labels = {"model_name": "m", "engine": "0"}
+    assert REGISTRY.get_sample_value("vllm:lmcache_ec_bytes_loaded_total", labels) == 1024
+    assert REGISTRY.get_sample_value("vllm:lmcache_ec_hits_total", {**labels, "tier": "disk"}) == 2

@@ -1,0 +1,77 @@
+"""The scheduler side never waits on the network: remote checks run in a thread."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
+from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+from vllm.sampling_params import SamplingParams
+from vllm.v1.request import Request
+
+from .harness import image_hash, make_vllm_config
+
+
+def _request(identifier: str) -> Request:
+    feature = MultiModalFeatureSpec(
+        data=None,
+        modality="image",
+        identifier=identifier,
+        mm_position=PlaceholderRange(offset=0, length=4),
+    )
+    return Request("r", [4, 4, 4, 4, 5], SamplingParams(max_tokens=1), None, mm_features=[feature])
+
+
+def _exists_calls(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_exists", {}).get("calls", 0))
+
+
+def _scheduler_connector(model_config, remote_url: str):
+    extra = {
+        "lmcache_config": {"max_local_cpu_size": 0.01, "remote_url": remote_url},
+        "remote_lookup_timeout_s": 0.2,
+    }
+    config = make_vllm_config(model_config, "ec_both", extra)
+    return ECConnectorFactory.create_connector(config, ECConnectorRole.SCHEDULER)
+
+
+def test_has_cache_item_sends_no_command_to_redis(model_config, redis_url):
+    client = redis.Redis.from_url(redis_url)
+    connector = _scheduler_connector(model_config, redis_url)
+    try:
+        identifier = image_hash("remote.png")
+        before = _exists_calls(client)
+        for _ in range(1000):
+            assert not connector.has_cache_item(identifier)
+        assert _exists_calls(client) == before  # has_cache_item: memory only
+
+        request = _request(identifier)
+        deadline = time.monotonic() + 10
+        while not connector.ensure_cache_available(request, 0):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        # However often the scheduler asked, the background thread checked once.
+        assert _exists_calls(client) == before + 1
+        assert connector.scheduler.index.remote_lookups == 1
+    finally:
+        connector.shutdown()
+
+
+def test_unresponsive_remote_never_blocks_scheduling(model_config, black_hole):
+    connector = _scheduler_connector(model_config, f"redis://127.0.0.1:{black_hole.port}")
+    try:
+        request = _request(image_hash("slow.png"))
+        started = time.monotonic()
+        calls = 0
+        while not connector.ensure_cache_available(request, 0):
+            calls += 1
+            time.sleep(0.01)
+        waited = time.monotonic() - started
+        # Deferred only until remote_lookup_timeout_s (0.2 s); the store never answers.
+        assert calls >= 1
+        assert waited < 1.5  # generous upper bound; remote_timeout is 2 s
+        assert not connector.has_cache_item(request.mm_features[0].identifier)
+    finally:
+        connector.shutdown()
