@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -162,30 +160,82 @@ def print_local(result: dict[str, Any]) -> None:
         console.print(table)
 
 
-def _lazy(module: str, name: str) -> None:
-    """Expose ``lmcache_ec.bench.<module>`` as ``bench <name>`` if it is installed."""
-    try:
-        spec = importlib.util.find_spec(f"lmcache_ec.bench.{module}")
-    except ImportError:
-        spec = None
-    if spec is None:
-        return
+@bench_app.command()
+def remote(
+    redis_url: Annotated[
+        str | None, typer.Option(help="Measure this Redis (redis://, rediss://).")
+    ] = None,
+    s3_url: Annotated[str | None, typer.Option(help="Measure this S3 prefix (s3://b/p).")] = None,
+    s3_endpoint_url: Annotated[
+        str | None, typer.Option(help="Endpoint of an S3-compatible store.")
+    ] = None,
+    local_servers: Annotated[
+        bool,
+        typer.Option(help="Start a redis-server and a moto S3 server on 127.0.0.1 and use them."),
+    ] = False,
+    iterations: Annotated[int, typer.Option(min=1)] = 50,
+    as_json: Annotated[Path | None, typer.Option("--json", help="Also write rows here.")] = None,
+) -> None:
+    """ECCache on a remote store vs the raw client (redis-py, boto3), same bytes, same run."""
+    import contextlib
+    import os
 
-    @bench_app.command(
-        name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
-    )
-    def command(ctx: typer.Context) -> None:
-        target = importlib.import_module(f"lmcache_ec.bench.{module}")
-        entry = getattr(target, "cli", None) or getattr(target, "main", None)
-        if entry is None:
-            fail(f"lmcache_ec.bench.{module} has no cli()/main() entry point", 2)
-        params = inspect.signature(entry).parameters
-        code = entry(list(ctx.args)) if params else entry()
-        raise typer.Exit(int(code or 0))
+    from ..bench.remote import run_remote_bench
+    from ..bench.servers import local_redis, local_s3
 
-    command.__doc__ = f"Run lmcache_ec.bench.{module} (its own options follow)."
+    if not (redis_url or s3_url or local_servers):
+        fail("give --redis-url, --s3-url or --local-servers", 2)
+    rows: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        if local_servers:
+            redis_url = redis_url or stack.enter_context(local_redis())
+            if s3_url is None:
+                s3_endpoint_url = stack.enter_context(local_s3())
+                s3_url = "s3://lmcache-ec-bench/bench"
+                for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+                    os.environ.setdefault(name, "bench")
+                os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+        if redis_url:
+            rows += run_remote_bench("redis", redis_url, iterations=iterations)
+        if s3_url:
+            rows += run_remote_bench(
+                "s3", s3_url, endpoint_url=s3_endpoint_url, iterations=iterations
+            )
+    table = Table(title="Remote tier: median (p99) ms per op; ratio = lmcache-ec / raw client")
+    for column in ("store", "op", "engine", "ms", "ratio", "hits"):
+        table.add_column(column)
+    for row in rows:
+        ratio = f"{row['ratio']:.2f}" if "ratio" in row else ""
+        table.add_row(
+            row["tier"],
+            row["op"],
+            row["engine"],
+            f"{_ms(row['median_ms'])} ({_ms(row['p99_ms'])})",
+            ratio,
+            str(row.get("hits", "")),
+        )
+    console.print(table)
+    if as_json is not None:
+        as_json.write_text(json.dumps(rows, indent=2))
 
 
-importlib.import_module("importlib.util")
-_lazy("remote", "remote")
-_lazy("connector", "connector")
+@bench_app.command()
+def connector(
+    model_dir: Annotated[
+        Path, typer.Argument(help="A local model directory vLLM can read (config + tokenizer).")
+    ] = Path("tests/vllm/data/tiny-blip2"),
+    as_json: Annotated[Path | None, typer.Option("--json", help="Also write results here.")] = None,
+) -> None:
+    """has_cache_item and save_caches cost of the vLLM connector (needs vllm)."""
+    import os
+
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if not (model_dir / "config.json").exists():
+        fail(f"{model_dir} has no config.json", 2)
+    from ..bench.connector import bench_connector
+
+    result = bench_connector(str(model_dir))
+    console.print_json(data=result)
+    if as_json is not None:
+        as_json.write_text(json.dumps(result, indent=2))
