@@ -22,6 +22,7 @@ import json
 import math
 import struct
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -103,15 +104,6 @@ def host_bytes(tensor: torch.Tensor) -> np.ndarray | None:
     return tensor.detach().view(torch.uint8).numpy().reshape(-1)
 
 
-def copy_out(view: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
-    """A private copy of a payload view on ``device``."""
-    if device.type == "cpu":
-        out = torch.empty(view.shape, dtype=view.dtype)
-        np.copyto(out.view(torch.uint8).numpy().reshape(-1), host_bytes(view))
-        return out
-    return view.to(device=device, non_blocking=non_blocking, copy=True)
-
-
 def read_prefix(raw: bytes | memoryview) -> tuple[int, int, int, int]:
     """(header_len, payload_len, payload_sum, header_sum); ``CorruptEntryError``."""
     if len(raw) < PREFIX_SIZE:
@@ -138,38 +130,69 @@ def parse_header(raw: bytes | memoryview, header_sum: int) -> dict[str, Any]:
     return header
 
 
-def read_header(buffer: torch.Tensor) -> dict[str, Any]:
-    """The verified header of a frame (payload not checked)."""
-    raw = buffer.numpy()
-    header_len, payload_len, _payload_sum, header_sum = read_prefix(raw)
+def _read_header(raw: np.ndarray) -> tuple[dict[str, Any], int, int]:
+    """(verified header, payload start, payload_len) of a frame's bytes."""
+    header_len, payload_len, payload_sum, header_sum = read_prefix(raw)
     if raw.size < PREFIX_SIZE + header_len:
         raise CorruptEntryError("truncated header")
     header = parse_header(raw[PREFIX_SIZE : PREFIX_SIZE + header_len], header_sum)
+    header["payload_sum"] = payload_sum
+    return header, PREFIX_SIZE + header_len, payload_len
+
+
+def read_header(buffer: torch.Tensor) -> dict[str, Any]:
+    """The verified header of a frame (payload not checked)."""
+    header, start, payload_len = _read_header(buffer.numpy())
     header["payload_len"] = payload_len
-    header["frame_len"] = PREFIX_SIZE + header_len + payload_len
+    header["frame_len"] = start + payload_len
     return header
 
 
-def decode_frame(buffer: torch.Tensor, key: ECKey, *, verify_payload: bool = True) -> torch.Tensor:
-    """A view of the tensor inside a frame read for ``key``.
+@dataclass(frozen=True)
+class Payload:
+    """Where a verified tensor lies inside a frame buffer (aliases the buffer)."""
 
-    The view aliases ``buffer``; copy it before the buffer is released.
-    ``verify_payload=False`` skips only the payload checksum (used for
-    frames that never left this process's memory).
+    buffer: torch.Tensor
+    data: np.ndarray  # the payload's bytes
+    start: int
+    dtype: torch.dtype
+    shape: tuple[int, int]
+
+    def view(self) -> torch.Tensor:
+        end = self.start + self.data.size
+        return self.buffer[self.start : end].view(self.dtype).view(self.shape)
+
+
+def decode_payload(buffer: torch.Tensor, key: ECKey, *, verify_payload: bool = True) -> Payload:
+    """Verify a frame read for ``key``; ``CorruptEntryError`` names the failed check.
+
+    ``verify_payload=False`` skips only the payload checksum (used for frames
+    that never left this process's memory).
     """
-    header = read_header(buffer)
+    raw = buffer.numpy()
+    header, start, payload_len = _read_header(raw)
     if header.get("name") != key.storage_name:
         raise CorruptEntryError("entry belongs to another key")
     dtype, shape = header["torch_dtype"], header["shape"]
-    payload_len = header["payload_len"]
     if len(shape) != 2 or math.prod(shape) * dtype.itemsize != payload_len:
         raise CorruptEntryError("shape does not match payload length")
-    start = header["frame_len"] - payload_len
-    if buffer.numel() < start + payload_len:
+    if raw.size < start + payload_len:
         raise CorruptEntryError("truncated payload")
-    payload = buffer[start : start + payload_len]
-    if verify_payload:
-        _, _, payload_sum, _ = read_prefix(buffer[:PREFIX_SIZE].numpy())
-        if xxhash.xxh3_64_intdigest(payload.numpy()) != payload_sum:
-            raise CorruptEntryError("payload checksum mismatch")
-    return payload.view(dtype).view(shape)
+    data = raw[start : start + payload_len]
+    if verify_payload and xxhash.xxh3_64_intdigest(data) != header["payload_sum"]:
+        raise CorruptEntryError("payload checksum mismatch")
+    return Payload(buffer, data, start, dtype, (shape[0], shape[1]))
+
+
+def decode_frame(buffer: torch.Tensor, key: ECKey, *, verify_payload: bool = True) -> torch.Tensor:
+    """A view of the tensor inside a frame read for ``key`` (aliases ``buffer``)."""
+    return decode_payload(buffer, key, verify_payload=verify_payload).view()
+
+
+def copy_out(payload: Payload, device: torch.device, non_blocking: bool) -> torch.Tensor:
+    """A private copy of a payload on ``device``."""
+    if device.type == "cpu":
+        out = torch.empty(payload.shape, dtype=payload.dtype)
+        np.copyto(out.view(torch.uint8).numpy().reshape(-1), payload.data)
+        return out
+    return payload.view().to(device=device, non_blocking=non_blocking, copy=True)

@@ -246,13 +246,11 @@ class ECCache:
                     self.stats.miss(time.perf_counter() - started)
                     results.append(None)
                     continue
-                tier, memory_obj, view = found
+                tier, memory_obj, payload = found
                 held.append(memory_obj)
-                out = codec.copy_out(view, device, non_blocking=async_copy)
+                out = codec.copy_out(payload, device, non_blocking=async_copy)
                 results.append(out)
-                self.stats.hit(
-                    tier, view.numel() * view.element_size(), time.perf_counter() - started
-                )
+                self.stats.hit(tier, payload.data.size, time.perf_counter() - started)
             if async_copy and held:
                 torch.cuda.current_stream(device).synchronize()
         finally:
@@ -260,8 +258,8 @@ class ECCache:
                 memory_obj.ref_count_down()
         return results
 
-    def _read_verified(self, key: ECKey) -> tuple[str, MemoryObj, torch.Tensor] | None:
-        """(tier, buffer, tensor view) for ``key``; the caller releases the buffer.
+    def _read_verified(self, key: ECKey) -> tuple[str, MemoryObj, codec.Payload] | None:
+        """(tier, buffer, payload) for ``key``; the caller releases the buffer.
 
         A lower-tier hit is verified before it is promoted; a corrupt entry is
         removed from every tier and reads as a miss.
@@ -269,9 +267,9 @@ class ECCache:
         found = self._fetch(key)
         if found is None:
             return None
-        level, name, memory_obj = found
+        level, name, memory_obj, buffer = found
         try:
-            view = codec.decode_frame(memory_obj.tensor, key, verify_payload=level > 0)
+            payload = codec.decode_payload(buffer, key, verify_payload=level > 0)
         except codec.CorruptEntryError as exc:
             memory_obj.ref_count_down()
             self.stats.add("integrity_failures")
@@ -280,18 +278,22 @@ class ECCache:
             return None
         if level > 0:
             self._promote(key, memory_obj, level)
-        return tier_name(name), memory_obj, view
+        return tier_name(name), memory_obj, payload
 
-    def _fetch(self, key: ECKey) -> tuple[int, str, MemoryObj] | None:
-        """(tier level, backend name, buffer) of the first tier that has ``key``."""
+    def _fetch(self, key: ECKey) -> tuple[int, str, MemoryObj, torch.Tensor] | None:
+        """(tier level, backend name, memory object, its bytes) of the first tier with ``key``."""
         for level, (name, backend) in enumerate(self._storage.get_active_storage_backends()):
             try:
                 memory_obj = backend.get_blocking(key)
             except Exception as exc:
                 self._tier_failed(name, "get", exc)
                 continue
-            if memory_obj is not None and memory_obj.tensor is not None:
-                return level, name, memory_obj
+            if memory_obj is None:
+                continue
+            buffer = memory_obj.tensor  # a property that builds views: read it once
+            if buffer is not None:
+                return level, name, memory_obj, buffer
+            memory_obj.ref_count_down()
         return None
 
     def _promote(self, key: ECKey, memory_obj: MemoryObj, level: int) -> None:
