@@ -47,7 +47,11 @@ def test_processes_sharing_a_disk_directory(disk_dir):
     workers = [
         subprocess.Popen(
             [sys.executable, "-c", WORKER, str(disk_dir), str(seed)],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for seed in range(3)
     ]

@@ -51,9 +51,16 @@ class RemoteCatalog(abc.ABC):
 
     timeout: float
 
-    @abc.abstractmethod
     def exists(self, storage_name: str) -> bool:
         """True if the entry is stored; False if absent or on any error."""
+        present = self.lookup(storage_name)
+        if present is None:
+            logger.warning("Remote lookup of %s failed", storage_name)
+        return bool(present)
+
+    @abc.abstractmethod
+    def lookup(self, storage_name: str) -> bool | None:
+        """True if stored, False if absent, None if the store could not answer."""
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
@@ -125,12 +132,12 @@ class RedisCatalog(RemoteCatalog):
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
 
-    def exists(self, storage_name: str) -> bool:
+    def lookup(self, storage_name: str) -> bool | None:
         try:
             return bool(self._client.exists(redis_meta_key(storage_name)))
         except Exception as exc:
-            logger.warning("Remote exists(%s) failed: %s", storage_name, exc)
-            return False
+            logger.debug("Remote exists(%s) failed: %s", storage_name, exc)
+            return None
 
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         pattern = _glob_escape(prefix) + "*" + REDIS_META_SUFFIX
@@ -190,16 +197,17 @@ class S3Catalog(RemoteCatalog):
         self._location = settings.location
         self._client = make_client(settings)
 
-    def exists(self, storage_name: str) -> bool:
+    def lookup(self, storage_name: str) -> bool | None:
         try:
             self._client.head_object(
                 Bucket=self._location.bucket, Key=self._location.object_key(storage_name)
             )
             return True
         except Exception as exc:
-            if not is_not_found(exc):
-                logger.warning("Remote exists(%s) failed: %s", storage_name, exc)
-            return False
+            if is_not_found(exc):
+                return False
+            logger.debug("Remote exists(%s) failed: %s", storage_name, exc)
+            return None
 
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         paginator = self._client.get_paginator("list_objects_v2")

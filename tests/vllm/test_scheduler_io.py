@@ -75,3 +75,21 @@ def test_unresponsive_remote_never_blocks_scheduling(model_config, black_hole):
         assert not connector.has_cache_item(request.mm_features[0].identifier)
     finally:
         connector.shutdown()
+
+
+def test_failing_remote_pauses_lookups_instead_of_queuing(model_config, black_hole):
+    connector = _scheduler_connector(model_config, f"redis://127.0.0.1:{black_hole.port}")
+    index = connector.scheduler.index
+    try:
+        assert index.lookup(image_hash("first.png")) == "pending"
+        deadline = time.monotonic() + 15
+        while index.remote_failures == 0:  # the one lookup times out (remote_timeout)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # While paused, new items are answered "absent" at once and nothing is queued.
+        for i in range(100):
+            assert index.lookup(image_hash(f"later-{i}.png")) is None
+        assert not index._pending
+        assert index.remote_lookups == 0  # an unanswered lookup is never cached
+    finally:
+        connector.shutdown()

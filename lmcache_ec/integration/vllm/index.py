@@ -6,8 +6,10 @@
 2. the disk tier: one ``stat`` of ``<local_disk>/<storage_name>.pt`` (local
    and sub-microsecond in the page cache; positive answers are remembered);
 3. the remote tier: answered from a cache filled by a background thread
-   (``RemoteCatalog.exists``). An item not yet checked is queued and reported
-   ``PENDING``; the caller decides how long to wait.
+   (``RemoteCatalog.lookup``). An item not yet checked is queued and reported
+   ``PENDING``; the caller decides how long to wait. While the store fails to
+   answer, or when too many lookups are queued, items are reported absent at
+   once (the encoder runs) instead of queuing behind a dead server.
 
 No ECCache is built and no CPU pool is allocated in the scheduler process.
 """
@@ -29,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 PENDING = "pending"
 _MAX_ENTRIES = 1_000_000  # identifiers remembered (LRU); ~100 bytes each
+_MAX_PENDING = 4096  # queued remote lookups; beyond it, answer "absent"
+_REMOTE_BACKOFF = 5.0  # seconds without remote lookups after the store failed to answer
 
 
 class _LRU(OrderedDict):
@@ -54,6 +58,8 @@ class TierIndex:
         self.disk_dir = disk_dir
         self.negative_ttl = negative_ttl
         self.remote_lookups = 0  # answered by the background thread
+        self.remote_failures = 0  # lookups the store could not answer
+        self._remote_down_until = 0.0
         self._known: _LRU = _LRU()  # identifier -> tier
         self._remote: _LRU = _LRU()  # identifier -> (present, answered_at)
         self._pending: set[str] = set()
@@ -91,6 +97,8 @@ class TierIndex:
                     return None
             if identifier in self._pending:
                 return PENDING
+            if time.monotonic() < self._remote_down_until or len(self._pending) >= _MAX_PENDING:
+                return None
             self._pending.add(identifier)
         self._queue.put(identifier)
         return PENDING
@@ -113,14 +121,24 @@ class TierIndex:
             catalog = None
         try:
             while (identifier := self._queue.get()) is not None:
-                present = False
-                if catalog is not None:
+                present: bool | None = None
+                if catalog is not None and time.monotonic() >= self._remote_down_until:
                     try:
-                        present = bool(catalog.exists(self.storage_name(identifier)))
+                        present = catalog.lookup(self.storage_name(identifier))
                     except Exception as exc:  # the catalog should not raise; be sure
                         logger.debug("Remote existence check failed: %s", exc)
                 with self._lock:
                     self._pending.discard(identifier)
+                    if present is None:
+                        # Unanswered: not cached, so it is asked again after the backoff.
+                        if time.monotonic() >= self._remote_down_until:
+                            logger.warning(
+                                "Remote tier not answering; lookups paused for %.0fs",
+                                _REMOTE_BACKOFF,
+                            )
+                        self._remote_down_until = time.monotonic() + _REMOTE_BACKOFF
+                        self.remote_failures += 1
+                        continue
                     self._remote.remember(identifier, (present, time.monotonic()))
                     self.remote_lookups += 1
         finally:
