@@ -97,6 +97,9 @@ class ECCache:
         self._cpu = cpu
         disk = self._storage.storage_backends.get("LocalDiskBackend")
         self._disk = disk if isinstance(disk, ECLocalDiskBackend) else None
+        for name, backend in self._storage.storage_backends.items():
+            if hasattr(backend, "snapshot"):  # remote tiers: health and their own counters
+                self.stats.watch_tier(tier_name(name), backend.snapshot)
 
     @classmethod
     def from_config(

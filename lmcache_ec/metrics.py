@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 # Upper bounds in seconds (Prometheus ``le``); +Inf is implicit.
@@ -72,6 +73,7 @@ class ECStats:
         self.bytes_out = 0  # returned by get
         self.get_seconds = 0.0
         self.put_seconds = 0.0
+        self._tier_sources: dict[str, Callable[[], dict[str, Any]]] = {}
         self.get_latency = LatencyHistogram()
         self.put_latency = LatencyHistogram()
 
@@ -103,9 +105,24 @@ class ECStats:
         with self._lock:
             self.tier_errors[tier] += 1
 
+    def watch_tier(self, tier: str, source: Callable[[], dict[str, Any]]) -> None:
+        """Report ``source()`` (a tier's own health counters) under ``tiers[tier]``.
+
+        A ``failures`` counter in it adds to ``tier_errors[tier]``: tiers that
+        turn failures into misses (the remote tier) still show them there.
+        """
+        with self._lock:
+            self._tier_sources[tier] = source
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
+            sources = dict(self._tier_sources)
+        tiers = {tier: source() for tier, source in sources.items()}
+        with self._lock:
             lookups = sum(self.hits.values()) + self.misses
+            tier_errors = self.tier_errors.copy()
+            for tier, state in tiers.items():
+                tier_errors[tier] += int(state.get("failures", 0))
             return {
                 "hits": dict(self.hits),
                 "misses": self.misses,
@@ -114,7 +131,8 @@ class ECStats:
                 "put_skipped_existing": self.put_skipped_existing,
                 "put_rejected": self.put_rejected,
                 "integrity_failures": self.integrity_failures,
-                "tier_errors": dict(self.tier_errors),
+                "tier_errors": {tier: n for tier, n in tier_errors.items() if n},
+                "tiers": tiers,
                 "bytes_in": self.bytes_in,
                 "bytes_out": self.bytes_out,
                 "get_seconds": self.get_seconds,

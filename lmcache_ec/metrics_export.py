@@ -13,7 +13,8 @@ and nothing needs a hook on the hot path. Metrics (all labelled with
     lmcache_ec_bytes_in_total               frame bytes accepted by put
     lmcache_ec_bytes_out_total              tensor bytes returned by get
     lmcache_ec_integrity_failures_total     entries dropped for failing verification
-    lmcache_ec_tier_errors_total{tier}      tier operations that raised (remote errors)
+    lmcache_ec_tier_errors_total{tier}      tier operations that failed (remote errors)
+    lmcache_ec_tier_available{tier}         1 while a remote tier answers
     lmcache_ec_get_latency_seconds          histogram of get (load) latency
     lmcache_ec_put_latency_seconds          histogram of put (save hand-off) latency
 
@@ -35,7 +36,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client import start_http_server as _start_http_server
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 PREFIX = "lmcache_ec"
@@ -79,6 +85,11 @@ class ECStatsCollector(Collector):
             "Tier operations that raised (remote errors), by tier.",
             labels=[*LABELS, "tier"],
         )
+        available = GaugeMetricFamily(
+            f"{PREFIX}_tier_available",
+            "1 while a remote tier answers, 0 between a failure and its reconnection.",
+            labels=[*LABELS, "tier"],
+        )
         counters = {
             field: CounterMetricFamily(f"{PREFIX}_{name}", text, labels=list(LABELS))
             for field, name, text in _COUNTERS
@@ -100,6 +111,8 @@ class ECStatsCollector(Collector):
                     hits.add_metric([*labels, tier], count)
             for tier, count in snap["tier_errors"].items():
                 errors.add_metric([*labels, tier], count)
+            for tier, state in snap["tiers"].items():
+                available.add_metric([*labels, tier], float(bool(state.get("available"))))
             for field, family in counters.items():
                 family.add_metric(labels, snap[field])
             for field, family in histograms.items():
@@ -108,6 +121,7 @@ class ECStatsCollector(Collector):
                 family.add_metric(labels, buckets, hist["sum"])
         yield hits
         yield errors
+        yield available
         yield from counters.values()
         yield from histograms.values()
 

@@ -85,6 +85,7 @@ def test_unreachable_at_start_then_server_appears(tmp_path):
     assert cache.put("early", tensor)
     assert cache.get("missing") is None
     assert not _remote(cache).available
+    assert cache.stats.snapshot()["tiers"]["remote"]["available"] is False
     server = RedisProcess(port=port, workdir=str(tmp_path))
     server.start()
     try:
@@ -143,5 +144,10 @@ def test_redis_killed_mid_workload(redis_process, tmp_path):
         assert bit_equal(writer.get(mm_hash), tensor)
     assert _remote(writer).counters["reconnects"] >= 1
     assert _remote(reader).counters["reconnects"] >= 1
+    # The outage is visible in the stats exporters read, not only in logs.
+    snapshot = reader.stats.snapshot()
+    assert snapshot["tier_errors"]["remote"] >= 1
+    assert snapshot["tiers"]["remote"]["available"] is True
+    assert snapshot["tiers"]["remote"]["reconnects"] >= 1
     _assert_closed_promptly(writer)
     _assert_closed_promptly(reader)
