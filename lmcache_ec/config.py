@@ -86,6 +86,14 @@ def _remote_url(value: Any) -> str | None:
         return "must be a URL such as redis://host:6379"
     if scheme in REFUSED_SCHEMES:
         return f"scheme {scheme}:// is refused: {REFUSED_SCHEMES[scheme]}"
+    from .remote.naming import REDIS_SCHEMES
+
+    if scheme not in (*REDIS_SCHEMES, S3_SCHEME):
+        supported = ", ".join(f"{name}://" for name in (*REDIS_SCHEMES, S3_SCHEME))
+        return (
+            f"scheme {scheme}:// is not supported for encoder outputs (supported: {supported}); "
+            "other LMCache stores can be added as remote_storage_plugins"
+        )
     if scheme == S3_SCHEME:
         from .remote.naming import parse_s3_url
 
@@ -152,8 +160,8 @@ SCHEMA: dict[str, Option] = {
             2.0,
             "Upper bound in seconds for every remote operation (connect, lookup, read, "
             "write, delete); a slower or failing call is a miss and marks the remote tier "
-            "unavailable until a health probe succeeds. Replaces blocking_timeout_secs "
-            "for the encoder tier.",
+            "unavailable until a health probe succeeds (LMCache's blocking_timeout_secs "
+            "does not apply to the encoder tier).",
             False,
             _positive,
         ),
@@ -210,14 +218,6 @@ SCHEMA: dict[str, Option] = {
             None,
             "LMCache extra_config mapping (plugin settings live here).",
             True,
-        ),
-        Option(
-            "blocking_timeout_secs",
-            "int",
-            10,
-            "LMCache's timeout for a blocking remote read, in seconds.",
-            True,
-            _positive,
         ),
         Option(
             "cache_policy",

@@ -194,7 +194,7 @@ def check_remote(config: ECConfig) -> Check:
         shown = f">= {count}" if count >= LIST_LIMIT else str(count)
         return Check(area, "ok", f"{_redact(where)} reachable ({ms:.0f} ms), {shown} entries")
 
-    return _bounded(probe, config.blocking_timeout_secs + 5.0, area)
+    return _bounded(probe, config.remote_timeout + 5.0, area)
 
 
 def check_engine(config: ECConfig) -> Check:
@@ -217,7 +217,7 @@ def check_engine(config: ECConfig) -> Check:
             return Check(area, "fail", "a stored probe tensor did not come back intact")
         return Check(area, "ok", f"put/get/remove through tiers {', '.join(cache.tiers)}")
 
-    return _bounded(probe, config.close_timeout + config.blocking_timeout_secs + 10, area)
+    return _bounded(probe, config.close_timeout + config.remote_timeout + 10, area)
 
 
 def _probe_identity() -> Any:
