@@ -134,7 +134,7 @@ class RedisCatalog(RemoteCatalog):
 
     def lookup(self, storage_name: str) -> bool | None:
         try:
-            return bool(self._client.exists(redis_meta_key(storage_name)))
+            return bool(self._client.exists(redis_data_key(storage_name)))
         except Exception as exc:
             logger.debug("Remote exists(%s) failed: %s", storage_name, exc)
             return None
