@@ -189,10 +189,12 @@ def decode_frame(buffer: torch.Tensor, key: ECKey, *, verify_payload: bool = Tru
     return decode_payload(buffer, key, verify_payload=verify_payload).view()
 
 
-def copy_out(payload: Payload, device: torch.device, non_blocking: bool) -> torch.Tensor:
-    """A private copy of a payload on ``device``."""
+def copy_out(
+    payload: Payload, device: torch.device, non_blocking: bool, pin_memory: bool = False
+) -> torch.Tensor:
+    """A private copy of a payload on ``device`` (page-locked if ``pin_memory``)."""
     if device.type == "cpu":
-        out = torch.empty(payload.shape, dtype=payload.dtype)
+        out = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=pin_memory)
         np.copyto(out.view(torch.uint8).numpy().reshape(-1), payload.data)
         return out
     return payload.view().to(device=device, non_blocking=non_blocking, copy=True)

@@ -222,20 +222,32 @@ class ECCache:
                 self._tier_failed(name, "contains", exc)
         return None
 
-    def get(self, mm_hash: str, device: str | torch.device = "cpu") -> torch.Tensor | None:
-        """The tensor stored under ``mm_hash`` on ``device``, or None on a miss."""
+    def get(
+        self, mm_hash: str, device: str | torch.device = "cpu", *, pin_memory: bool = False
+    ) -> torch.Tensor | None:
+        """The tensor stored under ``mm_hash`` on ``device``, or None on a miss.
+
+        ``pin_memory`` (CPU results only, needs CUDA): return page-locked memory,
+        so the caller's later copy to the GPU can be non-blocking.
+        """
         self._check_open()
-        return self._get_batch([self.key(mm_hash)], torch.device(device))[0]
+        return self._get_batch([self.key(mm_hash)], torch.device(device), pin_memory)[0]
 
     def get_many(
-        self, mm_hashes: Sequence[str], device: str | torch.device = "cpu"
+        self,
+        mm_hashes: Sequence[str],
+        device: str | torch.device = "cpu",
+        *,
+        pin_memory: bool = False,
     ) -> list[torch.Tensor | None]:
         """``get`` for several entries; device copies are issued together."""
         self._check_open()
         keys = [self.key(mm_hash) for mm_hash in mm_hashes]
-        return self._get_batch(keys, torch.device(device))
+        return self._get_batch(keys, torch.device(device), pin_memory)
 
-    def _get_batch(self, keys: Sequence[ECKey], device: torch.device) -> list[torch.Tensor | None]:
+    def _get_batch(
+        self, keys: Sequence[ECKey], device: torch.device, pin_memory: bool = False
+    ) -> list[torch.Tensor | None]:
         # To a CUDA device the copies leave the (pinned) pool asynchronously; the
         # buffers are released only after one synchronize, so none is reused early.
         async_copy = device.type == "cuda"
@@ -251,7 +263,7 @@ class ECCache:
                     continue
                 tier, memory_obj, payload = found
                 held.append(memory_obj)
-                out = codec.copy_out(payload, device, non_blocking=async_copy)
+                out = codec.copy_out(payload, device, async_copy, pin_memory)
                 results.append(out)
                 self.stats.hit(tier, payload.data.size, time.perf_counter() - started)
             if async_copy and held:

@@ -125,7 +125,9 @@ class TierWorker:
             if tensor is None:
                 missing.append(identifier)
                 continue
-            encoder_cache[identifier] = tensor.to(self.device)
+            # Staged in page-locked memory on CUDA: the copy is queued on the
+            # current stream, ahead of the encoder-output consumers.
+            encoder_cache[identifier] = tensor.to(self.device, non_blocking=True)
             placed += 1
         if missing:
             # Unreachable while staging holds its invariant; one batch read as
@@ -163,7 +165,7 @@ class TierWorker:
         while (batch := self._stage_queue.get()) is not None:
             started = time.perf_counter()
             try:
-                tensors = self.cache.get_many(batch, "cpu")
+                tensors = self.cache.get_many(batch, "cpu", pin_memory=self.device.type == "cuda")
             except Exception as exc:  # a closed or broken cache: compute instead
                 logger.warning("Staging %d encoder outputs failed: %s", len(batch), exc)
                 tensors = [None] * len(batch)
