@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 
 from ..key import SUPPORTED_DTYPES
+from . import result_row
 
 OURS = "lmcache-ec"
 UPSTREAM = "ECCacheEngine"
@@ -69,19 +69,7 @@ def _row(
     hits: int | None = None,
     note: str = "",
 ) -> dict[str, Any]:
-    ms = sorted(t * 1000 for t in times)
-    return {
-        "tier": tier,
-        "op": op,
-        "engine": engine,
-        "shape": list(shape),
-        "dtype": dtype,
-        "n": len(ms),
-        "median_ms": statistics.median(ms) if ms else None,
-        "p99_ms": ms[min(len(ms) - 1, int(len(ms) * 0.99))] if ms else None,
-        "hits": hits,
-        "note": note,
-    }
+    return result_row(tier, op, engine, shape, dtype, times, hits=hits, note=note)
 
 
 def _timed(fn: Callable[[int], Any], n: int, expected: torch.Tensor | None = None):

@@ -29,26 +29,10 @@ from typing import Any
 import torch
 
 from ..key import SUPPORTED_DTYPES
+from . import result_row
 
 OURS = "lmcache-ec"
 RAW = {"redis": "redis-py", "s3": "boto3"}
-
-
-def _row(
-    kind: str, op: str, engine: str, shape: Any, dtype: str, times: list[float], **extra: Any
-) -> dict[str, Any]:
-    ms = sorted(t * 1000 for t in times)
-    return {
-        "tier": kind,
-        "op": op,
-        "engine": engine,
-        "shape": list(shape),
-        "dtype": dtype,
-        "n": len(ms),
-        "median_ms": statistics.median(ms),
-        "p99_ms": ms[min(len(ms) - 1, int(len(ms) * 0.99))],
-        **extra,
-    }
 
 
 def _timed(call: Callable[[], Any]) -> tuple[Any, float]:
@@ -198,7 +182,7 @@ def run_remote_bench(
 
     common = {"frame_bytes": frame_bytes}
     return [
-        _row(
+        result_row(
             kind,
             "get",
             OURS,
@@ -209,8 +193,8 @@ def run_remote_bench(
             ratio=ratio("get", "raw_get"),
             **common,
         ),
-        _row(kind, "get", get_name, shape, dtype, times["raw_get"], **common),
-        _row(
+        result_row(kind, "get", get_name, shape, dtype, times["raw_get"], **common),
+        result_row(
             kind,
             "put (stored)",
             OURS,
@@ -220,8 +204,8 @@ def run_remote_bench(
             ratio=ratio("stored", "raw_put"),
             **common,
         ),
-        _row(kind, "put (stored)", put_name, shape, dtype, times["raw_put"], **common),
-        _row(
+        result_row(kind, "put (stored)", put_name, shape, dtype, times["raw_put"], **common),
+        result_row(
             kind,
             "put (returns)",
             OURS,
