@@ -74,3 +74,29 @@ def test_bench_local_json(tmp_path, invoke):
 
 def test_bench_rejects_bad_shape(invoke):
     assert "invalid shape" in invoke("bench", "local", "--shapes", "8by16", expect=2).output
+
+
+def test_bench_remote_against_real_redis(tmp_path, redis_url, invoke):
+    path = tmp_path / "remote.json"
+    out = invoke(
+        "bench", "remote", "--redis-url", redis_url, "--iterations", "3", "--json", str(path)
+    ).stdout
+    assert "redis-py GET" in out
+    rows = json.loads(path.read_text())
+    ours = {r["op"]: r for r in rows if r["engine"] == "lmcache-ec"}
+    assert set(ours) == {"get", "put (stored)", "put (returns)"}
+    assert ours["get"]["hits"] == {"remote": 3}  # every get really came from Redis
+    assert ours["get"]["ratio"] > 0
+
+
+def test_bench_remote_needs_a_target(invoke):
+    result = invoke("bench", "remote", expect=2)
+    assert "--redis-url" in result.output
+
+
+def test_bench_connector_json(tmp_path, invoke):
+    path = tmp_path / "connector.json"
+    invoke("bench", "connector", "tests/vllm/data/tiny-blip2", "--json", str(path))
+    result = json.loads(path.read_text())
+    assert result["has_cache_item_us"]["ready"] > 0
+    assert result["save_caches_ms"]["return"] > 0
