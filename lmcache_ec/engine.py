@@ -76,6 +76,18 @@ def validate_tensor(tensor: Any, pinned_dtype: str = "") -> None:
         raise ValueError(f"tensor dtype {name} differs from the encoder dtype {pinned_dtype}")
 
 
+def _frame_bytes(memory_obj: MemoryObj) -> torch.Tensor | None:
+    """The bytes of a frame buffer, possibly followed by allocator padding.
+
+    ``MemoryObj.tensor`` builds three views per call; frames carry their own
+    lengths, so the pool slice itself is enough.
+    """
+    raw = getattr(memory_obj, "raw_data", None)
+    if isinstance(raw, torch.Tensor) and raw.dtype == torch.uint8 and raw.dim() == 1:
+        return raw if getattr(memory_obj, "valid", True) else None
+    return memory_obj.tensor
+
+
 class ECCache:
     """The encoder-output tier. Thread-safe; one per process and identity."""
 
@@ -305,7 +317,7 @@ class ECCache:
                 continue
             if memory_obj is None:
                 continue
-            buffer = memory_obj.tensor  # a property that builds views: read it once
+            buffer = _frame_bytes(memory_obj)
             if buffer is not None:
                 return level, name, memory_obj, buffer
             memory_obj.ref_count_down()

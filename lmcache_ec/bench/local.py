@@ -15,8 +15,9 @@ For each shape and dtype, ``iterations`` distinct entries are put and read:
 - ``startup`` engine construction time and RSS growth, each in a fresh
   process, with a ``startup_cpu_gb`` CPU tier (upstream zero-fills its pool).
 
-Misses are counted and reported next to the latency: a fast ``None`` is not a
-fast read.
+Both engines live side by side and are measured interleaved, call by call,
+in an order that flips every iteration. Misses are counted and reported next
+to the latency: a fast ``None`` is not a fast read.
 """
 
 from __future__ import annotations
@@ -128,94 +129,90 @@ def _upstream(config: dict[str, Any], dtype: torch.dtype) -> Any:
     )
 
 
-def _bench_ours(tensor: torch.Tensor, n: int, config: dict[str, Any]) -> tuple[list, list[str]]:
+def _interleaved(
+    calls: dict[str, Callable[[int], Any]], n: int, expected: torch.Tensor | None = None
+) -> dict[str, tuple[list[float], int]]:
+    """``_timed`` for several engines at once: call i of each runs back to back,
+    in an order that flips every iteration, so drifting machine load and
+    position effects fall on all engines alike."""
+    results: dict[str, tuple[list[float], int]] = {name: ([], 0) for name in calls}
+    names = list(calls)
+    for i in range(n):
+        for name in names if i % 2 == 0 else reversed(names):
+            times, hits = _timed(lambda _, call=calls[name], i=i: call(i), 1, expected)
+            previous_times, previous_hits = results[name]
+            results[name] = (previous_times + times, previous_hits + hits)
+    return results
+
+
+def _bench_pair(
+    tensor: torch.Tensor, n: int, ours_config: dict[str, Any], up_config: dict[str, Any]
+) -> tuple[list, list[str]]:
+    """Both engines on identical tiers (separate directories), measured interleaved."""
     from ..engine import ECCache
 
     shape, dtype = tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")
     hashes = [f"bench-{shape}-{dtype}-{i}" for i in range(n)]
-    rows, paths = [], []
-    with ECCache.from_config(config, model="bench/model", dtype=tensor.dtype) as cache:
-        cold = [f"cold-{h}" for h in hashes]
-        times, _ = _timed(lambda i: cache.put(cold[i], tensor), n)
-        rows.append(_row("cpu", "put", OURS, shape, dtype, times, note=COLD_NOTE))
+    cold = [f"cold-{h}" for h in hashes]
+    rows: list[dict[str, Any]] = []
+
+    def add(tier: str, op: str, results: dict, notes: dict[str, str] | None = None) -> None:
+        for engine, (times, hits) in results.items():
+            note = (notes or {}).get(engine, "")
+            rows.append(_row(tier, op, engine, shape, dtype, times, hits, note))
+
+    cache = ECCache.from_config(ours_config, model="bench/model", dtype=tensor.dtype)
+    engine = _upstream(up_config, tensor.dtype)
+    manager = engine._storage_manager
+    up_key = engine._make_cache_key
+    try:
+        results = _interleaved(
+            {
+                OURS: lambda i: cache.put(cold[i], tensor),
+                UPSTREAM: lambda i: engine.put(cold[i], tensor),
+            },
+            n,
+        )
+        add(
+            "cpu",
+            "put",
+            {k: (t, None) for k, (t, _) in results.items()},
+            {OURS: COLD_NOTE, UPSTREAM: COLD_NOTE},
+        )
         cache.flush()
+        _wait_upstream_disk(engine)
         for h in cold:
             cache.remove(h)
-        times, _ = _timed(lambda i: cache.put(hashes[i], tensor), n)
-        rows.append(_row("cpu", "put (warm pool)", OURS, shape, dtype, times))
+            manager.remove(up_key(h))
+        results = _interleaved(
+            {
+                OURS: lambda i: cache.put(hashes[i], tensor),
+                UPSTREAM: lambda i: engine.put(hashes[i], tensor),
+            },
+            n,
+        )
+        add("cpu", "put (warm pool)", {k: (t, None) for k, (t, _) in results.items()})
         cache.flush()
-        times, hits = _timed(lambda i: cache.get(hashes[i]), n, tensor)
-        rows.append(_row("cpu", "get", OURS, shape, dtype, times, hits))
+        _wait_upstream_disk(engine)
+        add(
+            "cpu",
+            "get",
+            _interleaved(
+                {
+                    OURS: lambda i: cache.get(hashes[i]),
+                    UPSTREAM: lambda i: engine.get(hashes[i], "cpu"),
+                },
+                n,
+                tensor,
+            ),
+        )
+        upstream_cpu = manager.storage_backends["LocalCPUBackend"]
         for h in hashes:
             cache._cpu.remove(cache.key(h), force=True)
-        times, hits = _timed(lambda i: cache.get(hashes[i]), n, tensor)
-        rows.append(
-            _row(
-                "disk",
-                "get",
-                OURS,
-                shape,
-                dtype,
-                times,
-                hits,
-                "CPU copies dropped",
-            )
-        )
-        paths = [cache._disk._key_to_path(cache.key(h)) for h in hashes]
-    with ECCache.from_config(config, model="bench/model", dtype=tensor.dtype) as cache:
-        times, hits = _timed(lambda i: cache.get(hashes[i]), n, tensor)
-        rows.append(
-            _row(
-                "disk",
-                "get after restart",
-                OURS,
-                shape,
-                dtype,
-                times,
-                hits,
-                "new engine, same directory",
-            )
-        )
-    return rows, paths
-
-
-def _bench_upstream(tensor: torch.Tensor, n: int, config: dict[str, Any]) -> list:
-    shape, dtype = tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")
-    hashes = [f"bench-{shape}-{dtype}-{i}" for i in range(n)]
-    rows = []
-    engine = _upstream(config, tensor.dtype)
-    try:
-        manager = engine._storage_manager
-        cold = [f"cold-{h}" for h in hashes]
-        times, _ = _timed(lambda i: engine.put(cold[i], tensor), n)
-        rows.append(_row("cpu", "put", UPSTREAM, shape, dtype, times, note=COLD_NOTE))
-        _wait_upstream_disk(engine)
-        for h in cold:
-            manager.remove(engine._make_cache_key(h))
-        times, _ = _timed(lambda i: engine.put(hashes[i], tensor), n)
-        rows.append(_row("cpu", "put (warm pool)", UPSTREAM, shape, dtype, times))
-        _wait_upstream_disk(engine)
-        times, hits = _timed(lambda i: engine.get(hashes[i], "cpu"), n, tensor)
-        rows.append(_row("cpu", "get", UPSTREAM, shape, dtype, times, hits))
-        cpu = manager.storage_backends["LocalCPUBackend"]
-        for h in hashes:
-            cpu.remove(engine._make_cache_key(h), force=True)
-        times, hits = _timed(lambda i: engine.get(hashes[i], "cpu"), n, tensor)
-        rows.append(
-            _row(
-                "disk",
-                "get",
-                UPSTREAM,
-                shape,
-                dtype,
-                times,
-                hits,
-                "get() reads only the CPU tier",
-            )
-        )
+            upstream_cpu.remove(up_key(h), force=True)
 
         def walk(i: int) -> Any:
-            memory_obj = manager.get(engine._make_cache_key(hashes[i]))
+            memory_obj = manager.get(up_key(hashes[i]))
             if memory_obj is None:
                 return None
             try:
@@ -223,39 +220,45 @@ def _bench_upstream(tensor: torch.Tensor, n: int, config: dict[str, Any]) -> lis
             finally:
                 memory_obj.ref_count_down()
 
-        times, hits = _timed(walk, n, tensor)
-        rows.append(
-            _row(
-                "disk",
-                "get",
-                UPSTREAM_WALK,
-                shape,
-                dtype,
-                times,
-                hits,
-                "tier walk, promotes to CPU",
-            )
+        # Upstream's get() first: it misses and promotes nothing. Then lmcache-ec
+        # against upstream's tier walk; both promote, so each entry is read once.
+        add(
+            "disk",
+            "get",
+            {UPSTREAM: _timed(lambda i: engine.get(hashes[i], "cpu"), n, tensor)},
+            {UPSTREAM: "get() reads only the CPU tier"},
         )
+        add(
+            "disk",
+            "get",
+            _interleaved({OURS: lambda i: cache.get(hashes[i]), UPSTREAM_WALK: walk}, n, tensor),
+            {OURS: "CPU copies dropped", UPSTREAM_WALK: "tier walk, promotes to CPU"},
+        )
+        paths = [cache._disk._key_to_path(cache.key(h)) for h in hashes]
     finally:
+        cache.close()
         engine.close()
-    engine = _upstream(config, tensor.dtype)
+
+    cache = ECCache.from_config(ours_config, model="bench/model", dtype=tensor.dtype)
+    engine = _upstream(up_config, tensor.dtype)
     try:
-        times, hits = _timed(lambda i: engine.get(hashes[i], "cpu"), n, tensor)
-        rows.append(
-            _row(
-                "disk",
-                "get after restart",
-                UPSTREAM,
-                shape,
-                dtype,
-                times,
-                hits,
-                "disk index starts empty",
-            )
+        add(
+            "disk",
+            "get after restart",
+            _interleaved(
+                {
+                    OURS: lambda i: cache.get(hashes[i]),
+                    UPSTREAM: lambda i: engine.get(hashes[i], "cpu"),
+                },
+                n,
+                tensor,
+            ),
+            {OURS: "new engine, same directory", UPSTREAM: "disk index starts empty"},
         )
     finally:
+        cache.close()
         engine.close()
-    return rows
+    return rows, paths
 
 
 def _floors(tensor: torch.Tensor, n: int, paths: list[str]) -> list:
@@ -345,11 +348,13 @@ def _run(settings: LocalBenchSettings, rows: list[dict[str, Any]]) -> dict[str, 
                 )
                 os.makedirs(ours_dir)
                 os.makedirs(up_dir)
-                ours, paths = _bench_ours(
-                    tensor, settings.iterations, _tier_config(ours_dir, settings)
+                pair, paths = _bench_pair(
+                    tensor,
+                    settings.iterations,
+                    _tier_config(ours_dir, settings),
+                    _tier_config(up_dir, settings),
                 )
-                rows += ours
-                rows += _bench_upstream(tensor, settings.iterations, _tier_config(up_dir, settings))
+                rows += pair
                 rows += _floors(tensor, settings.iterations, paths)
         startup: dict[str, Any] = {}
         if settings.startup:
