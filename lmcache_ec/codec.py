@@ -77,19 +77,25 @@ def write_frame(buffer: torch.Tensor, header: bytes, tensor: torch.Tensor) -> No
     """
     payload_len = tensor.numel() * tensor.element_size()
     start = PREFIX_SIZE + len(header)
-    payload = buffer[start : start + payload_len]
+    raw = buffer.numpy()  # slicing numpy views costs no torch dispatch
+    payload = raw[start : start + payload_len]
     source = host_bytes(tensor)
     if source is not None:
-        np.copyto(payload.numpy(), source)
+        np.copyto(payload, source)
     else:
-        payload.view(tensor.dtype).view(tensor.shape).copy_(tensor)
-    payload_sum = xxhash.xxh3_64_intdigest(payload.numpy())
+        end = start + payload_len
+        buffer[start:end].view(tensor.dtype).view(tensor.shape).copy_(tensor)
     prefix = PREFIX.pack(
-        MAGIC, len(header), 0, payload_len, payload_sum, xxhash.xxh3_64_intdigest(header)
+        MAGIC,
+        len(header),
+        0,
+        payload_len,
+        xxhash.xxh3_64_intdigest(payload),
+        xxhash.xxh3_64_intdigest(header),
     )
-    buffer[:PREFIX_SIZE].numpy()[:] = 0
-    buffer[: len(prefix)].numpy()[:] = memoryview(prefix)
-    buffer[PREFIX_SIZE:start].numpy()[:] = memoryview(header)
+    raw[len(prefix) : PREFIX_SIZE] = 0
+    raw[: len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+    raw[PREFIX_SIZE:start] = np.frombuffer(header, dtype=np.uint8)
 
 
 def host_bytes(tensor: torch.Tensor) -> np.ndarray | None:

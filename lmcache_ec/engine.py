@@ -202,12 +202,13 @@ class ECCache:
             eviction=True,
             busy_loop=False,
         )
-        if memory_obj is None or memory_obj.tensor is None:
+        buffer = None if memory_obj is None else _frame_bytes(memory_obj)
+        if memory_obj is None or buffer is None:
             self.stats.add("put_rejected")
             logger.warning("CPU pool full: %s not stored", key)
             return False
         try:
-            codec.write_frame(memory_obj.tensor, header, tensor)
+            codec.write_frame(buffer[:size], header, tensor)
         except BaseException:
             memory_obj.ref_count_down()
             raise
