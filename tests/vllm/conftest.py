@@ -31,3 +31,15 @@ def model_config():
     from vllm.config import ModelConfig
 
     return ModelConfig(model=MODEL_DIR, tokenizer=MODEL_DIR, max_model_len=256, dtype="bfloat16")
+
+
+@pytest.fixture
+def extra(disk_dir):
+    """ec_connector_extra_config of a small CPU + disk tier shared by two engines."""
+    return {
+        "lmcache_config": {
+            "max_local_cpu_size": 0.01,
+            "local_disk": str(disk_dir),
+            "max_local_disk_size": 0.1,
+        }
+    }

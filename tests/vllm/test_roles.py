@@ -12,17 +12,6 @@ from .harness import Engine, encoder_output, image_hash, make_vllm_config
 
 
 @pytest.fixture
-def extra(disk_dir):
-    return {
-        "lmcache_config": {
-            "max_local_cpu_size": 0.01,
-            "local_disk": str(disk_dir),
-            "max_local_disk_size": 0.1,
-        }
-    }
-
-
-@pytest.fixture
 def v2(monkeypatch):
     """Build configs first (VllmConfig refuses V2 without Triton), then flip the flag."""
 

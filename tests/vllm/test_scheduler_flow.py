@@ -9,17 +9,6 @@ from tests.conftest import bit_equal
 from .harness import Engine, encoder_output, image_hash, make_vllm_config
 
 
-@pytest.fixture
-def extra(disk_dir):
-    return {
-        "lmcache_config": {
-            "max_local_cpu_size": 0.01,
-            "local_disk": str(disk_dir),
-            "max_local_disk_size": 0.1,
-        }
-    }
-
-
 @pytest.mark.parametrize("runner", ["v2", "v1"])
 def test_second_instance_loads_instead_of_encoding(model_config, extra, runner, monkeypatch):
     image = image_hash("cat.png")
