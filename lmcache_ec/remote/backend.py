@@ -43,10 +43,37 @@ from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
 from .health import RecentKeys, RemoteHealth
-from .naming import REDIS_SCHEMES, RETRY_INTERVAL_KEY, TIMEOUT_KEY, redact, scheme_of
+from .naming import (
+    REDIS_SCHEMES,
+    RETRY_INTERVAL_KEY,
+    TIMEOUT_KEY,
+    redact,
+    redact_text,
+    scheme_of,
+)
 from .redis_connector import ECRedisConnector
 
 logger = logging.getLogger(__name__)
+
+
+class _RedactCredentials(logging.Filter):
+    """LMCache logs remote URLs, passwords included, when it connects."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_text(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+for _name in (
+    "lmcache.v1.storage_backend.remote_backend",
+    "lmcache.v1.storage_backend.connector",
+    "lmcache.v1.storage_backend.connector.redis_adapter",
+    "lmcache.v1.storage_backend.connector.redis_connector",
+):
+    logging.getLogger(_name).addFilter(_RedactCredentials())
 
 GRACE = 0.5  # extra seconds the calling thread waits beyond the loop-side bound
 _MISS = object()

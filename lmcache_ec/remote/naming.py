@@ -13,6 +13,7 @@ serving path) and by ``RemoteCatalog`` (listing, existence, purge):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -47,6 +48,14 @@ def redact(url: str | None) -> str:
     scheme, sep, auth = head.partition("://")
     user = auth.split(":", 1)[0] if ":" in auth else auth
     return f"{scheme}{sep}{user}:***@{tail}" if ":" in auth else url
+
+
+_URL_CREDENTIALS = re.compile(r"(\b[a-z][a-z0-9+.-]*://)([^/@\s:]*):([^/@\s]*)@", re.IGNORECASE)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@`` replaced by ``***``."""
+    return _URL_CREDENTIALS.sub(r"\1\2:***@", text)
 
 
 @dataclass(frozen=True)
