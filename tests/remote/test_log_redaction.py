@@ -27,11 +27,13 @@ class _Capture(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def test_password_is_redacted_in_every_log_line(redis_server_auth, monkeypatch):
+def test_password_is_redacted_in_every_log_line(redis_server_auth):
     capture = _Capture()
+    levels = {}
     for name in LMCACHE_LOGGERS:
         logger = logging.getLogger(name)
-        monkeypatch.setattr(logger, "level", logging.DEBUG)
+        levels[name] = logger.level
+        logger.setLevel(logging.DEBUG)  # setLevel: also resets logging's enabled-cache
         logger.addHandler(capture)
     try:
         url = redis_server_auth.url
@@ -45,5 +47,6 @@ def test_password_is_redacted_in_every_log_line(redis_server_auth, monkeypatch):
     finally:
         for name in LMCACHE_LOGGERS:
             logging.getLogger(name).removeHandler(capture)
+            logging.getLogger(name).setLevel(levels[name])
     assert any("***" in line for line in capture.lines)  # the URLs were logged, redacted
     assert not [line for line in capture.lines if REDIS_PASSWORD in line]
