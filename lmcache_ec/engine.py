@@ -34,6 +34,7 @@ from . import codec
 from .config import ECConfig, load_config
 from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
 from .metrics import ECStats
+from .replay import RemoteReplayer
 from .tiers import ECStorageManager, tier_name
 from .tiers.local_cpu import ECLocalCPUBackend
 from .tiers.local_disk import ECLocalDiskBackend
@@ -112,6 +113,8 @@ class ECCache:
         for name, backend in self._storage.storage_backends.items():
             if hasattr(backend, "snapshot"):  # remote tiers: health and their own counters
                 self.stats.watch_tier(tier_name(name), backend.snapshot)
+        self._replayer = RemoteReplayer(self._storage, _frame_bytes, lambda: self._closed)
+        self._replayer.attach()
 
     @classmethod
     def from_config(

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -75,6 +76,7 @@ for _name in (
 ):
     logging.getLogger(_name).addFilter(_RedactCredentials())
 
+MISSED_LIMIT = 100_000  # keys remembered for re-upload after an outage
 GRACE = 0.5  # extra seconds the calling thread waits beyond the loop-side bound
 _MISS = object()
 
@@ -108,8 +110,18 @@ class ECRemoteBackend(RemoteBackend):
         self.retry_interval = float(extra.get(RETRY_INTERVAL_KEY, 1.0))
         self._known = RecentKeys()
         self._closed = False
+        # Keys whose upload was skipped or failed while the store was down;
+        # re-uploaded from the local tiers when it returns (see ECCache).
+        self._missed: OrderedDict[CacheEngineKey, None] = OrderedDict()
+        self._missed_lock = threading.Lock()
+        self.on_recovered: Callable[[], None] | None = None
         self.health = RemoteHealth(
-            loop, self._where, self._probe_once, self.timeout, self.retry_interval
+            loop,
+            self._where,
+            self._probe_once,
+            self.timeout,
+            self.retry_interval,
+            on_up=self._recovered,
         )
         super().__init__(config, metadata, loop, local_cpu_backend, dst_device, plugin_name)
         self.min_reconnect_interval = self.retry_interval
@@ -149,6 +161,26 @@ class ECRemoteBackend(RemoteBackend):
 
     def _mark_down(self, operation: str, exc: object) -> None:
         self.health.failed(operation, exc)
+
+    def remember_missed(self, keys: Sequence[CacheEngineKey]) -> None:
+        """Record keys the store does not have because it was unavailable."""
+        with self._missed_lock:
+            for key in keys:
+                self._missed[key] = None
+                self._missed.move_to_end(key)
+            while len(self._missed) > MISSED_LIMIT:
+                self._missed.popitem(last=False)
+
+    def take_missed(self) -> list[CacheEngineKey]:
+        with self._missed_lock:
+            keys = list(self._missed)
+            self._missed.clear()
+        return keys
+
+    def _recovered(self) -> None:
+        callback = self.on_recovered
+        if callback is not None and not self._closed:
+            callback()
 
     async def _probe_once(self) -> None:
         """Rebuild the connector if needed and ping it; raises unless healthy."""
@@ -248,6 +280,8 @@ class ECRemoteBackend(RemoteBackend):
         connection = self.connection
         if connection is None or self._closed or not self.health.up:
             self.counters["upload_skipped_unavailable"] += 1
+            if not self._closed:
+                self.remember_missed([key])
             return done
         if key in self._known:
             self.counters["upload_skipped_existing"] += 1
@@ -283,6 +317,7 @@ class ECRemoteBackend(RemoteBackend):
             self._known.add(key)
             self.counters["uploads"] += 1
         except Exception as exc:
+            self.remember_missed([key])
             self._mark_down("put", exc)
         finally:
             obj.ref_count_down()
@@ -327,7 +362,14 @@ class ECRemoteBackend(RemoteBackend):
 
     def snapshot(self) -> dict[str, Any]:
         """Health and counters, for stats exporters."""
-        return {"available": self.available, "pending": self.pending_writes(), **self.counters}
+        with self._missed_lock:
+            awaiting = len(self._missed)
+        return {
+            "available": self.available,
+            "pending": self.pending_writes(),
+            "awaiting_resend": awaiting,
+            **self.counters,
+        }
 
     # -- lifecycle -----------------------------------------------------------
 

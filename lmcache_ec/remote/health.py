@@ -35,8 +35,10 @@ class RemoteHealth:
         probe: Callable[[], Awaitable[None]],
         timeout: float,
         retry_interval: float,
+        on_up: Callable[[], None] | None = None,
     ) -> None:
         self.loop = loop
+        self._on_up = on_up
         self.counters: Counter[str] = Counter()
         self._describe = describe
         self._probe_once = probe
@@ -87,6 +89,11 @@ class RemoteHealth:
                 self._up.set()
                 self.counters["reconnects"] += 1
             logger.warning("Remote tier %s available again", self._describe())
+            if self._on_up is not None:
+                try:
+                    self._on_up()
+                except Exception as exc:
+                    logger.warning("Remote recovery hook failed: %s", exc)
             return
         with self._lock:
             self._probing = False

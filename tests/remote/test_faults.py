@@ -151,3 +151,30 @@ def test_redis_killed_mid_workload(redis_process, tmp_path):
     assert snapshot["tiers"]["remote"]["reconnects"] >= 1
     _assert_closed_promptly(writer)
     _assert_closed_promptly(reader)
+
+
+def test_writes_made_during_an_outage_reach_the_remote_when_it_returns(redis_process, tmp_path):
+    url = redis_process.url
+    writer = ECCache.from_config(remote_config(url, local_disk=str(tmp_path / "disk")), model=MODEL)
+    tensors = {f"offline-{i}": make_tensor((8, 32), torch.bfloat16, seed=i) for i in range(6)}
+    try:
+        redis_process.kill()
+        for name, tensor in tensors.items():
+            assert writer.put(name, tensor)  # local tiers take them; the remote is down
+        assert writer.flush(10)
+        remote = writer.stats.snapshot()["tiers"]["remote"]
+        assert remote["available"] is False and remote["awaiting_resend"] == len(tensors)
+
+        redis_process.restart()
+        deadline = time.monotonic() + RESUME_WITHIN + 5
+        while writer.stats.snapshot()["tiers"]["remote"].get("resent", 0) < len(tensors):
+            assert time.monotonic() < deadline, writer.stats.snapshot()["tiers"]["remote"]
+            time.sleep(0.05)
+        assert writer.flush(10)
+        # Another instance with empty local tiers now finds every entry remotely.
+        with ECCache.from_config(remote_config(url), model=MODEL) as reader:
+            for name, tensor in tensors.items():
+                assert bit_equal(reader.get(name), tensor)
+        assert writer.stats.snapshot()["tiers"]["remote"]["awaiting_resend"] == 0
+    finally:
+        _assert_closed_promptly(writer)
