@@ -170,8 +170,8 @@ SCHEMA: dict[str, Option] = {
             "float",
             1.0,
             "Seconds between health probes while the remote tier is unavailable; "
-            "lookups miss and writes stay local meanwhile, and the tier reconnects on "
-            "its own when a probe succeeds.",
+            "lookups miss and writes stay local meanwhile; when a probe succeeds the "
+            "tier reconnects and re-sends what was written locally in the meantime.",
             False,
             _positive,
         ),
