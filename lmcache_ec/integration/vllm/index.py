@@ -53,14 +53,18 @@ class TierIndex:
         disk_dir: str | None,
         open_catalog: Callable[[], Any] | None,
         negative_ttl: float,
+        positive_ttl: float = 60.0,
     ) -> None:
         self.identity = identity
         self.disk_dir = disk_dir
         self.negative_ttl = negative_ttl
+        # Entries can be purged or evicted elsewhere: after this long a disk answer
+        # is re-checked (a stat), a remote one re-asked in the background.
+        self.positive_ttl = positive_ttl
         self.remote_lookups = 0  # answered by the background thread
         self.remote_failures = 0  # lookups the store could not answer
         self._remote_down_until = 0.0
-        self._known: _LRU = _LRU()  # identifier -> tier
+        self._known: _LRU = _LRU()  # identifier -> (tier, noted_at)
         self._remote: _LRU = _LRU()  # identifier -> (present, answered_at)
         self._pending: set[str] = set()
         self._lock = threading.Lock()
@@ -76,10 +80,15 @@ class TierIndex:
         return self.identity.key(identifier).storage_name
 
     def lookup(self, identifier: str) -> str | None:
+        now = time.monotonic()
         with self._lock:
-            tier = self._known.get(identifier)
-            if tier is not None:
-                return tier
+            known = self._known.get(identifier)
+            if known is not None:
+                tier, noted_at = known
+                # Worker reports stay until a staging of the item fails (forget).
+                if tier != "disk" or now - noted_at < self.positive_ttl:
+                    return tier
+                del self._known[identifier]
         if self.disk_dir is not None:
             path = os.path.join(self.disk_dir, self.storage_name(identifier) + ".pt")
             if os.path.exists(path):
@@ -92,8 +101,13 @@ class TierIndex:
             if answer is not None:
                 present, answered_at = answer
                 if present:
+                    # Stale-while-revalidate: never defer an item believed present.
+                    stale = now - answered_at >= self.positive_ttl
+                    if stale and identifier not in self._pending:
+                        self._pending.add(identifier)
+                        self._queue.put(identifier)
                     return "remote"
-                if time.monotonic() - answered_at < self.negative_ttl:
+                if now - answered_at < self.negative_ttl:
                     return None
             if identifier in self._pending:
                 return PENDING
@@ -105,7 +119,7 @@ class TierIndex:
 
     def note_present(self, identifier: str, tier: str) -> None:
         with self._lock:
-            self._known.remember(identifier, tier)
+            self._known.remember(identifier, (tier, time.monotonic()))
 
     def forget(self, identifier: str) -> None:
         """Drop what is known about ``identifier`` (a load of it failed)."""

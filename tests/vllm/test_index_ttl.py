@@ -1,0 +1,62 @@
+"""The scheduler index notices entries removed elsewhere, without deferring hits."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+
+from lmcache_ec.config import load_config
+from lmcache_ec.integration.vllm.index import PENDING, TierIndex
+from lmcache_ec.key import EncoderIdentity
+from lmcache_ec.remote.catalog import open_catalog
+from lmcache_ec.remote.naming import redis_data_key
+
+IDENTITY = EncoderIdentity(model="index/model")
+ITEM = "a" * 64
+
+
+def _wait_for(index: TierIndex, identifier: str, expected: str | None) -> None:
+    deadline = time.monotonic() + 10
+    while index.lookup(identifier) != expected:
+        assert time.monotonic() < deadline, index.lookup(identifier)
+        time.sleep(0.02)
+
+
+def test_disk_answer_is_rechecked_after_the_ttl(tmp_path):
+    index = TierIndex(
+        IDENTITY, disk_dir=str(tmp_path), open_catalog=None, negative_ttl=0, positive_ttl=0.2
+    )
+    path = tmp_path / f"{IDENTITY.key(ITEM).storage_name}.pt"
+    path.write_bytes(b"frame")
+    assert index.lookup(ITEM) == "disk"
+    os.remove(path)  # purged by another process
+    assert index.lookup(ITEM) == "disk"  # within the TTL: memory only
+    time.sleep(0.25)
+    assert index.lookup(ITEM) is None
+
+
+def test_remote_answer_is_revalidated_in_the_background(redis_url):
+    config = load_config({"remote_url": redis_url, "remote_timeout": 2})
+    index = TierIndex(
+        IDENTITY,
+        disk_dir=None,
+        open_catalog=lambda: open_catalog(config),
+        negative_ttl=60,
+        positive_ttl=0.2,
+    )
+    client = redis.Redis.from_url(redis_url)
+    data_key = redis_data_key(IDENTITY.key(ITEM).storage_name)
+    try:
+        client.set(data_key, b"frame")
+        assert index.lookup(ITEM) == PENDING
+        _wait_for(index, ITEM, "remote")
+        client.delete(data_key)  # purged elsewhere
+        time.sleep(0.25)
+        # Stale but believed present: answered at once, re-checked in the background.
+        assert index.lookup(ITEM) == "remote"
+        _wait_for(index, ITEM, None)
+        assert index.remote_lookups == 2
+    finally:
+        index.close()
