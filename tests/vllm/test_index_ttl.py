@@ -8,6 +8,7 @@ import time
 import redis
 
 from lmcache_ec.config import load_config
+from lmcache_ec.integration.vllm import index as index_module
 from lmcache_ec.integration.vllm.index import PENDING, TierIndex
 from lmcache_ec.key import EncoderIdentity
 from lmcache_ec.remote.catalog import open_catalog
@@ -24,16 +25,19 @@ def _wait_for(index: TierIndex, identifier: str, expected: str | None) -> None:
         time.sleep(0.02)
 
 
-def test_disk_answer_is_rechecked_after_the_ttl(tmp_path):
+def test_disk_answer_is_rechecked_after_the_ttl(tmp_path, monkeypatch):
+    now = [1000.0]  # the index's clock, moved by hand: no timing in this test
+    monkeypatch.setattr(index_module.time, "monotonic", lambda: now[0])
     index = TierIndex(
-        IDENTITY, disk_dir=str(tmp_path), open_catalog=None, negative_ttl=0, positive_ttl=0.2
+        IDENTITY, disk_dir=str(tmp_path), open_catalog=None, negative_ttl=0, positive_ttl=60
     )
     path = tmp_path / f"{IDENTITY.key(ITEM).storage_name}.pt"
     path.write_bytes(b"frame")
     assert index.lookup(ITEM) == "disk"
     os.remove(path)  # purged by another process
+    now[0] += 59
     assert index.lookup(ITEM) == "disk"  # within the TTL: memory only
-    time.sleep(0.25)
+    now[0] += 2
     assert index.lookup(ITEM) is None
 
 
