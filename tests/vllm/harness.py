@@ -96,6 +96,9 @@ class Engine:
         self.features: dict[str, list[MultiModalFeatureSpec]] = {}
         self.finished: dict[str, str] = {}  # request id -> finish reason
         self.ec_stats: dict[str, float] = {}  # summed SchedulerStats.ec_connector_stats
+        self.scheduled: list[set[str]] = []  # per step: request ids given tokens
+        self.stage_orders: list[list[str]] = []  # per step: prefetches sent to workers
+        self.loads: list[list[str]] = []  # per step: items loaded from staging
         self._next = 0
 
     @property
@@ -136,6 +139,10 @@ class Engine:
 
     def step(self) -> None:
         output = self.scheduler.schedule()
+        self.scheduled.append(set(output.num_scheduled_tokens))
+        meta = output.ec_connector_metadata
+        self.stage_orders.append(list(meta.stage) if meta is not None else [])
+        self.loads.append(list(meta.loads) if meta is not None else [])
         # A forward pass (or an idle engine loop) takes time; staging runs meanwhile.
         time.sleep(0.005)
         for new in output.scheduled_new_reqs:

@@ -76,6 +76,17 @@ def _tp_position() -> tuple[int, int]:
     return 0, 1  # every process writes: duplicates, never gaps
 
 
+def _bytes_per_embed(vllm_config: VllmConfig) -> int:
+    """Bytes of one encoder-output row, for the prefetch byte bound (0: unknown)."""
+    try:
+        model_config = vllm_config.model_config
+        itemsize = torch.empty(0, dtype=model_config.dtype).element_size()
+        return int(model_config.get_inputs_embeds_size()) * itemsize
+    except Exception as exc:  # an exotic config: bound prefetches by count only
+        logger.debug("No encoder-output row size: %s", exc)
+        return 0
+
+
 class LMCacheECTierConnector(ECConnectorBase):
     def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole) -> None:
         super().__init__(vllm_config=vllm_config, role=role)
@@ -101,6 +112,7 @@ class LMCacheECTierConnector(ECConnectorBase):
                 is_consumer=self.is_consumer,
                 tp_size=vllm_config.parallel_config.tensor_parallel_size,
                 deliver_on_idle=bool(getattr(vllm_config, "use_v2_model_runner", False)),
+                bytes_per_embed=_bytes_per_embed(vllm_config),
             )
         else:
             cache = ECCache(config, self.identity)
@@ -145,6 +157,17 @@ class LMCacheECTierConnector(ECConnectorBase):
         """Scheduler: False while the request waits for items being staged."""
         assert self.scheduler is not None
         return self.scheduler.ensure_cache_available(request, num_computed_tokens)
+
+    def take_unavailable_requests(self) -> set[str]:
+        """Scheduler: requests of an ec_consumer whose items could not be fetched."""
+        assert self.scheduler is not None
+        return self.scheduler.take_unavailable_requests()
+
+    def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
+        """Scheduler: forget the request's prefetch waits."""
+        if self.scheduler is not None:
+            self.scheduler.request_finished(request.request_id)
+        return False, None
 
     def has_cache_item(self, identifier: str) -> bool:
         """Scheduler: in-memory answer; True only for items ready to load."""

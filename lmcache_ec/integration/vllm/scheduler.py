@@ -3,11 +3,16 @@
 Call order per engine step (vLLM's scheduler):
 
 1. ``ensure_cache_available(request)`` — for each item of the request still
-   to be computed that the tiers hold (``TierIndex``), order the workers to
-   *stage* it (fetch into worker memory, in the background) and defer the
-   request until every tensor-parallel rank reports it staged. Deferral is
-   bounded (``stage_timeout_s``, ``remote_lookup_timeout_s``); past it the
-   item is computed instead.
+   to be computed that the tiers hold (``TierIndex``), queue a *prefetch*: the
+   workers fetch it into worker memory in the background, and the request is
+   deferred — not the batch — until every tensor-parallel rank reports it
+   staged. Prefetches start in arrival order within in-flight bounds
+   (``max_inflight_items``, ``max_staged_mb``; see ``PrefetchQueue``) and are
+   shared by requests that need the same item. Deferral is bounded
+   (``stage_timeout_s``, ``remote_lookup_timeout_s``); past it the item is
+   computed instead — or, on a consumer-only instance, which has no encoder
+   work to fall back on, its waiting requests are reported through
+   ``take_unavailable_requests`` and vLLM fails them (retryable).
 2. ``has_cache_item(id)`` — True only for items staged on every rank (a
    producer-only instance: for items the tiers hold, so it skips re-encoding).
 3. ``update_state_after_alloc(request, i)`` — called for computed *and*
@@ -32,6 +37,7 @@ from typing import Any
 from .identity import is_content_identifier
 from .index import PENDING, TierIndex
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
+from .prefetch import PrefetchQueue
 from .settings import ConnectorSettings
 
 logger = logging.getLogger(__name__)
@@ -47,6 +53,7 @@ class TierScheduler:
         is_consumer: bool,
         tp_size: int,
         deliver_on_idle: bool,
+        bytes_per_embed: int = 0,
     ) -> None:
         self.settings = settings
         self.index = index
@@ -55,6 +62,14 @@ class TierScheduler:
         self.tp_size = max(1, tp_size)
         # The V1 model runner skips connector hooks in steps with no tokens.
         self.deliver_on_idle = deliver_on_idle
+        # Encoder outputs are [num_embeds, hidden]: an estimate for the byte bound.
+        self.bytes_per_embed = bytes_per_embed
+        self.prefetch = PrefetchQueue(
+            max_items=settings.max_inflight_items,
+            max_bytes=int(settings.max_staged_mb * 1024 * 1024),
+        )
+        self._unavailable: set[str] = set()  # request ids for take_unavailable_requests
+        self._failing: set[str] = set()  # reported unavailable, held until vLLM fails them
         self._staging: dict[str, float] = {}  # id -> deadline
         self._staged_ranks: dict[str, int] = {}
         self._ready: set[str] = set()  # staged on every rank
@@ -81,26 +96,39 @@ class TierScheduler:
     def ensure_cache_available(self, request: Any, num_computed_tokens: int) -> bool:
         if not self.is_consumer:
             return True
+        if request.request_id in self._failing:
+            return False
         now = time.monotonic()
         ready = True
         for feature in request.mm_features:
             pos = feature.mm_position
             if pos.offset + pos.length <= num_computed_tokens:
                 continue
-            if not self._item_ready(feature.identifier, now):
+            nbytes = pos.get_num_embeds() * self.bytes_per_embed
+            if not self._item_ready(feature.identifier, now, nbytes):
+                self.prefetch.wait(feature.identifier, request.request_id)
                 ready = False
+        if request.request_id in self._failing:  # an item of it was just given up
+            ready = False
         if not ready:
             self._count("deferred_steps")
         return ready
 
-    def _item_ready(self, identifier: str, now: float) -> bool:
+    def _item_ready(self, identifier: str, now: float, nbytes: int) -> bool:
         """False while ``identifier`` is on its way into worker memory."""
         if identifier in self._ready or identifier in self._resident:
             return True
         if identifier in self._staging:
-            if now < self._staging[identifier] and not self._undelivered:
+            # Orders an idle V1 step did not deliver: compute now if we can encode.
+            undelivered = self._undelivered and self.is_producer
+            if now < self._staging[identifier] and not undelivered:
                 return False
             self._give_up(identifier, now, "staging timed out")
+            return True
+        if self.prefetch.is_queued(identifier):
+            if now < self.prefetch.queued_deadline(identifier):
+                return False
+            self._give_up(identifier, now, "no room to prefetch it in time")
             return True
         retry_after = self._failed.get(identifier)
         if retry_after is not None:
@@ -118,20 +146,47 @@ class TierScheduler:
         self._lookup_deadline.pop(identifier, None)
         if tier is None:
             return True
-        self._staging[identifier] = now + self.settings.stage_timeout_s
-        self._staged_ranks[identifier] = 0
-        self._to_stage.append(identifier)
-        self._count("stage_orders")
+        if not self.prefetch.fits_at_all(nbytes):
+            self._count("prefetch_too_large")
+            self._failed[identifier] = now + self.settings.failed_retry_s
+            return True
+        self.prefetch.enqueue(identifier, now + self.settings.stage_timeout_s, nbytes)
+        self._count("prefetch_queued")
+        self._dispatch_prefetches()
         return False
 
+    def _dispatch_prefetches(self) -> None:
+        for identifier, deadline in self.prefetch.dispatch():
+            self._staging[identifier] = deadline
+            self._staged_ranks[identifier] = 0
+            self._to_stage.append(identifier)
+            self._count("stage_orders")
+
     def _give_up(self, identifier: str, now: float, why: str) -> None:
-        logger.info("Encoder output %.24s will be computed: %s", identifier, why)
+        waiters = self.prefetch.take_waiters(identifier)
+        if not self.is_producer and waiters:
+            logger.warning(
+                "Encoder output %.24s could not be fetched (%s); %d request(s) fail",
+                identifier,
+                why,
+                len(waiters),
+            )
+            self._unavailable |= waiters
+            self._failing |= waiters
+            self._count("unavailable_requests", len(waiters))
+        else:
+            logger.info("Encoder output %.24s will be computed: %s", identifier, why)
+            self._failed[identifier] = now + self.settings.failed_retry_s
+        was_queued = self.prefetch.is_queued(identifier)
+        self.prefetch.done(identifier)
         self._staging.pop(identifier, None)
         self._staged_ranks.pop(identifier, None)
         self._ready.discard(identifier)
         self._ready_deadline.pop(identifier, None)
-        self._failed[identifier] = now + self.settings.failed_retry_s
-        if identifier in self._to_stage:
+        self.index.forget(identifier)  # the next request looks again
+        if was_queued:
+            pass  # never ordered
+        elif identifier in self._to_stage:
             self._to_stage.remove(identifier)  # never reached the workers
         else:
             self._to_release.append(identifier)
@@ -163,6 +218,16 @@ class TierScheduler:
         self._loads[identifier] = feature.mm_position.get_num_embeds()
         self._ready.discard(identifier)  # consumed from the workers' staging
         self._ready_deadline.pop(identifier, None)
+        self.prefetch.done(identifier)
+        self.prefetch.take_waiters(identifier)
+
+    def request_finished(self, request_id: str) -> None:
+        self.prefetch.forget_request(request_id)
+        self._failing.discard(request_id)
+
+    def take_unavailable_requests(self) -> set[str]:
+        unavailable, self._unavailable = self._unavailable, set()
+        return unavailable
 
     def build_connector_meta(self, scheduler_output: Any) -> ECTierConnectorMetadata:
         for identifier in getattr(scheduler_output, "free_encoder_mm_hashes", None) or ():
@@ -172,7 +237,10 @@ class TierScheduler:
             if now >= deadline:  # staged for a request that never came back
                 self._ready.discard(identifier)
                 del self._ready_deadline[identifier]
+                self.prefetch.done(identifier)
+                self.prefetch.take_waiters(identifier)
                 self._to_release.append(identifier)
+        self._dispatch_prefetches()
         meta = ECTierConnectorMetadata(loads=self._loads)
         self._loads = {}
         self._hits.clear()
@@ -194,7 +262,7 @@ class TierScheduler:
         for identifier in meta.failed:
             self.index.forget(identifier)
             if identifier in self._staging or identifier in self._ready:
-                self._give_up(identifier, now, "a worker could not stage it")
+                self._give_up(identifier, now, "a worker could not fetch it")
         for identifier, ranks in meta.staged.items():
             if identifier not in self._staging:
                 continue  # given up meanwhile; its release is already queued

@@ -14,8 +14,10 @@ Keys (all optional)::
                               UUIDs). Default false: such ids restart at 0 per
                               process or are chosen by clients, so persisting
                               them can hand one image's tensor to another.
-    stage_timeout_s           how long a request waits for workers to stage an
-                              item before its encoder runs instead (5.0)
+    stage_timeout_s           how long a request waits for an item's prefetch
+                              (queueing included) before its encoder runs
+                              instead, or, on an ec_consumer, before the
+                              request is reported unavailable (5.0)
     remote_lookup_timeout_s   how long a request waits for the remote existence
                               check before its encoder runs instead (0.05)
     negative_lookup_ttl_s     how long a remote "absent" answer is trusted (5.0)
@@ -23,7 +25,11 @@ Keys (all optional)::
                               computed instead of loaded (30.0)
     max_pending_saves         saves queued on a worker before new ones are
                               dropped, so the forward pass never waits (64)
-    max_staged_mb             worker memory for staged items (1024)
+    max_staged_mb             bytes of prefetches in flight: ordered and not
+                              yet loaded, and the worker memory holding them
+                              (MB, 1024)
+    max_inflight_items        prefetches in flight at once; later ones queue in
+                              arrival order (64)
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class ConnectorSettings:
     failed_retry_s: float = 30.0
     max_pending_saves: int = 64
     max_staged_mb: float = 1024.0
+    max_inflight_items: int = 64
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ConnectorSettings:

@@ -133,6 +133,7 @@ class TierWorker:
             # Unreachable while staging holds its invariant; one batch read as
             # a last resort, and vLLM reports anything still missing.
             logger.error("Staged encoder outputs missing; reading %d directly", len(missing))
+            self._count("load_direct_reads", len(missing))
             for identifier, tensor in zip(
                 missing, self.cache.get_many(missing, self.device), strict=True
             ):

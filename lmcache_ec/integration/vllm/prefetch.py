@@ -1,0 +1,96 @@
+"""Scheduler-side bookkeeping of prefetches: arrival order, bounds, waiters.
+
+A prefetch is an order for the workers to fetch an item from the tiers into
+worker memory while its requests are deferred. Orders leave the queue in
+arrival order, and only while the in-flight bounds allow: at most
+``max_items`` items and ``max_bytes`` estimated bytes ordered but not yet
+consumed by a load (or released). The head of the queue waits for room
+rather than letting smaller items overtake it, so a large image is not
+starved; an item larger than ``max_bytes`` is never queued (it is computed).
+
+Items are shared: requests that need the same image wait on one prefetch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass
+class _Queued:
+    deadline: float
+    nbytes: int
+
+
+class PrefetchQueue:
+    def __init__(self, *, max_items: int, max_bytes: int) -> None:
+        self.max_items = max(1, max_items)
+        self.max_bytes = max_bytes
+        self._queued: OrderedDict[str, _Queued] = OrderedDict()
+        self._inflight: dict[str, int] = {}  # identifier -> estimated bytes
+        self._inflight_bytes = 0
+        self._waiters: dict[str, set[str]] = {}  # identifier -> request ids
+
+    # -- waiters -------------------------------------------------------------
+
+    def wait(self, identifier: str, request_id: str) -> None:
+        self._waiters.setdefault(identifier, set()).add(request_id)
+
+    def take_waiters(self, identifier: str) -> set[str]:
+        return self._waiters.pop(identifier, set())
+
+    def forget_request(self, request_id: str) -> None:
+        for identifier in [i for i, ids in self._waiters.items() if request_id in ids]:
+            self._waiters[identifier].discard(request_id)
+            if not self._waiters[identifier]:
+                del self._waiters[identifier]
+
+    # -- queue and bounds ----------------------------------------------------
+
+    def fits_at_all(self, nbytes: int) -> bool:
+        return nbytes <= self.max_bytes
+
+    def enqueue(self, identifier: str, deadline: float, nbytes: int) -> None:
+        self._queued[identifier] = _Queued(deadline, nbytes)
+
+    def is_queued(self, identifier: str) -> bool:
+        return identifier in self._queued
+
+    def queued_deadline(self, identifier: str) -> float:
+        return self._queued[identifier].deadline
+
+    def dispatch(self) -> list[tuple[str, float]]:
+        """Move queue heads in flight while the bounds allow, in arrival order.
+
+        Returns ``(identifier, deadline)`` of each started prefetch; the
+        deadline set at queueing still holds, so waiting for room counts.
+        """
+        started = []
+        while self._queued:
+            identifier, queued = next(iter(self._queued.items()))
+            full = len(self._inflight) >= self.max_items
+            if full or self._inflight_bytes + queued.nbytes > self.max_bytes:
+                break
+            del self._queued[identifier]
+            self._inflight[identifier] = queued.nbytes
+            self._inflight_bytes += queued.nbytes
+            started.append((identifier, queued.deadline))
+        return started
+
+    def done(self, identifier: str) -> None:
+        """The item left flight (loaded, released, failed) or the queue."""
+        self._queued.pop(identifier, None)
+        self._inflight_bytes -= self._inflight.pop(identifier, 0)
+
+    @property
+    def inflight_items(self) -> int:
+        return len(self._inflight)
+
+    @property
+    def inflight_bytes(self) -> int:
+        return self._inflight_bytes
+
+    @property
+    def queued_items(self) -> int:
+        return len(self._queued)

@@ -1,0 +1,69 @@
+"""A TCP proxy on 127.0.0.1 that delays every client-to-server chunk.
+
+Put in front of a real redis-server it makes each command arrive ``delay``
+seconds late, like a distant data centre; replies pass through at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+HOST = "127.0.0.1"
+
+
+class SlowProxy:
+    def __init__(self, target_port: int, delay: float) -> None:
+        self.target_port = target_port
+        self.delay = delay
+        self.chunks = 0  # client-to-server chunks forwarded (about one per command)
+        self._lock = threading.Lock()
+        self._listener = socket.create_server((HOST, 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        self._closed = False
+        threading.Thread(target=self._accept_loop, name="slow-proxy", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}"
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection((HOST, self.target_port))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, delayed: bool) -> None:
+        try:
+            while data := source.recv(1 << 20):
+                if delayed:
+                    time.sleep(self.delay)
+                    with self._lock:
+                        self.chunks += 1
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.close()
