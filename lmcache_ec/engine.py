@@ -373,11 +373,20 @@ class ECCache:
                 self.config.close_timeout,
             )
         # LMCache's close can block on a remote connector; never let it hang us.
-        closer = threading.Thread(target=self._storage.close, name="ec-close", daemon=True)
+        closer = threading.Thread(target=self._close_storage, name="ec-close", daemon=True)
         closer.start()
         closer.join(timeout=max(self.config.close_timeout, 1.0))
         if closer.is_alive():
             logger.warning("close(): storage backends did not stop in time; leaving them")
+
+    def _close_storage(self) -> None:
+        self._storage.close()
+        # LMCache stops its event loop but leaves the loop's to_thread pool
+        # (a non-daemon thread) running; stop it so close() leaves nothing behind.
+        loop = getattr(self._storage, "loop", None)
+        if loop is not None and not loop.is_running() and not loop.is_closed():
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
 
     def __enter__(self) -> ECCache:
         return self

@@ -42,8 +42,11 @@ def encoder_output(identifier: str) -> torch.Tensor:
     return torch.randn(NUM_EMBEDS, HIDDEN, generator=generator).to(torch.bfloat16)
 
 
-def make_vllm_config(model_config, role: str, extra: dict, tp_size: int = 1) -> VllmConfig:
+def make_vllm_config(
+    model_config, role: str, extra: dict, tp_size: int = 1, kv_transfer_config=None
+) -> VllmConfig:
     config = VllmConfig(
+        kv_transfer_config=kv_transfer_config,
         model_config=copy.deepcopy(model_config),
         scheduler_config=SchedulerConfig(
             max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256, is_encoder_decoder=False
