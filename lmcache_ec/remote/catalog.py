@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
@@ -42,6 +43,9 @@ HEADER_READ_AHEAD = 4096  # one ranged read covers the prefix and a typical head
 _SCAN_BATCH = 500
 
 
+_S3_LOOKUP_THREADS = 8
+
+
 class RemoteCatalogError(OSError):
     """The remote store could not be listed."""
 
@@ -61,6 +65,10 @@ class RemoteCatalog(abc.ABC):
     @abc.abstractmethod
     def lookup(self, storage_name: str) -> bool | None:
         """True if stored, False if absent, None if the store could not answer."""
+
+    def lookup_many(self, storage_names: list[str]) -> list[bool | None]:
+        """``lookup`` of each name; stores override it to answer in one round trip."""
+        return [self.lookup(name) for name in storage_names]
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
@@ -139,6 +147,17 @@ class RedisCatalog(RemoteCatalog):
             logger.debug("Remote exists(%s) failed: %s", storage_name, exc)
             return None
 
+    def lookup_many(self, storage_names: list[str]) -> list[bool | None]:
+        """One pipelined round trip of EXISTS; all None if it fails."""
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for name in storage_names:
+                pipe.exists(redis_data_key(name))
+            return [bool(found) for found in pipe.execute()]
+        except Exception as exc:
+            logger.debug("Remote exists of %d entries failed: %s", len(storage_names), exc)
+            return [None] * len(storage_names)
+
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         pattern = _glob_escape(prefix) + "*" + REDIS_META_SUFFIX
         try:
@@ -196,6 +215,15 @@ class S3Catalog(RemoteCatalog):
         self.timeout = settings.timeout
         self._location = settings.location
         self._client = make_client(settings)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def lookup_many(self, storage_names: list[str]) -> list[bool | None]:
+        """HEAD requests side by side (S3 has no batch existence check)."""
+        if len(storage_names) < 2:
+            return [self.lookup(name) for name in storage_names]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(_S3_LOOKUP_THREADS, thread_name_prefix="ec-s3-head")
+        return list(self._pool.map(self.lookup, storage_names))
 
     def lookup(self, storage_name: str) -> bool | None:
         try:
@@ -251,6 +279,8 @@ class S3Catalog(RemoteCatalog):
             return False
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         try:
             self._client.close()
         except Exception as exc:

@@ -52,6 +52,11 @@ def test_exists_list_header_delete(remote):
         assert not catalog.delete(victim)
         assert victim not in dict(catalog.list(prefix))
         assert not catalog.exists(prefix + "0" * 64)
+        # Batched existence: the same answers, in order, for present and absent names.
+        asked = [*names, victim, prefix + "1" * 64]
+        expected = [name != victim for name in names] + [False, False]
+        assert catalog.lookup_many(asked) == expected
+        assert catalog.lookup_many([]) == []
 
 
 def test_header_longer_than_one_ranged_read(remote):

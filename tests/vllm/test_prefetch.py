@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import redis
 
+from lmcache_ec.bench.proxy import SlowProxy
 from tests.conftest import bit_equal
-from tests.slow_proxy import SlowProxy
 
 from .harness import Engine, encoder_output, image_hash, make_vllm_config
 

@@ -11,6 +11,8 @@ from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.sampling_params import SamplingParams
 from vllm.v1.request import Request
 
+from lmcache_ec.bench.proxy import SlowProxy
+
 from .harness import image_hash, make_vllm_config
 
 
@@ -93,3 +95,23 @@ def test_failing_remote_pauses_lookups_instead_of_queuing(model_config, black_ho
         assert index.remote_lookups == 0  # an unanswered lookup is never cached
     finally:
         connector.shutdown()
+
+
+def test_lookups_asked_meanwhile_share_one_round_trip(model_config, redis_url, redis_server):
+    proxy = SlowProxy(redis_server.port, 0.2)
+    connector = _scheduler_connector(model_config, proxy.url)
+    index = connector.scheduler.index
+    try:
+        identifiers = [image_hash(f"batched-{i}.png") for i in range(40)]
+        for identifier in identifiers:
+            assert index.lookup(identifier) == "pending"
+        deadline = time.monotonic() + 20
+        while index.remote_lookups < len(identifiers):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert all(index.lookup(identifier) is None for identifier in identifiers)
+        # Connection set-up plus at most two pipelined batches, not 40 round trips.
+        assert proxy.chunks <= 8
+    finally:
+        connector.shutdown()
+        proxy.close()

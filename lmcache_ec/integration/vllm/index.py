@@ -33,6 +33,7 @@ PENDING = "pending"
 _MAX_ENTRIES = 1_000_000  # identifiers remembered (LRU); ~100 bytes each
 _MAX_PENDING = 4096  # queued remote lookups; beyond it, answer "absent"
 _REMOTE_BACKOFF = 5.0  # seconds without remote lookups after the store failed to answer
+_LOOKUP_BATCH = 256  # existence checks per round trip
 
 
 class _LRU(OrderedDict):
@@ -134,17 +135,22 @@ class TierIndex:
             logger.warning("Remote catalog unavailable; remote tier not indexed: %s", exc)
             catalog = None
         try:
-            while (identifier := self._queue.get()) is not None:
-                present: bool | None = None
+            while (batch := self._next_batch()) is not None:
+                answers: list[bool | None] = [None] * len(batch)
                 if catalog is not None and time.monotonic() >= self._remote_down_until:
-                    try:
-                        present = catalog.lookup(self.storage_name(identifier))
+                    try:  # one round trip for everything asked meanwhile
+                        names = [self.storage_name(identifier) for identifier in batch]
+                        answers = catalog.lookup_many(names)
                     except Exception as exc:  # the catalog should not raise; be sure
                         logger.debug("Remote existence check failed: %s", exc)
                 with self._lock:
-                    self._pending.discard(identifier)
-                    if present is None:
-                        # Unanswered: not cached, so it is asked again after the backoff.
+                    for identifier, present in zip(batch, answers, strict=True):
+                        self._pending.discard(identifier)
+                        if present is not None:
+                            self._remote.remember(identifier, (present, time.monotonic()))
+                            self.remote_lookups += 1
+                    if any(present is None for present in answers):
+                        # Unanswered: not cached, so asked again after the backoff.
                         if time.monotonic() >= self._remote_down_until:
                             logger.warning(
                                 "Remote tier not answering; lookups paused for %.0fs",
@@ -152,15 +158,29 @@ class TierIndex:
                             )
                         self._remote_down_until = time.monotonic() + _REMOTE_BACKOFF
                         self.remote_failures += 1
-                        continue
-                    self._remote.remember(identifier, (present, time.monotonic()))
-                    self.remote_lookups += 1
         finally:
             if catalog is not None:
                 try:
                     catalog.close()
                 except Exception as exc:
                     logger.debug("Closing the remote catalog: %s", exc)
+
+    def _next_batch(self) -> list[str] | None:
+        """Block for one identifier, then take whatever else is queued; None: stop."""
+        first = self._queue.get()
+        if first is None:
+            return None
+        batch = [first]
+        while len(batch) < _LOOKUP_BATCH:
+            try:
+                identifier = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if identifier is None:
+                self._queue.put(None)  # stop after this batch
+                break
+            batch.append(identifier)
+        return batch
 
     def close(self, timeout: float = 2.0) -> None:
         if self._thread is not None:

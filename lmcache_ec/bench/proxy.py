@@ -2,11 +2,13 @@
 
 Put in front of a real redis-server it makes each command arrive ``delay``
 seconds late, like a distant data centre; replies pass through at once.
+Used by ``bench steps`` and the test suite.
 """
 
 from __future__ import annotations
 
 import contextlib
+import queue
 import socket
 import threading
 import time
@@ -16,6 +18,7 @@ HOST = "127.0.0.1"
 
 class SlowProxy:
     def __init__(self, target_port: int, delay: float) -> None:
+        """Forward 127.0.0.1:``self.port`` to 127.0.0.1:``target_port``."""
         self.target_port = target_port
         self.delay = delay
         self.chunks = 0  # client-to-server chunks forwarded (about one per command)
@@ -47,12 +50,37 @@ class SlowProxy:
             threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
 
     def _pump(self, source: socket.socket, sink: socket.socket, delayed: bool) -> None:
+        if not delayed:
+            self._forward(source, sink)
+            return
+        # A latency line, not a throttle: each chunk leaves ``delay`` after it
+        # arrived, so a large value costs one delay, not one per chunk.
+        line: queue.SimpleQueue[tuple[float, bytes] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._deliver, args=(line, sink), daemon=True).start()
         try:
             while data := source.recv(1 << 20):
-                if delayed:
-                    time.sleep(self.delay)
-                    with self._lock:
-                        self.chunks += 1
+                line.put((time.monotonic() + self.delay, data))
+        except OSError:
+            pass
+        line.put(None)
+
+    def _deliver(self, line: queue.SimpleQueue, sink: socket.socket) -> None:
+        try:
+            while (entry := line.get()) is not None:
+                due, data = entry
+                time.sleep(max(0.0, due - time.monotonic()))
+                with self._lock:
+                    self.chunks += 1
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                sink.shutdown(socket.SHUT_WR)
+
+    def _forward(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(1 << 20):
                 sink.sendall(data)
         except OSError:
             pass
