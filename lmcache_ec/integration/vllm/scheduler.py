@@ -119,9 +119,10 @@ class TierScheduler:
         if identifier in self._ready or identifier in self._resident:
             return True
         if identifier in self._staging:
-            # Orders an idle V1 step did not deliver: compute now if we can encode.
-            undelivered = self._undelivered and self.is_producer
-            if now < self._staging[identifier] and not undelivered:
+            if self._undelivered:  # an idle V1 step: the orders never reached the workers
+                self._give_up(identifier, now, "idle step", fetch_failed=False)
+                return True
+            if now < self._staging[identifier]:
                 return False
             self._give_up(identifier, now, "staging timed out")
             return True
@@ -162,9 +163,10 @@ class TierScheduler:
             self._to_stage.append(identifier)
             self._count("stage_orders")
 
-    def _give_up(self, identifier: str, now: float, why: str) -> None:
+    def _give_up(self, identifier: str, now: float, why: str, *, fetch_failed: bool = True) -> None:
+        """Stop waiting for ``identifier``: compute it, or fail its requests on a consumer."""
         waiters = self.prefetch.take_waiters(identifier)
-        if not self.is_producer and waiters:
+        if fetch_failed and not self.is_producer and waiters:
             logger.warning(
                 "Encoder output %.24s could not be fetched (%s); %d request(s) fail",
                 identifier,
