@@ -128,9 +128,13 @@ def parse_header(raw: bytes | memoryview, header_sum: int) -> dict[str, Any]:
     try:
         header = json.loads(bytes(raw))
         dtype = SUPPORTED_DTYPES[header["tensor_dtype"]]
-        shape = [int(d) for d in header["shape"]]
+        shape = list(header["shape"])
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptEntryError(f"unreadable header: {exc}") from None
+    # Writers store only non-empty 2-D tensors; anything else (negative, zero,
+    # float or bool dims) was not written by put and must not reach torch.
+    if len(shape) != 2 or not all(type(d) is int and d > 0 for d in shape):
+        raise CorruptEntryError(f"bad shape {shape!r:.80}")
     header["torch_dtype"] = dtype
     header["shape"] = shape
     return header
@@ -204,6 +208,9 @@ def decode_payload(buffer: torch.Tensor, key: ECKey, *, verify_payload: bool = T
     name, dtype, shape = _header_essentials(raw[PREFIX_SIZE:start], header_sum)
     if name != key.storage_name:
         raise CorruptEntryError("entry belongs to another key")
+    pinned = key.identity.dtype if key.identity is not None else ""
+    if pinned and SUPPORTED_DTYPES[pinned] != dtype:
+        raise CorruptEntryError(f"tensor dtype differs from the encoder dtype {pinned}")
     if len(shape) != 2 or math.prod(shape) * dtype.itemsize != payload_len:
         raise CorruptEntryError("shape does not match payload length")
     if raw.size < start + payload_len:

@@ -111,7 +111,7 @@ class ECCache:
         disk = self._storage.storage_backends.get("LocalDiskBackend")
         self._disk = disk if isinstance(disk, ECLocalDiskBackend) else None
         for name, backend in self._storage.storage_backends.items():
-            if hasattr(backend, "snapshot"):  # remote tiers: health and their own counters
+            if hasattr(backend, "snapshot"):  # disk and remote: health and their own counters
                 self.stats.watch_tier(tier_name(name), backend.snapshot)
         self._replayer = RemoteReplayer(self._storage, _frame_bytes, lambda: self._closed)
         self._replayer.attach()
@@ -191,6 +191,7 @@ class ECCache:
         header = codec.encode_header(key, tensor)
         size = codec.frame_size(header, tensor)
         if size > self.cpu_capacity:
+            self.stats.add("put_rejected")
             raise ValueError(
                 f"entry of {size} bytes exceeds the CPU tier ({self.cpu_capacity} "
                 "bytes, max_local_cpu_size); raise max_local_cpu_size"
@@ -280,6 +281,10 @@ class ECCache:
                 tier, memory_obj, payload = found
                 held.append(memory_obj)
                 out = codec.copy_out(payload, device, async_copy, pin_memory)
+                if not async_copy:
+                    # Copied already: free the buffer now, so a batch larger
+                    # than the CPU pool does not starve its own later reads.
+                    held.pop().ref_count_down()
                 results.append(out)
                 self.stats.hit(tier, payload.data.size, time.perf_counter() - started)
             if async_copy and held:
@@ -301,11 +306,14 @@ class ECCache:
         level, name, memory_obj, buffer = found
         try:
             payload = codec.decode_payload(buffer, key, verify_payload=level > 0)
-        except codec.CorruptEntryError as exc:
+        except Exception as exc:
+            # Stored bytes are untrusted (shared disks and stores): whatever
+            # they make the decoder raise, the answer is a miss, never an error.
             memory_obj.ref_count_down()
+            reason = exc.reason if isinstance(exc, codec.CorruptEntryError) else repr(exc)
             self.stats.add("integrity_failures")
-            logger.warning("Dropping corrupt entry %s from %s: %s", key, name, exc.reason)
-            self._storage.remove(key)
+            logger.warning("Dropping corrupt entry %s from %s: %s", key, name, reason)
+            self._remove_everywhere(key)
             return None
         if level > 0:
             self._promote(key, memory_obj, level)
@@ -326,6 +334,15 @@ class ECCache:
                 return level, name, memory_obj, buffer
             memory_obj.ref_count_down()
         return None
+
+    def _remove_everywhere(self, key: ECKey) -> None:
+        # Not StorageManager.remove: one tier failing (a read-only disk) must
+        # neither stop the others nor reach the caller.
+        for name, backend in self._storage.storage_backends.items():
+            try:
+                backend.remove(key)
+            except Exception as exc:
+                self._tier_failed(name, "remove", exc)
 
     def _promote(self, key: ECKey, memory_obj: MemoryObj, level: int) -> None:
         """Copy a verified lower-tier hit into every tier above it."""

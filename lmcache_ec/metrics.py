@@ -67,7 +67,7 @@ class ECStats:
         self.misses = 0
         self.puts = 0
         self.put_skipped_existing = 0
-        self.put_rejected = 0  # no room in the CPU pool
+        self.put_rejected = 0  # no room in the CPU pool (full now, or entry larger than it)
         self.integrity_failures = 0
         self.bytes_in = 0  # accepted by put
         self.bytes_out = 0  # returned by get

@@ -9,12 +9,12 @@ and nothing needs a hook on the hot path. Metrics (all labelled with
     lmcache_ec_misses_total                 gets that found nothing usable
     lmcache_ec_puts_total                   entries accepted by put
     lmcache_ec_put_skipped_existing_total   puts of entries already in the CPU tier
-    lmcache_ec_put_rejected_total           puts refused: CPU pool full
+    lmcache_ec_put_rejected_total           puts refused: CPU pool full or too small
     lmcache_ec_bytes_in_total               frame bytes accepted by put
     lmcache_ec_bytes_out_total              tensor bytes returned by get
     lmcache_ec_integrity_failures_total     entries dropped for failing verification
-    lmcache_ec_tier_errors_total{tier}      tier operations that failed (remote errors)
-    lmcache_ec_tier_available{tier}         1 while a remote tier answers
+    lmcache_ec_tier_errors_total{tier}      tier operations that failed (disk I/O, remote)
+    lmcache_ec_tier_available{tier}         1 while a disk or remote tier works
     lmcache_ec_get_latency_seconds          histogram of get (load) latency
     lmcache_ec_put_latency_seconds          histogram of put (save hand-off) latency
 
@@ -52,7 +52,7 @@ _COUNTERS = (
     ("misses", "misses", "Gets that found nothing usable in any tier."),
     ("puts", "puts", "Entries accepted by put."),
     ("put_skipped_existing", "put_skipped_existing", "Puts of entries already in the CPU tier."),
-    ("put_rejected", "put_rejected", "Puts refused because the CPU pool was full."),
+    ("put_rejected", "put_rejected", "Puts refused: CPU pool full, or entry larger than it."),
     ("bytes_in", "bytes_in", "Frame bytes accepted by put."),
     ("bytes_out", "bytes_out", "Tensor bytes returned by get."),
     ("integrity_failures", "integrity_failures", "Entries dropped for failing verification."),
@@ -82,12 +82,12 @@ class ECStatsCollector(Collector):
         )
         errors = CounterMetricFamily(
             f"{PREFIX}_tier_errors",
-            "Tier operations that raised (remote errors), by tier.",
+            "Tier operations that failed (disk I/O errors, remote errors), by tier.",
             labels=[*LABELS, "tier"],
         )
         available = GaugeMetricFamily(
             f"{PREFIX}_tier_available",
-            "1 while a remote tier answers, 0 between a failure and its reconnection.",
+            "1 while a tier works (remote: answers; disk: its last write succeeded), else 0.",
             labels=[*LABELS, "tier"],
         )
         counters = {
