@@ -15,7 +15,11 @@ What upstream lacks, and this subclass adds:
   reader sees a whole frame or none. (A torn file from elsewhere still fails
   its checksum and is dropped by the engine.)
 - **No exception from I/O.** A failed write is logged and forgotten; a file
-  deleted under us is a miss; allocation pressure is a miss, not an assert.
+  deleted under us is a miss; allocation pressure is a miss, not an assert;
+  a file that cannot be removed (read-only directory) stays, unindexed. A
+  directory deleted under a running engine is created again by the next
+  write. Every such failure is counted (``snapshot()``, shown by ``ECStats``
+  under ``tiers.disk`` and in ``tier_errors``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import contextlib
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from lmcache.logging import init_logger
@@ -45,8 +51,19 @@ STALE_TMP_SECONDS = 3600
 class ECLocalDiskBackend(LocalDiskBackend):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.write_errors = 0
+        self.counters: Counter[str] = Counter()
+        self._last_write_ok = True
         self.rebuilt_entries = self._rebuild_index()
+
+    @property
+    def write_errors(self) -> int:
+        return self.counters["write_errors"]
+
+    def snapshot(self) -> dict[str, Any]:
+        """Health and counters, for stats exporters; ``failures`` are I/O errors."""
+        counters = dict(self.counters)
+        failures = sum(counters.get(n, 0) for n in ("write_errors", "read_errors", "remove_errors"))
+        return {"available": self._last_write_ok, **counters, "failures": failures}
 
     # -- index ---------------------------------------------------------------
 
@@ -140,6 +157,7 @@ class ECLocalDiskBackend(LocalDiskBackend):
             torch.Size([size]), torch.uint8, MemoryFormat.EC_TD, busy_loop=False
         )
         if memory_obj is None:
+            self.counters["read_skipped_no_memory"] += 1
             logger.warning("CPU pool full: disk read of %s skipped", key)
             return None
         buffer = memory_obj.byte_array
@@ -148,6 +166,7 @@ class ECLocalDiskBackend(LocalDiskBackend):
                 read = stream.readinto(buffer)
         except FileNotFoundError:
             memory_obj.ref_count_down()
+            self.counters["vanished"] += 1
             with self.disk_lock:
                 if self.dict.pop(key, None) is not None:
                     self.current_cache_size -= meta.size
@@ -155,6 +174,7 @@ class ECLocalDiskBackend(LocalDiskBackend):
             return None
         except OSError as exc:
             memory_obj.ref_count_down()
+            self.counters["read_errors"] += 1
             logger.warning("Disk read of %s failed: %s", meta.path, exc)
             return None
         if read < len(buffer):
@@ -168,10 +188,21 @@ class ECLocalDiskBackend(LocalDiskBackend):
 
     # -- writes --------------------------------------------------------------
 
+    def _open_tmp(self, tmp: str):
+        try:
+            return open(tmp, "wb")
+        except FileNotFoundError:
+            # The directory was deleted under us (rm -rf, a cleanup job): make
+            # it again rather than failing every later write until a restart.
+            os.makedirs(os.path.dirname(tmp), exist_ok=True)
+            self.counters["dir_recreated"] += 1
+            logger.warning("Disk tier directory %s was missing; created it again", self.path)
+            return open(tmp, "wb")
+
     def write_file(self, buffer, path: str) -> None:
         tmp = f"{path}{TMP_MARKER}{os.getpid()}-{threading.get_ident()}"
         try:
-            with open(tmp, "wb") as stream:
+            with self._open_tmp(tmp) as stream:
                 stream.write(buffer)
             os.replace(tmp, path)
         except BaseException:
@@ -190,7 +221,8 @@ class ECLocalDiskBackend(LocalDiskBackend):
         try:
             self.write_file(memory_obj.byte_array, path)
         except OSError as exc:
-            self.write_errors += 1
+            self.counters["write_errors"] += 1
+            self._last_write_ok = False
             logger.warning("Disk write of %s failed: %s", path, exc)
             with self.disk_lock:
                 self.current_cache_size -= size
@@ -198,6 +230,7 @@ class ECLocalDiskBackend(LocalDiskBackend):
             return
         finally:
             memory_obj.ref_count_down()
+        self._last_write_ok = True
         self.usage += size
         self.insert_key(key, size, torch.Size([size]), torch.uint8, MemoryFormat.EC_TD)
         self.disk_worker.remove_put_task(key)
@@ -218,6 +251,21 @@ class ECLocalDiskBackend(LocalDiskBackend):
             return super().remove(key, force)
         except FileNotFoundError:
             return True  # another process removed the file first
+        except OSError as exc:
+            # Unindexed now; the file stays (read-only directory, I/O error).
+            self.counters["remove_errors"] += 1
+            logger.warning("Disk removal of %s failed: %s", key, exc)
+            return False
+
+    def submit_put_task(
+        self,
+        key: CacheEngineKey,
+        memory_obj: MemoryObj,
+        on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
+    ) -> None:
+        if memory_obj.get_physical_size() > self.max_cache_size:
+            self.counters["skipped_too_large"] += 1  # upstream only logs it
+        return super().submit_put_task(key, memory_obj, on_complete_callback)
 
     def pending_writes(self) -> int:
         with self.disk_worker.put_lock:

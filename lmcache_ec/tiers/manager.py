@@ -9,6 +9,7 @@ rest — storage plugins — to upstream, in upstream's order.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from lmcache import torch_device_type
@@ -44,6 +45,23 @@ def tier_name(backend_name: str) -> str:
 
 class ECStorageManager(StorageManager):
     def create_backends(self) -> dict[str, str]:
+        try:
+            return self._create_backends()
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _stop_loop(self) -> None:
+        # StorageManager starts its (non-daemon) event-loop thread before the
+        # backends; if one fails to build (unusable disk directory), nobody
+        # would ever close it and the process could not exit.
+        for backend in list(self.storage_backends.values()):
+            with contextlib.suppress(Exception):
+                backend.close()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+    def _create_backends(self) -> dict[str, str]:
         created: dict[str, str] = {}
         dst_device = torch_device_type if is_cuda_worker(self.metadata) else "cpu"
         with self.manager_lock:
