@@ -21,6 +21,7 @@ naming the key and where it came from.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -63,11 +64,25 @@ class Option:
 
 
 def _positive(value: Any) -> str | None:
+    if not math.isfinite(value):
+        return "must be a finite number"
     return None if value > 0 else "must be > 0"
 
 
 def _non_negative(value: Any) -> str | None:
+    if not math.isfinite(value):
+        return "must be a finite number"
     return None if value >= 0 else "must be >= 0"
+
+
+MAX_SIZE_GB = 1024**3  # 1 EiB: beyond any host, and bytes still fit in an int64
+
+
+def _size_gb(value: Any) -> str | None:
+    problem = _positive(value)
+    if problem is None and value > MAX_SIZE_GB:
+        problem = f"must be at most {MAX_SIZE_GB} (GB)"
+    return problem
 
 
 def _non_empty(value: Any) -> str | None:
@@ -81,7 +96,10 @@ def _cache_policy(value: Any) -> str | None:
 def _remote_url(value: Any) -> str | None:
     if value is None:
         return None
-    scheme = urlparse(value).scheme.lower()
+    try:
+        scheme = urlparse(value).scheme.lower()
+    except ValueError as exc:  # e.g. an unclosed IPv6 bracket
+        return f"is not a valid URL: {exc}"
     if not scheme:
         return "must be a URL such as redis://host:6379"
     if scheme in REFUSED_SCHEMES:
@@ -126,7 +144,7 @@ SCHEMA: dict[str, Option] = {
             "CPU tier capacity in GB (also the largest storable entry). "
             "Memory is touched on use, not reserved at start.",
             True,
-            _positive,
+            _size_gb,
         ),
         Option(
             "local_disk",
@@ -141,7 +159,7 @@ SCHEMA: dict[str, Option] = {
             20.0,
             "Disk tier capacity in GB; least recently used entries are removed beyond it.",
             True,
-            _positive,
+            _size_gb,
         ),
         Option(
             "remote_url",
@@ -300,7 +318,7 @@ def _coerce(opt: Option, value: Any, origin: str) -> Any:
             if not isinstance(value, dict):
                 raise ValueError("expected a mapping")
             return dict(value)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise ConfigError(f"{where}invalid value {value!r:.80}: {exc}") from None
     raise AssertionError(opt.kind)
 
@@ -361,8 +379,11 @@ def _read_yaml(path: str) -> Mapping[str, Any]:
             loaded = yaml.safe_load(stream)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, yaml.YAMLError, ValueError) as exc:
+        # ValueError: not UTF-8, or a NUL byte in the path.
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"cannot read config file {path}: nested too deeply") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -439,4 +460,6 @@ def _disk_path(value: str) -> str:
     path = value[len("file://") :] if value.startswith("file://") else value
     if "," in path:
         raise ConfigError("'local_disk' takes one directory for the encoder tier")
+    if "\0" in path:
+        raise ConfigError("'local_disk' must not contain a NUL byte")
     return str(Path(path).expanduser().resolve())
