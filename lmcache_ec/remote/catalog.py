@@ -138,6 +138,8 @@ class RedisCatalog(RemoteCatalog):
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            lib_name=None,  # no CLIENT SETINFO: two round trips per new connection
+            lib_version=None,
         )
 
     def lookup(self, storage_name: str) -> bool | None:

@@ -65,6 +65,9 @@ class ECRedisConnector(RedisConnector):
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
             "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            # No CLIENT SETINFO on connect: two round trips per new connection.
+            "lib_name": None,
+            "lib_version": None,
         }
         # Replaces upstream's pool (built without timeouts, never connected).
         self.pool = redis.ConnectionPool.from_url(
