@@ -16,6 +16,11 @@ import time
 HOST = "127.0.0.1"
 
 
+def _end_of_stream(sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
 class SlowProxy:
     def __init__(self, target_port: int, delay: float) -> None:
         """Forward 127.0.0.1:``self.port`` to 127.0.0.1:``target_port``."""
@@ -57,36 +62,26 @@ class SlowProxy:
         # arrived, so a large value costs one delay, not one per chunk.
         line: queue.SimpleQueue[tuple[float, bytes] | None] = queue.SimpleQueue()
         threading.Thread(target=self._deliver, args=(line, sink), daemon=True).start()
-        try:
+        with contextlib.suppress(OSError):
             while data := source.recv(1 << 20):
                 line.put((time.monotonic() + self.delay, data))
-        except OSError:
-            pass
         line.put(None)
 
     def _deliver(self, line: queue.SimpleQueue, sink: socket.socket) -> None:
-        try:
+        with contextlib.suppress(OSError):
             while (entry := line.get()) is not None:
                 due, data = entry
                 time.sleep(max(0.0, due - time.monotonic()))
                 with self._lock:
                     self.chunks += 1
                 sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                sink.shutdown(socket.SHUT_WR)
+        _end_of_stream(sink)
 
     def _forward(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
+        with contextlib.suppress(OSError):
             while data := source.recv(1 << 20):
                 sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                sink.shutdown(socket.SHUT_WR)
+        _end_of_stream(sink)
 
     def close(self) -> None:
         self._closed = True
