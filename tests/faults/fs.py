@@ -52,12 +52,11 @@ class FullDisk:
             self._limit = resource.getrlimit(resource.RLIMIT_FSIZE)
             resource.setrlimit(resource.RLIMIT_FSIZE, (RLIMIT_BYTES, self._limit[1]))
             return
-        with open(self.path / "filler", "wb") as stream:
+        with open(self.path / "filler", "wb", buffering=0) as stream:
             for chunk in (1 << 20, 4096, 1):
                 try:
-                    while True:
-                        stream.write(b"\0" * chunk)
-                        stream.flush()
+                    while stream.write(b"\0" * chunk):
+                        pass
                 except OSError as exc:
                     assert exc.errno == errno.ENOSPC, exc
         assert shutil.disk_usage(self.path).free < 64 * 1024
