@@ -39,6 +39,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
+from ..codec import PREFIX_SIZE
 from .naming import redis_data_key, redis_meta_key
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,22 @@ def byte_view(memory_obj: MemoryObj) -> memoryview:
     view = memory_obj.byte_array
     view = view if isinstance(view, memoryview) else memoryview(view)
     return view.cast("B") if view.format != "B" else view
+
+
+def frame_buffer_size(data: bytes) -> int:
+    """Bytes to allocate for a stored value: at least a frame prefix.
+
+    An empty (or tiny) value then reads as a truncated frame, which the engine
+    counts and removes, instead of as a miss that stays in the store forever.
+    """
+    return max(len(data), PREFIX_SIZE)
+
+
+def fill_frame_buffer(memory_obj: MemoryObj, data: bytes) -> None:
+    view = byte_view(memory_obj)
+    view[: len(data)] = data
+    if len(view) > len(data):
+        view[len(data) :] = bytes(len(view) - len(data))
 
 
 class ECRedisConnector(RedisConnector):
@@ -105,15 +122,15 @@ class ECRedisConnector(RedisConnector):
 
     def _to_memory_obj(self, name: str, data: Any) -> MemoryObj | None:
         """A CPU buffer holding the frame ``data``; None on a miss or a full pool."""
-        if not data:
+        if data is None:
             return None
         memory_obj = self.local_cpu_backend.allocate(
-            torch.Size([len(data)]), torch.uint8, MemoryFormat.EC_TD, busy_loop=False
+            torch.Size([frame_buffer_size(data)]), torch.uint8, MemoryFormat.EC_TD, busy_loop=False
         )
         if memory_obj is None:
             logger.warning("CPU pool full: remote read of %s skipped", name)
             return None
-        byte_view(memory_obj)[:] = data
+        fill_frame_buffer(memory_obj, data)
         return memory_obj
 
     # -- writes --------------------------------------------------------------

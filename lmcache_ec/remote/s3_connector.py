@@ -34,7 +34,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
-from .redis_connector import byte_view
+from .redis_connector import byte_view, fill_frame_buffer, frame_buffer_size
 from .s3_client import S3Settings, is_not_found, make_client
 
 logger = logging.getLogger(__name__)
@@ -105,15 +105,15 @@ class ECS3Connector(RemoteConnector):
         return self._to_memory_obj(key, self._read(key))
 
     def _to_memory_obj(self, key: CacheEngineKey, data: bytes | None) -> MemoryObj | None:
-        if not data:
+        if data is None:
             return None
         memory_obj = self.local_cpu_backend.allocate(
-            torch.Size([len(data)]), torch.uint8, MemoryFormat.EC_TD, busy_loop=False
+            torch.Size([frame_buffer_size(data)]), torch.uint8, MemoryFormat.EC_TD, busy_loop=False
         )
         if memory_obj is None:
             logger.warning("CPU pool full: remote read of %s skipped", key.to_string())
             return None
-        byte_view(memory_obj)[:] = data
+        fill_frame_buffer(memory_obj, data)
         return memory_obj
 
     # -- writes --------------------------------------------------------------
