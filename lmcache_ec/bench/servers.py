@@ -1,11 +1,18 @@
-"""Throwaway Redis and S3-compatible servers on 127.0.0.1 for `bench remote --local-servers`."""
+"""Throwaway Redis and S3-compatible servers on 127.0.0.1, and reachability probes.
+
+``bench`` starts ``redis-server`` and moto's S3 server when no store is given
+and the binaries are there; ``probe_*`` say why a store cannot be measured
+(the tier is then reported as skipped, with that reason).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -80,3 +87,88 @@ def local_s3(bucket: str = "lmcache-ec-bench") -> Iterator[str]:
         yield endpoint
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def moto_process(bucket: str = "lmcache-ec-bench") -> Iterator[str]:
+    """moto's S3 server in its own process (not a thread of the process being
+    measured, which would share its GIL); yields its endpoint URL."""
+    import boto3
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_for_port(port, timeout=60.0)
+        endpoint = f"http://127.0.0.1:{port}"
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+        ).create_bucket(Bucket=bucket)
+        yield endpoint
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def moto_missing() -> str | None:
+    """Why a local S3 server cannot start (None when it can)."""
+    for module in ("moto.server", "flask"):
+        try:
+            if importlib.util.find_spec(module) is None:
+                raise ImportError(module)
+        except ImportError:
+            return f"{module} is not installed (pip install 'moto[server]') and no --s3-endpoint"
+    return None
+
+
+def probe_redis(url: str, timeout: float = 3.0) -> str | None:
+    """None when ``url`` answers PING, else why not."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        client.ping()
+        client.close()
+    except Exception as exc:
+        return f"{_redact(url)} unreachable: {type(exc).__name__}: {exc}"
+    return None
+
+
+def probe_s3(url: str, endpoint_url: str | None, region: str | None) -> str | None:
+    """None when the bucket of ``url`` (s3://bucket/prefix) answers, else why not."""
+    import boto3
+    from botocore.config import Config
+
+    from ..remote.naming import parse_s3_url
+
+    try:
+        bucket = parse_s3_url(url).bucket
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=region,
+            config=Config(connect_timeout=3, read_timeout=5, retries={"max_attempts": 1}),
+        )
+        client.head_bucket(Bucket=bucket)
+    except Exception as exc:
+        return f"{url} at {endpoint_url or 'AWS'} unreachable: {type(exc).__name__}: {exc}"
+    return None
+
+
+def _redact(url: str) -> str:
+    """A URL without its password, for messages."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"

@@ -11,7 +11,11 @@ from rich.table import Table
 
 from .common import console, fail
 
-bench_app = typer.Typer(help="Benchmarks: ours next to a baseline, same run.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks: lmcache-ec next to its baselines and the hardware, same run. "
+    "Without a subcommand: every tier, every baseline, one table (see docs/benchmarks.md).",
+    no_args_is_help=False,
+)
 
 
 def _shapes(text: str) -> list[tuple[int, int]]:
@@ -29,6 +33,134 @@ def _shapes(text: str) -> list[tuple[int, int]]:
 
 def _ms(value: Any) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+@bench_app.callback(invoke_without_command=True)
+def bench_all(
+    ctx: typer.Context,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="One shape, fewer iterations: a few minutes.")
+    ] = False,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the full result (JSON) here.")
+    ] = None,
+    chart: Annotated[
+        Path | None,
+        typer.Option(help="PNG chart path (default: next to --json, else ./bench.png)."),
+    ] = None,
+    no_chart: Annotated[bool, typer.Option("--no-chart", help="Do not draw the chart.")] = False,
+    markdown: Annotated[
+        Path | None, typer.Option(help="Also write the table as Markdown here.")
+    ] = None,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(help="Use this Redis (default: start a redis-server on 127.0.0.1)."),
+    ] = None,
+    s3_endpoint: Annotated[
+        str | None,
+        typer.Option(help="Use this S3-compatible endpoint (default: start moto on 127.0.0.1)."),
+    ] = None,
+    s3_url: Annotated[
+        str, typer.Option(help="Bucket and prefix for the S3 tier.")
+    ] = "s3://lmcache-ec-bench/bench",
+    s3_region: Annotated[str | None, typer.Option(help="Region of --s3-endpoint.")] = None,
+    shapes: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated ROWSxCOLS (default: 256x2560,256x5376,1024x2048; "
+            "--quick: 256x2560)."
+        ),
+    ] = None,
+    tiers: Annotated[str, typer.Option(help="Comma-separated subset of cpu,disk,redis,s3.")] = (
+        "cpu,disk,redis,s3"
+    ),
+    dtype: Annotated[str, typer.Option(help="bfloat16, float16 or float32.")] = "bfloat16",
+    iterations: Annotated[
+        int | None, typer.Option(min=2, help="Entries per measurement (default 100; --quick 20).")
+    ] = None,
+    batch: Annotated[
+        int | None, typer.Option(min=2, help="Items per get_many call (default 8; --quick 4).")
+    ] = None,
+    startup: Annotated[bool, typer.Option(help="Measure start-up with a large CPU tier.")] = True,
+    startup_cpu_gb: Annotated[
+        float, typer.Option(help="CPU tier size for the start-up measurement (GB).")
+    ] = 4.0,
+    connector: Annotated[
+        bool, typer.Option(help="Measure the vLLM connector's has_cache_item and save_caches.")
+    ] = True,
+    lookup_items: Annotated[
+        int | None, typer.Option(min=100, help="Items per scheduler lookup measurement.")
+    ] = None,
+    threads: Annotated[int, typer.Option(min=1, help="torch intra-op threads in every job.")] = 1,
+    directory: Annotated[
+        str | None, typer.Option(help="Where temporary tiers go (default: $TMPDIR).")
+    ] = None,
+) -> None:
+    """Every tier (CPU, disk, Redis, S3) and shape against upstream, vLLM's example
+    connector and the physical limit; prints one table, writes JSON and a PNG chart."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import shlex
+    import sys
+
+    from ..bench.run import TIERS, BenchSettings, run_bench
+    from ..key import SUPPORTED_DTYPES
+
+    chosen = [t.strip() for t in tiers.split(",") if t.strip()]
+    for tier in chosen:
+        if tier not in TIERS:
+            fail(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}", 2)
+    if dtype not in SUPPORTED_DTYPES:
+        fail(f"unsupported dtype {dtype!r}; use {', '.join(SUPPORTED_DTYPES)}", 2)
+    options: dict[str, Any] = {
+        "shapes": _shapes(shapes) if shapes else None,
+        "iterations": iterations,
+        "batch": batch,
+        "lookup_items": lookup_items,
+    }
+    common = {
+        "tiers": chosen,
+        "dtype": dtype,
+        "redis_url": redis_url,
+        "s3_url": s3_url,
+        "s3_endpoint": s3_endpoint,
+        "s3_region": s3_region,
+        "startup": startup,
+        "startup_cpu_gb": startup_cpu_gb,
+        "connector": connector,
+        "threads": threads,
+        "directory": directory,
+    }
+    if quick:
+        settings = BenchSettings.quick_defaults(**options, **common)
+    else:
+        settings = BenchSettings(**{k: v for k, v in options.items() if v is not None}, **common)
+    if settings.batch > settings.iterations:
+        fail("--batch must not exceed --iterations", 2)
+    command = shlex.join(["lmcache-ec", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else ""
+    with console.status("lmcache-ec bench: starting") as status:
+        result = run_bench(
+            settings, lambda text: status.update(f"lmcache-ec bench: {text}"), command
+        )
+    from ..bench.report import markdown as to_markdown
+    from ..bench.report import print_table
+
+    print_table(result, console)
+    if json_path is not None:
+        json_path.write_text(json.dumps(result, indent=2))
+        console.print(f"wrote {json_path}")
+    if markdown is not None:
+        markdown.write_text(to_markdown(result))
+        console.print(f"wrote {markdown}")
+    if not no_chart:
+        png = chart or (json_path.with_suffix(".png") if json_path else Path("bench.png"))
+        try:
+            from ..bench.chart import draw_chart
+
+            draw_chart(result, str(png))
+            console.print(f"wrote {png}")
+        except ImportError:
+            console.print("chart skipped: matplotlib is not installed (pip install matplotlib)")
 
 
 @bench_app.command("local")

@@ -1,0 +1,103 @@
+"""One PNG of a ``run_bench`` result: a panel per tier, grouped bars per (op, shape).
+
+Bars are median ms per item on a log scale: lmcache-ec, upstream
+``ECCacheEngine``, vLLM's ``ECExampleConnector`` and the limit, side by side.
+lmcache-ec's bar is outlined green where every target of its row passed and
+red where one failed. Skipped tiers get a panel saying why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .rows import ENGINES
+
+PANELS = ("cpu", "disk", "redis", "s3", "scheduler", "connector")
+COLORS = {"ours": "#1f77b4", "upstream": "#ff7f0e", "example": "#2ca02c", "limit": "#7f7f7f"}
+NAMES = {
+    "ours": "lmcache-ec",
+    "upstream": "ECCacheEngine (LMCache 0.5.6)",
+    "example": "ECExampleConnector (vLLM)",
+    "limit": "limit (torch / OS / raw client)",
+}
+SHORT_SHAPES = {(256, 2560): "G3", (256, 5376): "G3-27B", (1024, 2048): "QVL"}
+
+
+def _label(row: dict[str, Any]) -> str:
+    shape = row.get("shape")
+    short = SHORT_SHAPES.get(tuple(shape), f"{shape[0]}x{shape[1]}") if shape else ""
+    op = row["op"].replace(" (", "\n(").replace(", ", ",\n")
+    return f"{op}\n{short}".strip()
+
+
+def draw_chart(result: dict[str, Any], path: str) -> str:
+    """Write the chart to ``path`` (PNG); returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        p
+        for p in PANELS
+        if any(r["tier"] == p for r in result["rows"])
+        or any(s["tier"] == p for s in result["skipped"])
+    ]
+    if not panels:
+        panels = ["cpu"]
+    widths = [max(4, sum(1 for r in result["rows"] if r["tier"] == p)) for p in panels]
+    figure, axes = plt.subplots(
+        len(panels), 1, figsize=(min(18, 4 + 0.55 * max(widths)), 3.2 * len(panels)), squeeze=False
+    )
+    for ax, panel in zip(axes[:, 0], panels, strict=True):
+        rows = [r for r in result["rows"] if r["tier"] == panel]
+        skipped = [s for s in result["skipped"] if s["tier"] == panel]
+        if not rows:
+            reason = skipped[0]["skipped"] if skipped else "not measured"
+            ax.text(0.5, 0.5, f"{panel}: skipped — {reason}", ha="center", va="center", wrap=True)
+            ax.set_axis_off()
+            continue
+        width = 0.8 / len(ENGINES)
+        for k, engine in enumerate(ENGINES):
+            xs, heights, edges = [], [], []
+            for i, row in enumerate(rows):
+                measured = row.get(engine)
+                if not measured or not measured.get("median_ms"):
+                    continue
+                if measured.get("hits") is not None and measured["hits"] < measured["n"]:
+                    continue  # a miss has no meaningful time
+                xs.append(i + (k - (len(ENGINES) - 1) / 2) * width)
+                heights.append(measured["median_ms"])
+                verdicts = [t["pass"] for t in row.get("targets", [])] if engine == "ours" else []
+                edges.append(
+                    "red" if False in verdicts else "green" if True in verdicts else "none"
+                )
+            ax.bar(
+                xs,
+                heights,
+                width,
+                color=COLORS[engine],
+                edgecolor=edges,
+                linewidth=1.6,
+                label=NAMES[engine],
+            )
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels([_label(r) for r in rows], fontsize=7)
+        ax.set_ylabel("ms per item (log)")
+        title = panel
+        if skipped:
+            title += " — partly skipped: " + "; ".join(s["skipped"] for s in skipped)[:120]
+        ax.set_title(title, fontsize=10, loc="left")
+        ax.grid(axis="y", which="major", alpha=0.3)
+    axes[0, 0].legend(fontsize=8, ncol=4, loc="upper left", bbox_to_anchor=(0, 1.35))
+    figure.suptitle(
+        "lmcache-ec bench — median per item, lower is better "
+        "(outline: green = targets met, red = a target missed)",
+        fontsize=11,
+        y=0.995,
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=72)
+    plt.close(figure)
+    return path

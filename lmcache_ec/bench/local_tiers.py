@@ -1,0 +1,444 @@
+"""CPU and disk tiers: lmcache-ec next to upstream, vLLM's example connector and the OS.
+
+One call measures one tensor shape on one tier and returns table rows
+(``row`` dicts, see ``lmcache_ec.bench.rows``). Every row holds ``ours`` and,
+where they apply, ``upstream`` (LMCache's ``ECCacheEngine`` on the same tier
+config), ``example`` (vLLM's ``ECExampleConnector``) and ``limit`` (the same
+bytes moved by ``torch``/the OS). Engines run interleaved (``measure.interleave``).
+
+CPU tier (``local_cpu`` only):
+  ``put (cold pool)``  first use of pool memory: upstream zero-filled its pool
+                       at start, lmcache-ec touches pages on first use.
+  ``put``              into pool memory used before (steady state).
+  ``get``, ``get_many`` limit: ``tensor.clone()`` of the same tensor.
+
+Disk tier (CPU + disk, reads with the CPU tier cold):
+  ``put``              time for the call to return, next to the same put on a
+                       CPU-only ``ECCache`` (``cpu_only``): the difference is what
+                       the disk write adds to the caller. ``in_flight`` counts the
+                       puts whose disk write was still running when they returned.
+  ``put (until stored)`` until the file is written. Example: its synchronous save.
+  ``get``, ``get_many`` CPU copies dropped first. Upstream's ``get()`` reads only
+                       the CPU tier (it misses here, its hits are noted); its
+                       ``StorageManager.get`` tier walk is timed instead.
+                       Limit: ``readinto`` of the entry's file (page cache).
+  ``get (restarted)``  a new engine on the same directory.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .measure import alternate, interleave, summary, wait_until
+from .rows import OURS, make_row, pool_gb, sample_tensors
+from .subjects import (
+    ExampleConnector,
+    RawFile,
+    close_bounded,
+    disk_path,
+    drop_cpu_copies,
+    open_ours,
+    open_upstream,
+    same,
+    timed_put,
+    upstream_disk_idle,
+    upstream_walk,
+    warm_pool,
+)
+
+UP, EX, LIMIT = "upstream", "example", "limit"
+UP_LABEL = "ECCacheEngine"
+EXAMPLE_SAVE = "ECExampleConnector.save_caches"
+CPU_ONLY_LABEL = "ECCache.put, CPU tier only"
+CPU_ONLY_NOTE = "the same put with no tier below: what the caller would pay anyway"
+WALK_LABEL = "ECCacheEngine (StorageManager.get)"
+
+Progress = Callable[[str], None]
+
+
+def run_cpu(
+    shape: tuple[int, int], dtype: torch.dtype, n: int, batch: int, progress: Progress
+) -> list[dict[str, Any]]:
+    tensors = sample_tensors(shape, dtype)
+    nbytes = tensors[0].numel() * tensors[0].element_size()
+    config = {"local_cpu": True, "max_local_cpu_size": pool_gb(n, nbytes)}
+    hashes = [f"cpu-{i}" for i in range(n)]
+    cold = [f"cpu-cold-{i}" for i in range(n)]
+
+    def x(i: int) -> torch.Tensor:
+        return tensors[i % len(tensors)]
+
+    rows: list[dict[str, Any]] = []
+
+    def add(op: str, series: dict, per_call_items: int = 1, notes: dict | None = None) -> None:
+        notes = notes or {}
+        measured = {
+            name: summary(
+                label,
+                series[name].times,
+                nbytes,
+                per_call_items=per_call_items,
+                hits=series[name].hits,
+                note=notes.get(name, ""),
+            )
+            for name, label in ((OURS, "ECCache"), (UP, UP_LABEL), (LIMIT, "tensor.clone()"))
+        }
+        rows.append(make_row("cpu", op, shape, dtype, nbytes, **measured))
+
+    ours = open_ours(config, dtype)
+    upstream = open_upstream(config, dtype)
+    try:
+        progress("put, cold pool")
+        add(
+            "put (cold pool)",
+            interleave(
+                {
+                    OURS: lambda i: ours.put(cold[i], x(i)),
+                    UP: lambda i: upstream.put(cold[i], x(i)),
+                    LIMIT: lambda i: x(i).clone(),
+                },
+                n,
+            ),
+            notes={UP: "pool zero-filled at start-up", OURS: "pool pages touched on first use"},
+        )
+        for mm_hash in cold:
+            ours.remove(mm_hash)
+            upstream._storage_manager.remove(upstream._make_cache_key(mm_hash))
+        progress("put")
+        add(
+            "put",
+            interleave(
+                {
+                    OURS: lambda i: ours.put(hashes[i], x(i)),
+                    UP: lambda i: upstream.put(hashes[i], x(i)),
+                    LIMIT: lambda i: x(i).clone(),
+                },
+                n,
+            ),
+        )
+        progress("get")
+        add(
+            "get",
+            interleave(
+                {
+                    OURS: lambda i: ours.get(hashes[i]),
+                    UP: lambda i: upstream.get(hashes[i], "cpu"),
+                    LIMIT: lambda i: x(i).clone(),
+                },
+                n,
+                check=lambda i, out: same(out, x(i)),
+                checked=(OURS, UP),
+            ),
+        )
+        progress("get_many")
+        batches = [list(range(j, j + batch)) for j in range(0, n - batch + 1, batch)]
+        add(
+            "get_many",
+            interleave(
+                {
+                    OURS: lambda j: ours.get_many([hashes[i] for i in batches[j]]),
+                    UP: lambda j: [upstream.get(hashes[i], "cpu") for i in batches[j]],
+                    LIMIT: lambda j: [x(i).clone() for i in batches[j]],
+                },
+                len(batches),
+                check=lambda j, outs: _right(outs, batches[j], x),
+                checked=(OURS, UP),
+            ),
+            per_call_items=batch,
+            notes={UP: "a get() per item", LIMIT: "a clone() per item"},
+        )
+    finally:
+        ours.close()
+        close_bounded(upstream)
+    for row in rows:
+        row["batch"] = batch if row["op"] == "get_many" else 1
+    return rows
+
+
+def run_disk(
+    shape: tuple[int, int],
+    dtype: torch.dtype,
+    n: int,
+    batch: int,
+    workdir: str,
+    progress: Progress,
+) -> list[dict[str, Any]]:
+    tensors = sample_tensors(shape, dtype)
+    nbytes = tensors[0].numel() * tensors[0].element_size()
+    tokens = shape[0]
+
+    def config(name: str) -> dict[str, Any]:
+        directory = os.path.join(workdir, name)
+        os.makedirs(directory, exist_ok=True)
+        return {
+            "local_cpu": True,
+            "max_local_cpu_size": pool_gb(n, nbytes),
+            "local_disk": directory,
+            "max_local_disk_size": max(1.0, 4 * n * nbytes / 1024**3),
+        }
+
+    ours_config, up_config = config("ours"), config("upstream")
+    hashes = [f"disk-{i}" for i in range(n)]
+
+    def x(i: int) -> torch.Tensor:
+        return tensors[i % len(tensors)]
+
+    progress("starting vLLM's ECExampleConnector")
+    example = ExampleConnector(os.path.join(workdir, "example"))
+    raw = RawFile(os.path.join(workdir, "raw"))
+    rows: list[dict[str, Any]] = []
+    ours = open_ours(ours_config, dtype)
+    ours_cpu = open_ours({"local_cpu": True, "max_local_cpu_size": pool_gb(n, nbytes)}, dtype)
+    upstream = open_upstream(up_config, dtype)
+    walk_label = WALK_LABEL
+    try:
+        progress("warming up")
+        _warm_up(ours, upstream, example, raw, x(0), tokens)
+        warm_pool(ours, x(0), n)
+        warm_pool(ours_cpu, x(0), n)
+        progress("put")
+        puts = _disk_puts(ours, ours_cpu, upstream, example, raw, hashes, x)
+        ours_cpu.close()
+        in_flight = puts.pop("in_flight")
+        for op, key in (("put", "returns"), ("put (until stored)", "stored")):
+            rows.append(
+                make_row(
+                    "disk",
+                    op,
+                    shape,
+                    dtype,
+                    nbytes,
+                    ours=summary(
+                        "ECCache.put",
+                        puts[f"ours_{key}"],
+                        nbytes,
+                        in_flight=in_flight if key == "returns" else None,
+                    ),
+                    cpu_only=(
+                        summary(CPU_ONLY_LABEL, puts["cpu_only"], nbytes, note=CPU_ONLY_NOTE)
+                        if key == "returns"
+                        else None
+                    ),
+                    upstream=summary(UP_LABEL + ".put", puts[f"up_{key}"], nbytes),
+                    example=summary(
+                        "ECExampleConnector.save_caches",
+                        puts["example"],
+                        nbytes,
+                        note="synchronous",
+                    ),
+                    limit=summary(RawFile.label_write, puts["limit"], nbytes),
+                )
+            )
+        paths = [disk_path(ours, h) for h in hashes]
+
+        progress("get, CPU tier cold")
+        drop_cpu_copies(ours, upstream, hashes)
+        # Upstream's own get() first: it misses and promotes nothing.
+        up_get = interleave(
+            {UP: lambda i: upstream.get(hashes[i], "cpu")},
+            n,
+            check=lambda i, out: same(out, x(i)),
+        )[UP]
+        walk_note = (
+            f"ECCacheEngine.get(): {up_get.hits}/{n} hits (reads the CPU tier only); "
+            "timed: its StorageManager.get tier walk"
+        )
+        series = interleave(
+            {
+                OURS: lambda i: ours.get(hashes[i]),
+                UP: lambda i: upstream_walk(upstream, hashes[i], x(i)),
+                EX: lambda i: example.load([hashes[i]], tokens).get(hashes[i]),
+                LIMIT: lambda i: RawFile.read(paths[i]),
+            },
+            n,
+            check=lambda i, out: same(out, x(i)),
+            checked=(OURS, UP, EX),
+        )
+        rows.append(
+            _read_row("get", shape, dtype, nbytes, series, 1, walk_label, walk_note, "one item")
+        )
+
+        progress("get_many, CPU tier cold")
+        drop_cpu_copies(ours, upstream, hashes)
+        batches = [list(range(j, j + batch)) for j in range(0, n - batch + 1, batch)]
+        series = interleave(
+            {
+                OURS: lambda j: ours.get_many([hashes[i] for i in batches[j]]),
+                UP: lambda j: [upstream_walk(upstream, hashes[i], x(i)) for i in batches[j]],
+                EX: lambda j: list(example.load([hashes[i] for i in batches[j]], tokens).values()),
+                LIMIT: lambda j: [RawFile.read(paths[i]) for i in batches[j]],
+            },
+            len(batches),
+            check=lambda j, outs: _right(outs, batches[j], x),
+            checked=(OURS, UP, EX),
+        )
+        rows.append(
+            _read_row(
+                "get_many",
+                shape,
+                dtype,
+                nbytes,
+                series,
+                batch,
+                walk_label,
+                "a StorageManager.get per item",
+                f"{batch} items per step",
+            )
+        )
+    finally:
+        ours.close()
+        ours_cpu.close()
+        close_bounded(upstream)
+
+    progress("get after a restart")
+    ours = open_ours(ours_config, dtype)
+    upstream = open_upstream(up_config, dtype)
+    try:
+        series = interleave(
+            {
+                OURS: lambda i: ours.get(hashes[i]),
+                UP: lambda i: upstream.get(hashes[i], "cpu"),
+                EX: lambda i: example.load([hashes[i]], tokens).get(hashes[i]),
+                LIMIT: lambda i: RawFile.read(paths[i]),
+            },
+            n,
+            check=lambda i, out: same(out, x(i)),
+            checked=(OURS, UP, EX),
+        )
+        rows.append(
+            _read_row(
+                "get (restarted)",
+                shape,
+                dtype,
+                nbytes,
+                series,
+                1,
+                UP_LABEL,
+                "its disk index is in memory only and starts empty",
+                "one item",
+            )
+        )
+    finally:
+        ours.close()
+        close_bounded(upstream)
+    return rows
+
+
+def _right(outs: list[Any], items: list[int], x: Callable[[int], torch.Tensor]) -> int:
+    """How many of a batch's results equal the tensors stored under ``items``."""
+    return sum(same(out, x(i)) for out, i in zip(outs, items, strict=True))
+
+
+def _read_row(
+    op: str,
+    shape: tuple[int, int],
+    dtype: torch.dtype,
+    nbytes: int,
+    series: dict,
+    batch: int,
+    up_label: str,
+    up_note: str,
+    example_note: str,
+) -> dict[str, Any]:
+    def s(name: str, label: str, note: str = "") -> dict[str, Any]:
+        return summary(
+            label,
+            series[name].times,
+            nbytes,
+            per_call_items=batch,
+            hits=series[name].hits,
+            note=note,
+        )
+
+    row = make_row(
+        "disk",
+        op,
+        shape,
+        dtype,
+        nbytes,
+        ours=s(OURS, "ECCache.get_many" if batch > 1 else "ECCache.get", "CPU tier cold"),
+        upstream=s(UP, up_label, up_note),
+        example=s(EX, "ECExampleConnector.start_load_caches", example_note),
+        limit=s(LIMIT, RawFile.label_read, "the entry's own file"),
+    )
+    row["batch"] = batch
+    return row
+
+
+def _warm_up(ours: Any, upstream: Any, example: Any, raw: RawFile, tensor: Any, tokens: int):
+    """One unmeasured round trip each: first-call costs (imports, first files) are not data."""
+    for name in ("warm-0", "warm-1"):
+        ours.put(name, tensor)
+        upstream.put(name, tensor)
+        example.save(name, tensor)
+        raw.write(name, tensor.view(torch.uint8).numpy())
+    ours.flush(60)
+    wait_until(lambda: upstream_disk_idle(upstream), 60)
+    drop_cpu_copies(ours, upstream, ["warm-0", "warm-1"])
+    for name in ("warm-0", "warm-1"):
+        ours.get(name)
+        upstream_walk(upstream, name, tensor)
+        example.load([name], tokens)
+        RawFile.read(os.path.join(raw.directory, name))
+
+
+def _disk_puts(
+    ours: Any,
+    ours_cpu: Any,
+    upstream: Any,
+    example: ExampleConnector,
+    raw: RawFile,
+    hashes: list[str],
+    x: Callable[[int], torch.Tensor],
+) -> dict[str, Any]:
+    """Puts interleaved; each engine's write is waited for before the next engine runs."""
+    times: dict[str, Any] = {
+        k: []
+        for k in (
+            "ours_returns",
+            "ours_stored",
+            "cpu_only",
+            "up_returns",
+            "up_stored",
+            "example",
+            "limit",
+        )
+    }
+    in_flight = 0
+
+    def ours_put(i: int) -> None:
+        nonlocal in_flight
+        returns, stored, running = timed_put(ours, hashes[i], x(i))
+        times["ours_returns"].append(returns)
+        times["ours_stored"].append(stored)
+        in_flight += running
+
+    def up_put(i: int) -> None:
+        started = time.perf_counter()
+        upstream.put(hashes[i], x(i))
+        returned = time.perf_counter()
+        wait_until(lambda: upstream_disk_idle(upstream))
+        times["up_returns"].append(returned - started)
+        times["up_stored"].append(time.perf_counter() - started)
+
+    def timed(key: str, call: Callable[[], Any]) -> None:
+        started = time.perf_counter()
+        call()
+        times[key].append(time.perf_counter() - started)
+
+    alternate(
+        [
+            ours_put,
+            lambda i: timed("cpu_only", lambda: ours_cpu.put(hashes[i], x(i))),
+            up_put,
+            lambda i: timed("example", lambda: example.save(hashes[i], x(i))),
+            lambda i: timed("limit", lambda: raw.write(hashes[i], x(i).view(torch.uint8).numpy())),
+        ],
+        len(hashes),
+    )
+    return {**times, "in_flight": in_flight}

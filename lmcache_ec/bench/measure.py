@@ -1,0 +1,104 @@
+"""Timing primitives shared by every benchmark: interleaved calls, medians, p99.
+
+Engines measured against each other run call by call in one loop, in an order
+that flips every iteration, so drifting machine load (other processes, page
+cache, CPU frequency) falls on all of them alike. A result that is checked is
+dropped at once: holding it would make later calls fault in fresh pages and
+penalise whichever engine runs first.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Series:
+    """Seconds per call of one engine, and how many results passed the check."""
+
+    times: list[float] = field(default_factory=list)
+    hits: int | None = None
+
+
+def interleave(
+    calls: dict[str, Callable[[int], Any]],
+    n: int,
+    check: Callable[[int, Any], int] | None = None,
+    checked: tuple[str, ...] | None = None,
+) -> dict[str, Series]:
+    """Call ``calls[name](i)`` for i < n and every name, interleaved.
+
+    ``check(i, result)`` returns how many items of ``result`` are right (a
+    bool for one item); it counts hits for the engines named in ``checked``
+    (default: all of them). Its cost is outside the timed region.
+    """
+    names = list(calls)
+    checked = tuple(names) if checked is None else checked
+    series = {name: Series(hits=0 if check and name in checked else None) for name in names}
+    for i in range(n):
+        for name in names if i % 2 == 0 else reversed(names):
+            started = time.perf_counter()
+            out = calls[name](i)
+            series[name].times.append(time.perf_counter() - started)
+            if check is not None and name in checked:
+                series[name].hits += int(check(i, out))  # type: ignore[operator]
+            del out
+    return series
+
+
+def alternate(steps: list[Callable[[int], Any]], n: int) -> None:
+    """Run ``steps[k](i)`` for i < n, all steps per i, the order flipping every i.
+
+    For measurements that time themselves (a put, then a wait for its write).
+    """
+    for i in range(n):
+        for step in steps if i % 2 == 0 else reversed(steps):
+            step(i)
+
+
+def wait_until(done: Callable[[], bool], timeout: float = 120.0) -> bool:
+    """Poll ``done`` until True; sleeps a few µs between polls (releases the GIL)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.00005)
+    return True
+
+
+def summary(
+    label: str,
+    times: list[float],
+    nbytes: int,
+    *,
+    per_call_items: int = 1,
+    hits: int | None = None,
+    note: str = "",
+    **extra: Any,
+) -> dict[str, Any]:
+    """One measured engine: per-item median/p99 (ms) and throughput (MB/s).
+
+    ``times`` are seconds per call; a call may move ``per_call_items`` items
+    of ``nbytes`` each (``get_many``), so times are divided per item.
+    """
+    ms = sorted(t * 1000 / per_call_items for t in times)
+    median = statistics.median(ms) if ms else None
+    return {
+        "label": label,
+        "n": len(ms) * per_call_items,
+        "median_ms": median,
+        "p99_ms": ms[min(len(ms) - 1, int(len(ms) * 0.99))] if ms else None,
+        "mb_s": nbytes / 1e6 / (median / 1000) if median and nbytes else None,
+        "hits": hits,
+        "note": note,
+        **extra,
+    }
+
+
+def not_available(label: str, reason: str) -> dict[str, Any]:
+    """A baseline that cannot do this work; ``reason`` says why."""
+    return {"label": label, "na": reason}

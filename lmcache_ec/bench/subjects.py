@@ -1,0 +1,264 @@
+"""What the benchmark measures: lmcache-ec, its baselines and the physical limits.
+
+- ``open_ours``: ``ECCache`` on a tier config.
+- ``open_upstream``: LMCache 0.5.6 ``ECCacheEngine`` on the same config, and
+  ``upstream_walk`` (its ``StorageManager.get``, which walks the tiers: its
+  ``get()`` reads only the first backend).
+- ``ExampleConnector``: vLLM's ``ECExampleConnector`` (one safetensors file
+  per item), driven through its worker API (``save_caches``,
+  ``start_load_caches`` with bound metadata).
+- ``RawFile``, ``RawRedis``, ``RawS3``: the same bytes moved by the OS or
+  the bare client (redis-py, boto3): the limit a tier could reach.
+
+The helpers that reach into private state (dropping CPU copies, disk paths)
+live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from importlib import resources
+from typing import Any
+
+import torch
+
+from .measure import wait_until
+
+MODEL = "bench/model"
+# Shipped with the package: a BLIP-2 config and processor, no weights. vLLM
+# needs a model directory to build the config its connectors are made from.
+TINY_MODEL_DIR = str(resources.files("lmcache_ec.bench") / "tiny_model")
+
+
+def open_ours(config: dict[str, Any], dtype: torch.dtype, namespace: str | None = None) -> Any:
+    from ..engine import ECCache
+
+    return ECCache.from_config(config, model=MODEL, dtype=dtype, namespace=namespace)
+
+
+def open_upstream(config: dict[str, Any], dtype: torch.dtype) -> Any:
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.ec_engine import ECCacheEngine
+
+    from ..engine import _lmcache_metadata
+
+    return ECCacheEngine(
+        LMCacheEngineConfig.from_defaults(**config), _lmcache_metadata(MODEL), dtype
+    )
+
+
+def close_bounded(engine: Any, timeout: float = 5.0) -> bool:
+    """Close ``engine`` without waiting more than ``timeout``.
+
+    LMCache 0.5.6's ``close()`` never returns once a remote backend is
+    configured (its connector blocks the event loop it waits on); such an
+    engine is left behind, and the worker process exits with ``os._exit``.
+    """
+    closer = threading.Thread(target=engine.close, name="bench-close", daemon=True)
+    closer.start()
+    closer.join(timeout)
+    return not closer.is_alive()
+
+
+def upstream_walk(engine: Any, mm_hash: str, like: torch.Tensor) -> torch.Tensor | None:
+    """Upstream's tier walk (``StorageManager.get``) and a copy out, as its ``get`` does."""
+    memory_obj = engine._storage_manager.get(engine._make_cache_key(mm_hash))
+    if memory_obj is None:
+        return None
+    try:
+        return memory_obj.tensor.view(like.dtype).view(like.shape).clone()
+    finally:
+        memory_obj.ref_count_down()
+
+
+def upstream_disk_idle(engine: Any) -> bool:
+    disk = engine._storage_manager.storage_backends.get("LocalDiskBackend")
+    if disk is None:
+        return True
+    with disk.disk_worker.put_lock:
+        return not disk.disk_worker.put_tasks
+
+
+def drop_cpu_copies(ours: Any | None, upstream: Any | None, mm_hashes: list[str]) -> None:
+    """Remove entries from the CPU tier only, so the next read comes from below.
+
+    Upstream's tier walk promotes into its CPU backend even with ``local_cpu:
+    false``; its copies are dropped too, so both engines read from the store.
+    """
+    if ours is not None:
+        for mm_hash in mm_hashes:
+            ours._cpu.remove(ours.key(mm_hash), force=True)
+    if upstream is not None:
+        cpu = upstream._storage_manager.storage_backends["LocalCPUBackend"]
+        for mm_hash in mm_hashes:
+            cpu.remove(upstream._make_cache_key(mm_hash), force=True)
+
+
+def disk_path(ours: Any, mm_hash: str) -> str:
+    return ours._disk._key_to_path(ours.key(mm_hash))
+
+
+def timed_put(cache: Any, mm_hash: str, tensor: torch.Tensor) -> tuple[float, float, bool]:
+    """(seconds until ``put`` returned, seconds until every tier had it, write still running
+    when ``put`` returned)."""
+    started = time.perf_counter()
+    if not cache.put(mm_hash, tensor):
+        raise RuntimeError("ECCache refused a put (CPU pool full)")
+    returned = time.perf_counter()
+    in_flight = cache.pending_writes() > 0
+    if not wait_until(lambda: cache.pending_writes() == 0):
+        raise RuntimeError("a write below the CPU tier did not finish within 120 s")
+    return returned - started, time.perf_counter() - started, in_flight
+
+
+def warm_pool(cache: Any, tensor: torch.Tensor, count: int) -> None:
+    """Put and remove ``count`` entries: later puts reuse pool memory touched once
+    (upstream zero-fills its pool at start; the cold case has its own CPU-tier row)."""
+    names = [f"warm-pool-{i}" for i in range(count)]
+    for name in names:
+        cache.put(name, tensor)
+    cache.flush(120)
+    for name in names:
+        cache.remove(name)
+
+
+def same(a: Any, b: torch.Tensor) -> bool:
+    return (
+        isinstance(a, torch.Tensor)
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    )
+
+
+class ExampleConnector:
+    """vLLM's ``ECExampleConnector`` (worker role, ``ec_both``) on ``directory``."""
+
+    label = "ECExampleConnector"
+
+    def __init__(self, directory: str, model_dir: str = TINY_MODEL_DIR) -> None:
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
+        from vllm.distributed.ec_transfer.ec_connector.example_connector import (
+            ECExampleConnector,
+            ECExampleConnectorMetadata,
+            MMMeta,
+        )
+
+        self._metadata = ECExampleConnectorMetadata
+        self._item = MMMeta
+        config = vllm_config(model_dir, "ECExampleConnector", {"shared_storage_path": directory})
+        self.connector = ECExampleConnector(config, ECConnectorRole.WORKER)
+
+    def save(self, mm_hash: str, tensor: torch.Tensor) -> None:
+        self.connector.save_caches({mm_hash: tensor}, mm_hash)
+
+    def load(self, mm_hashes: list[str], tokens: int) -> dict[str, torch.Tensor]:
+        """What a worker step does: bind the scheduler's metadata, then load."""
+        meta = self._metadata()
+        for mm_hash in mm_hashes:
+            meta.add_mm_data(self._item.make_meta(mm_hash, tokens))
+        encoder_cache: dict[str, torch.Tensor] = {}
+        self.connector.bind_connector_metadata(meta)
+        try:
+            self.connector.start_load_caches(encoder_cache)
+        finally:
+            self.connector.clear_connector_metadata()
+        return encoder_cache
+
+
+def vllm_config(model_dir: str, connector: str, extra: dict[str, Any]) -> Any:
+    from vllm.config import ECTransferConfig, ModelConfig, VllmConfig
+
+    model = ModelConfig(model=model_dir, tokenizer=model_dir, max_model_len=256, dtype="bfloat16")
+    return VllmConfig(
+        model_config=model,
+        ec_transfer_config=ECTransferConfig(
+            ec_connector=connector, ec_role="ec_both", ec_connector_extra_config=extra
+        ),
+    )
+
+
+class RawFile:
+    """Plain file I/O of the same bytes: the page-cache limit of the disk tier."""
+
+    label_read = "readinto (page cache)"
+    label_write = "write + close"
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        os.makedirs(directory, exist_ok=True)
+
+    def write(self, name: str, data: memoryview | bytes) -> None:
+        with open(os.path.join(self.directory, name), "wb") as stream:
+            stream.write(data)
+
+    @staticmethod
+    def read(path: str) -> torch.Tensor:
+        buffer = torch.empty(os.path.getsize(path), dtype=torch.uint8)
+        with open(path, "rb", buffering=0) as stream:
+            stream.readinto(buffer.numpy())  # type: ignore[attr-defined]
+        return buffer
+
+
+class RawRedis:
+    """redis-py alone; the same parser (hiredis when installed) ECCache's connector uses."""
+
+    label_read = "redis-py GET"
+    label_write = "redis-py SET"
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+        self.written: list[str] = []
+
+    def read(self, storage_name: str) -> bytes:
+        return self.client.get(storage_name + "kv_bytes")
+
+    def write(self, name: str, data: bytes) -> None:
+        self.client.set(name, data)
+        self.written.append(name)
+
+    def cleanup(self) -> None:
+        with contextlib.suppress(Exception):
+            for start in range(0, len(self.written), 100):
+                self.client.delete(*self.written[start : start + 100])
+        self.written.clear()
+
+
+class RawS3:
+    """boto3 alone: ``get_object`` + ``read()``, ``put_object``."""
+
+    label_read = "boto3 get_object"
+    label_write = "boto3 put_object"
+
+    def __init__(self, url: str, endpoint_url: str | None, region: str | None) -> None:
+        import boto3
+
+        from ..remote.naming import parse_s3_url
+
+        self.location = parse_s3_url(url)
+        self.client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+        self.written: list[str] = []
+
+    def read(self, storage_name: str) -> bytes:
+        key = self.location.object_key(storage_name)
+        response = self.client.get_object(Bucket=self.location.bucket, Key=key)
+        with response["Body"] as body:
+            return body.read()
+
+    def write(self, name: str, data: bytes) -> None:
+        key = self.location.object_key(name)
+        self.client.put_object(Bucket=self.location.bucket, Key=key, Body=data)
+        self.written.append(key)
+
+    def cleanup(self) -> None:
+        with contextlib.suppress(Exception):
+            for key in self.written:
+                self.client.delete_object(Bucket=self.location.bucket, Key=key)
+        self.written.clear()

@@ -1,0 +1,123 @@
+"""Ratios and the product's targets, evaluated on the rows of one run.
+
+Convention: a ratio is ``baseline median / ours median`` — a speed ratio,
+above 1 when lmcache-ec is faster. Against ``limit`` it is the fraction of
+the physical limit reached (usually below 1). A baseline that missed (fewer
+hits than calls) or could not run (``na``) gives no ratio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .rows import OURS
+
+RATIO_BASELINES = ("upstream", "example", "limit", "cpu_only")
+CONVENTION = (
+    "ratio = baseline median / lmcache-ec median (a speed ratio: >1 means lmcache-ec is "
+    "faster; against the limit, the fraction of it reached). Times are per item."
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    text: str
+    tiers: tuple[str, ...]
+    ops: tuple[str, ...]  # exact op names; a trailing "*" matches a prefix
+    baseline: str | None = None  # the ratio compared with min_ratio
+    min_ratio: float | None = None
+    max_ms: float | None = None  # ours' median, when there is no baseline
+
+    def applies(self, row: dict[str, Any]) -> bool:
+        if row["tier"] not in self.tiers:
+            return False
+        return any(
+            row["op"].startswith(op[:-1]) if op.endswith("*") else row["op"] == op
+            for op in self.ops
+        )
+
+    def evaluate(self, row: dict[str, Any]) -> dict[str, Any]:
+        ours = row[OURS]
+        value: float | None
+        if self.baseline is not None:
+            value = row["ratios"].get(self.baseline)
+            threshold = self.min_ratio
+        else:
+            value = ours.get("median_ms")
+            threshold = self.max_ms
+        passed: bool | None
+        if ours.get("hits") is not None and ours["hits"] < ours["n"]:
+            passed = False  # a fast miss is not a fast read
+        elif value is None or threshold is None:
+            passed = None
+        elif self.baseline is not None:
+            passed = value >= threshold
+        else:
+            passed = value <= threshold
+        return {
+            "text": self.text,
+            "baseline": self.baseline,
+            "threshold": threshold,
+            "kind": "min_ratio" if self.baseline is not None else "max_ms",
+            "value": value,
+            "pass": passed,
+        }
+
+
+SCHEDULER_OPS = (
+    "has_cache_item, ready",
+    "has_cache_item, unknown",
+    "tier lookup, first sight",
+    "tier lookup, answered",
+)
+
+TARGETS = (
+    Target("start-up ≥ 5x upstream's", ("cpu",), ("start-up*",), "upstream", min_ratio=5.0),
+    Target("get ≥ 0.8x a raw clone()", ("cpu",), ("get",), "limit", min_ratio=0.8),
+    Target("get ≥ 1.5x upstream", ("cpu",), ("get",), "upstream", min_ratio=1.5),
+    Target("get ≥ 0.5x a page-cache read", ("disk",), ("get",), "limit", min_ratio=0.5),
+    Target("get ≥ 0.9x ECExampleConnector", ("disk",), ("get",), "example", min_ratio=0.9),
+    Target(
+        "save off the caller's path: put ≥ 0.8x the same put with no tier below",
+        ("disk", "redis", "s3"),
+        ("put",),
+        "cpu_only",
+        min_ratio=0.8,
+    ),
+    Target("get ≥ 0.7x redis-py GET", ("redis",), ("get",), "limit", min_ratio=0.7),
+    Target("get ≥ 0.7x boto3 get_object", ("s3",), ("get",), "limit", min_ratio=0.7),
+    Target(
+        "get_many ≥ 2x upstream's per-item loop",
+        ("cpu", "disk", "redis", "s3"),
+        ("get_many",),
+        "upstream",
+        min_ratio=2.0,
+    ),
+    Target("≤ 10 µs per item", ("scheduler",), SCHEDULER_OPS, max_ms=0.010),
+    Target("returns in ≤ 100 µs", ("connector",), ("save_caches",), max_ms=0.100),
+)
+
+
+def ratios(row: dict[str, Any]) -> dict[str, float | None]:
+    ours = row[OURS].get("median_ms")
+    out: dict[str, float | None] = {}
+    for name in RATIO_BASELINES:
+        base = row.get(name)
+        if not base or "na" in base:
+            continue
+        complete = base.get("hits") is None or base["hits"] >= base["n"]
+        median = base.get("median_ms")
+        out[name] = median / ours if complete and median and ours else None
+    return out
+
+
+def annotate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add ``ratios`` and ``targets`` to every measured row; returns the target results."""
+    results = []
+    for row in rows:
+        row["ratios"] = ratios(row)
+        row["targets"] = [t.evaluate(row) for t in TARGETS if t.applies(row)]
+        for target in row["targets"]:
+            results.append({"tier": row["tier"], "op": row["op"], "shape": row["shape"], **target})
+    return results

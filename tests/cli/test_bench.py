@@ -1,0 +1,176 @@
+"""`lmcache-ec bench`: one run over every tier, on a tiny configuration.
+
+Real processes and servers throughout (redis-server, moto's S3 server, vLLM's
+example connector). The tests check the result's shape and that every
+measured read really returned the stored tensor — never timings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from tests.servers import free_port
+
+TIERS = ("cpu", "disk", "redis", "s3")
+OPS = {
+    "cpu": {"put (cold pool)", "put", "get", "get_many", "start-up (0.05 GB CPU tier)"},
+    "disk": {"put", "put (until stored)", "get", "get_many", "get (restarted)"},
+    "redis": {"put", "put (until stored)", "get", "get_many"},
+    "s3": {"put", "put (until stored)", "get", "get_many"},
+    "scheduler": {
+        "has_cache_item, ready",
+        "has_cache_item, unknown",
+        "tier lookup, first sight",
+        "tier lookup, answered",
+    },
+    "connector": {"save_caches"},
+}
+MEASUREMENT_KEYS = {"label", "n", "median_ms", "p99_ms", "mb_s", "hits", "note"}
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_measurement(measured: dict, row: dict) -> None:
+    assert set(measured) >= MEASUREMENT_KEYS, (row["tier"], row["op"], measured)
+    assert isinstance(measured["label"], str) and measured["label"]
+    assert isinstance(measured["n"], int) and measured["n"] >= 1
+    assert _number(measured["median_ms"]) and measured["median_ms"] > 0
+    assert _number(measured["p99_ms"]) and measured["p99_ms"] >= measured["median_ms"]
+    assert measured["mb_s"] is None or (_number(measured["mb_s"]) and measured["mb_s"] > 0)
+    assert measured["hits"] is None or 0 <= measured["hits"] <= measured["n"]
+
+
+def _check_baseline(base, row: dict) -> None:
+    if base is None:
+        return
+    if "na" in base:
+        assert set(base) == {"label", "na"} and base["na"], base
+        return
+    _check_measurement(base, row)
+
+
+def test_bench_quick_tiny_run_writes_the_documented_json(
+    tmp_path, invoke, redis_url, s3_server, s3_bucket
+):
+    path = tmp_path / "bench.json"
+    out = invoke(
+        "bench",
+        "--quick",
+        "--shapes",
+        "8x16",
+        "--iterations",
+        "4",
+        "--batch",
+        "2",
+        "--startup-cpu-gb",
+        "0.05",
+        "--lookup-items",
+        "200",
+        "--redis-url",
+        redis_url,
+        "--s3-endpoint",
+        s3_server.endpoint,
+        "--s3-url",
+        f"s3://{s3_bucket}/bench",
+        "--directory",
+        str(tmp_path),
+        "--markdown",
+        str(tmp_path / "bench.md"),
+        "--json",
+        str(path),
+    ).stdout
+    result = json.loads(path.read_text())
+
+    assert result["schema"] == "lmcache-ec-bench/1"
+    for key in ("created", "command", "machine", "settings", "convention", "elapsed_s"):
+        assert key in result
+    assert result["settings"]["quick"] is True
+    assert result["settings"]["shapes"] == [[8, 16]] and result["settings"]["iterations"] == 4
+    assert result["machine"]["cpus"] >= 1
+    assert set(result["tiers"]) == set(TIERS)
+    for tier in TIERS:
+        assert result["tiers"][tier]["status"] == "measured", result["tiers"][tier]
+    assert result["skipped"] == []
+
+    rows = result["rows"]
+    found: dict[str, set[str]] = {}
+    for row in rows:
+        found.setdefault(row["tier"], set()).add(row["op"])
+        _check_measurement(row["ours"], row)
+        for name in ("upstream", "example", "limit", "cpu_only"):
+            _check_baseline(row.get(name), row)
+        assert isinstance(row["ratios"], dict)
+        assert all(v is None or (_number(v) and v > 0) for v in row["ratios"].values())
+        for target in row["targets"]:
+            assert target["pass"] in (True, False, None) and isinstance(target["text"], str)
+        if row["ours"]["hits"] is not None:  # every read of lmcache-ec returned the tensor
+            assert row["ours"]["hits"] == row["ours"]["n"], row
+    assert found == OPS
+
+    by_key = {(r["tier"], r["op"]): r for r in rows}
+    # Baselines are there where they apply, and say why where they cannot run.
+    assert by_key[("cpu", "get")]["upstream"]["hits"] == 4
+    assert by_key[("cpu", "get")]["limit"]["label"] == "tensor.clone()"
+    disk_get = by_key[("disk", "get")]
+    assert disk_get["example"]["hits"] == 4 and disk_get["limit"]["median_ms"] > 0
+    assert "0/4 hits" in disk_get["upstream"]["note"]  # its get() reads the CPU tier only
+    assert by_key[("disk", "get (restarted)")]["upstream"]["hits"] == 0
+    assert by_key[("disk", "get (restarted)")]["ratios"]["upstream"] is None
+    assert by_key[("disk", "get_many")]["batch"] == 2
+    assert by_key[("redis", "get")]["upstream"]["hits"] == 4
+    assert by_key[("redis", "get")]["limit"]["label"] == "redis-py GET"
+    assert "na" in by_key[("s3", "get")]["upstream"]
+    assert by_key[("s3", "get")]["limit"]["label"] == "boto3 get_object"
+    for tier in ("disk", "redis", "s3"):
+        put = by_key[(tier, "put")]
+        assert 0 <= put["ours"]["in_flight"] <= put["ours"]["n"]
+        assert put["cpu_only"]["median_ms"] > 0
+    save = by_key[("connector", "save_caches")]
+    assert save["ours"]["stored"] == save["ours"]["n"]  # every hand-off reached the tiers
+    lookup = by_key[("scheduler", "tier lookup, first sight")]
+    assert "remote tier: Redis" in lookup["ours"]["note"]  # measured with a remote tier
+    startup = by_key[("cpu", "start-up (0.05 GB CPU tier)")]
+    assert startup["upstream"]["rss_mb"] >= 0 and startup["ours"]["rss_mb"] >= 0
+
+    # Targets: each evaluated on a row of this run.
+    texts = {t["text"] for t in result["targets"]}
+    assert any("clone()" in t for t in texts) and any("redis-py" in t for t in texts)
+    assert {(t["tier"], t["op"]) for t in result["targets"]} <= set(by_key)
+
+    # The table, the chart (next to the JSON) and the Markdown copy.
+    assert "targets:" in out and "ECCacheEngine" in out
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (tmp_path / "bench.md").read_text()
+    assert table.startswith("| tier | shape | op |") and "| redis |" in table
+
+
+def test_bench_reports_unreachable_stores_as_skipped(tmp_path, invoke):
+    path = tmp_path / "bench.json"
+    out = invoke(
+        "bench",
+        "--tiers",
+        "redis,s3",
+        "--redis-url",
+        f"redis://127.0.0.1:{free_port()}",
+        "--s3-endpoint",
+        f"http://127.0.0.1:{free_port()}",
+        "--no-connector",
+        "--no-startup",
+        "--no-chart",
+        "--json",
+        str(path),
+    ).stdout
+    result = json.loads(path.read_text())
+    assert result["rows"] == []
+    for tier in ("redis", "s3"):
+        assert result["tiers"][tier]["status"] == "skipped"
+        assert "unreachable" in result["tiers"][tier]["reason"]
+    assert {s["tier"] for s in result["skipped"]} == {"redis", "s3"}
+    assert out.count("skipped:") == 2
+
+
+def test_bench_rejects_unknown_tier(invoke):
+    assert "unknown tier" in invoke("bench", "--tiers", "cpu,tape", expect=2).output
