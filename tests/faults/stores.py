@@ -66,7 +66,7 @@ class RawRemote:
         else:
             self._s3.put_object(Body=data, **self._object(name))
 
-    def keys(self) -> list[str]:
+    def stored_keys(self) -> list[str]:
         """Every key (Redis) or object key (S3) in the store, as stored."""
         if self.kind == "redis":
             return [k.decode() for k in self._redis.scan_iter(count=1000)]
