@@ -12,7 +12,7 @@ from typing import Any
 
 from .rows import ENGINES
 
-PANELS = ("cpu", "disk", "redis", "s3", "scheduler", "connector")
+PANELS = ("cpu", "disk", "redis", "s3", "scheduler", "connector", "start-up")
 COLORS = {"ours": "#1f77b4", "upstream": "#ff7f0e", "example": "#2ca02c", "limit": "#7f7f7f"}
 NAMES = {
     "ours": "lmcache-ec",
@@ -30,27 +30,37 @@ def _label(row: dict[str, Any]) -> str:
     return f"{op}\n{short}".strip()
 
 
+def _panel(row: dict[str, Any]) -> str:
+    # Start-up takes seconds: on the CPU tier's axis it would flatten every bar.
+    return "start-up" if row["op"].startswith("start-up") else row["tier"]
+
+
 def draw_chart(result: dict[str, Any], path: str) -> str:
     """Write the chart to ``path`` (PNG); returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     panels = [
         p
         for p in PANELS
-        if any(r["tier"] == p for r in result["rows"])
+        if any(_panel(r) == p for r in result["rows"])
         or any(s["tier"] == p for s in result["skipped"])
     ]
     if not panels:
         panels = ["cpu"]
-    widths = [max(4, sum(1 for r in result["rows"] if r["tier"] == p)) for p in panels]
+    widths = [sum(1 for r in result["rows"] if _panel(r) == p) for p in panels]
     figure, axes = plt.subplots(
-        len(panels), 1, figsize=(min(18, 4 + 0.55 * max(widths)), 3.2 * len(panels)), squeeze=False
+        len(panels),
+        1,
+        figsize=(min(18, max(10, 2 + 0.8 * max(widths))), 2.8 * len(panels) + 0.8),
+        squeeze=False,
     )
     for ax, panel in zip(axes[:, 0], panels, strict=True):
-        rows = [r for r in result["rows"] if r["tier"] == panel]
+        rows = [r for r in result["rows"] if _panel(r) == panel]
         skipped = [s for s in result["skipped"] if s["tier"] == panel]
         if not rows:
             reason = skipped[0]["skipped"] if skipped else "not measured"
@@ -82,6 +92,10 @@ def draw_chart(result: dict[str, Any], path: str) -> str:
                 label=NAMES[engine],
             )
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlim(-0.6, max(len(rows), 3) - 0.4)
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels([_label(r) for r in rows], fontsize=7)
         ax.set_ylabel("ms per item (log)")
@@ -90,14 +104,18 @@ def draw_chart(result: dict[str, Any], path: str) -> str:
             title += " — partly skipped: " + "; ".join(s["skipped"] for s in skipped)[:120]
         ax.set_title(title, fontsize=10, loc="left")
         ax.grid(axis="y", which="major", alpha=0.3)
-    axes[0, 0].legend(fontsize=8, ncol=4, loc="upper left", bbox_to_anchor=(0, 1.35))
+    handles = [Patch(color=COLORS[e], label=NAMES[e]) for e in ENGINES]
+    labels = [NAMES[e] for e in ENGINES]
+    figure.legend(
+        handles, labels, fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, 0.985)
+    )
     figure.suptitle(
-        "lmcache-ec bench — median per item, lower is better "
+        "lmcache-ec bench: median ms per item, lower is better "
         "(outline: green = targets met, red = a target missed)",
         fontsize=11,
-        y=0.995,
+        y=0.998,
     )
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.7 / figure.get_figheight()))
     figure.savefig(path, dpi=72)
     plt.close(figure)
     return path
