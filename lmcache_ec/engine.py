@@ -34,6 +34,8 @@ from . import codec
 from .config import ECConfig, load_config
 from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
 from .metrics import ECStats
+from .reads import TierReader
+from .reads import frame_bytes as _frame_bytes
 from .replay import RemoteReplayer
 from .tiers import ECStorageManager, tier_name
 from .tiers.local_cpu import ECLocalCPUBackend
@@ -42,6 +44,16 @@ from .tiers.local_disk import ECLocalDiskBackend
 logger = logging.getLogger(__name__)
 
 Items = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+
+_KEY_MEMO_SIZE = 65536  # keys remembered by mm_hash (cleared when full)
+_KEY_MEMO_MAX_LEN = 512  # longer mm_hashes are hashed on every call
+_CPU = torch.device("cpu")
+
+
+def _device(device: str | torch.device) -> torch.device:
+    if isinstance(device, torch.device):
+        return device
+    return _CPU if device == "cpu" else torch.device(device)
 
 
 def _lmcache_metadata(model: str) -> LMCacheMetadata:
@@ -77,18 +89,6 @@ def validate_tensor(tensor: Any, pinned_dtype: str = "") -> None:
         raise ValueError(f"tensor dtype {name} differs from the encoder dtype {pinned_dtype}")
 
 
-def _frame_bytes(memory_obj: MemoryObj) -> torch.Tensor | None:
-    """The bytes of a frame buffer, possibly followed by allocator padding.
-
-    ``MemoryObj.tensor`` builds three views per call; frames carry their own
-    lengths, so the pool slice itself is enough.
-    """
-    raw = getattr(memory_obj, "raw_data", None)
-    if isinstance(raw, torch.Tensor) and raw.dtype == torch.uint8 and raw.dim() == 1:
-        return raw if getattr(memory_obj, "valid", True) else None
-    return memory_obj.tensor
-
-
 class ECCache:
     """The encoder-output tier. Thread-safe; one per process and identity."""
 
@@ -113,6 +113,8 @@ class ECCache:
         for name, backend in self._storage.storage_backends.items():
             if hasattr(backend, "snapshot"):  # disk and remote: health and their own counters
                 self.stats.watch_tier(tier_name(name), backend.snapshot)
+        self._reader = TierReader(self._storage, cpu, self.stats)
+        self._keys: dict[str, ECKey] = {}
         self._replayer = RemoteReplayer(self._storage, _frame_bytes, lambda: self._closed)
         self._replayer.attach()
 
@@ -160,7 +162,16 @@ class ECCache:
         ]
 
     def key(self, mm_hash: str) -> ECKey:
-        return self.identity.key(mm_hash)
+        # A key is a pure function of (identity, mm_hash) and its SHA-256 costs
+        # more than a CPU-tier lookup; vLLM asks for the same items repeatedly.
+        key = self._keys.get(mm_hash) if type(mm_hash) is str else None
+        if key is None:
+            key = self.identity.key(mm_hash)
+            if len(mm_hash) <= _KEY_MEMO_MAX_LEN:
+                if len(self._keys) >= _KEY_MEMO_SIZE:
+                    self._keys.clear()
+                self._keys[mm_hash] = key
+        return key
 
     # -- writes --------------------------------------------------------------
 
@@ -182,20 +193,26 @@ class ECCache:
         for mm_hash, tensor in pairs:
             key = self.key(mm_hash)
             validate_tensor(tensor, self.identity.dtype)
-            prepared.append((key, tensor))
-        return [self._put(key, tensor) for key, tensor in prepared]
+            header = codec.encode_header(key, tensor)
+            self._check_fits(codec.frame_size(header, tensor))  # before anything is stored
+            prepared.append((key, tensor, header))
+        return [self._put(key, tensor, header) for key, tensor, header in prepared]
 
-    def _put(self, key: ECKey, tensor: torch.Tensor) -> bool:
-        self._check_open()
-        started = time.perf_counter()
-        header = codec.encode_header(key, tensor)
-        size = codec.frame_size(header, tensor)
+    def _check_fits(self, size: int) -> None:
         if size > self.cpu_capacity:
             self.stats.add("put_rejected")
             raise ValueError(
                 f"entry of {size} bytes exceeds the CPU tier ({self.cpu_capacity} "
                 "bytes, max_local_cpu_size); raise max_local_cpu_size"
             )
+
+    def _put(self, key: ECKey, tensor: torch.Tensor, header: bytes | None = None) -> bool:
+        self._check_open()
+        started = time.perf_counter()
+        if header is None:
+            header = codec.encode_header(key, tensor)
+        size = codec.frame_size(header, tensor)
+        self._check_fits(size)
         if self._cpu.use_hot and self._cpu.contains(key):
             self.stats.add("put_skipped_existing")
             return True
@@ -248,7 +265,7 @@ class ECCache:
         so the caller's later copy to the GPU can be non-blocking.
         """
         self._check_open()
-        return self._get_batch([self.key(mm_hash)], torch.device(device), pin_memory)[0]
+        return self._get_batch([self.key(mm_hash)], _device(device), pin_memory)[0]
 
     def get_many(
         self,
@@ -260,7 +277,7 @@ class ECCache:
         """``get`` for several entries; device copies are issued together."""
         self._check_open()
         keys = [self.key(mm_hash) for mm_hash in mm_hashes]
-        return self._get_batch(keys, torch.device(device), pin_memory)
+        return self._get_batch(keys, _device(device), pin_memory)
 
     def _get_batch(
         self, keys: Sequence[ECKey], device: torch.device, pin_memory: bool = False
@@ -273,15 +290,16 @@ class ECCache:
         try:
             for key in keys:
                 started = time.perf_counter()
-                found = self._read_verified(key)
-                if found is None:
+                hit = self._reader.read(key)
+                if hit is None:
                     self.stats.miss(time.perf_counter() - started)
                     results.append(None)
                     continue
-                tier, memory_obj, payload = found
-                held.append(memory_obj)
+                tier, memory_obj, payload = hit
+                if memory_obj is not None:
+                    held.append(memory_obj)
                 out = codec.copy_out(payload, device, async_copy, pin_memory)
-                if not async_copy:
+                if not async_copy and memory_obj is not None:
                     # Copied already: free the buffer now, so a batch larger
                     # than the CPU pool does not starve its own later reads.
                     held.pop().ref_count_down()
@@ -294,69 +312,8 @@ class ECCache:
                 memory_obj.ref_count_down()
         return results
 
-    def _read_verified(self, key: ECKey) -> tuple[str, MemoryObj, codec.Payload] | None:
-        """(tier, buffer, payload) for ``key``; the caller releases the buffer.
-
-        A lower-tier hit is verified before it is promoted; a corrupt entry is
-        removed from every tier and reads as a miss.
-        """
-        found = self._fetch(key)
-        if found is None:
-            return None
-        level, name, memory_obj, buffer = found
-        try:
-            payload = codec.decode_payload(buffer, key, verify_payload=level > 0)
-        except Exception as exc:
-            # Stored bytes are untrusted (shared disks and stores): whatever
-            # they make the decoder raise, the answer is a miss, never an error.
-            memory_obj.ref_count_down()
-            reason = exc.reason if isinstance(exc, codec.CorruptEntryError) else repr(exc)
-            self.stats.add("integrity_failures")
-            logger.warning("Dropping corrupt entry %s from %s: %s", key, name, reason)
-            self._remove_everywhere(key)
-            return None
-        if level > 0:
-            self._promote(key, memory_obj, level)
-        return tier_name(name), memory_obj, payload
-
-    def _fetch(self, key: ECKey) -> tuple[int, str, MemoryObj, torch.Tensor] | None:
-        """(tier level, backend name, memory object, its bytes) of the first tier with ``key``."""
-        for level, (name, backend) in enumerate(self._storage.get_active_storage_backends()):
-            try:
-                memory_obj = backend.get_blocking(key)
-            except Exception as exc:
-                self._tier_failed(name, "get", exc)
-                continue
-            if memory_obj is None:
-                continue
-            buffer = _frame_bytes(memory_obj)
-            if buffer is not None:
-                return level, name, memory_obj, buffer
-            memory_obj.ref_count_down()
-        return None
-
-    def _remove_everywhere(self, key: ECKey) -> None:
-        # Not StorageManager.remove: one tier failing (a read-only disk) must
-        # neither stop the others nor reach the caller.
-        for name, backend in self._storage.storage_backends.items():
-            try:
-                backend.remove(key)
-            except Exception as exc:
-                self._tier_failed(name, "remove", exc)
-
-    def _promote(self, key: ECKey, memory_obj: MemoryObj, level: int) -> None:
-        """Copy a verified lower-tier hit into every tier above it."""
-        for upper, (name, backend) in enumerate(self._storage.get_active_storage_backends()):
-            if upper >= level:
-                break
-            try:
-                backend.batched_submit_put_task([key], [memory_obj])
-            except Exception as exc:
-                self._tier_failed(name, "promote", exc)
-
     def _tier_failed(self, name: str, operation: str, exc: Exception) -> None:
-        self.stats.tier_error(tier_name(name))
-        logger.warning("%s tier failed on %s: %s", tier_name(name), operation, exc)
+        self._reader.tier_failed(name, operation, exc)
 
     # -- lifecycle -----------------------------------------------------------
 
