@@ -79,16 +79,6 @@ def test_cpu_tier_evicts_least_recently_used():
             assert bit_equal(cache.get(name), tensors[name])
 
 
-def test_entry_larger_than_cpu_tier_is_refused_and_evicts_nothing():
-    with ECCache.from_config({"max_local_cpu_size": 2 / 1024}, model="m") as cache:  # 2 MB
-        small = make_tensor((16, 16), torch.float32)
-        assert cache.put("small", small)
-        with pytest.raises(ValueError, match="exceeds the CPU tier"):
-            cache.put("big", make_tensor((1024, 1024), torch.float32))
-        assert cache.contains("big") is None
-        assert bit_equal(cache.get("small"), small)
-
-
 @pytest.mark.parametrize(
     ("value", "error", "message"),
     [
