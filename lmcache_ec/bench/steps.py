@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import statistics
 import time
@@ -171,9 +172,12 @@ class _SimEngine:
 
 def _in_step_scheduler(connector: Any) -> None:
     """Turn prefetch off: tier hits are approved at once and read inside the step."""
+    from ..integration.vllm import worker as worker_module
     from ..integration.vllm.index import PENDING
 
     scheduler = connector.scheduler
+    # Reading in the step is what this mode measures, not an error to log.
+    logging.getLogger(worker_module.__name__).setLevel(logging.CRITICAL)
 
     def item_ready(identifier: str, now: float, nbytes: int) -> bool:
         if identifier in scheduler._ready or identifier in scheduler._resident:
@@ -305,6 +309,7 @@ def _run_mode(mode: str, settings: StepBenchSettings, redis_url: str) -> dict[st
     finally:
         engine.shutdown()
         proxy.close()
+        logging.getLogger("lmcache_ec.integration.vllm.worker").setLevel(logging.NOTSET)
 
 
 def run_steps(settings: StepBenchSettings) -> dict[str, Any]:
