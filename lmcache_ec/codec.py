@@ -22,6 +22,7 @@ import json
 import math
 import struct
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,26 +182,35 @@ def read_header(buffer: torch.Tensor) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Payload:
-    """Where a verified tensor lies inside a frame buffer (aliases the buffer)."""
+    """A verified tensor inside a frame; ``data`` and ``tensor`` alias the frame.
 
-    buffer: torch.Tensor
+    ``owned``: the frame's memory belongs to this read alone (``bytes`` a remote
+    store returned), so the result may take it over instead of copying it.
+    """
+
+    name: str  # the storage name the frame was verified for
     data: np.ndarray  # the payload's bytes
-    start: int
+    start: int  # payload offset in the frame
     dtype: torch.dtype
     shape: tuple[int, int]
+    tensor: torch.Tensor
+    owned: bool = False
 
     def view(self) -> torch.Tensor:
+        return self.tensor
+
+    def over(self, buffer: torch.Tensor) -> Payload:
+        """The same payload inside ``buffer``, a byte-identical copy of its frame."""
         end = self.start + self.data.size
-        return self.buffer[self.start : end].view(self.dtype).view(self.shape)
+        tensor = buffer[self.start : end].view(self.dtype).view(self.shape)
+        data = buffer.numpy()[self.start : end]
+        return Payload(self.name, data, self.start, self.dtype, self.shape, tensor)
 
 
-def decode_payload(buffer: torch.Tensor, key: ECKey, *, verify_payload: bool = True) -> Payload:
-    """Verify a frame read for ``key``; ``CorruptEntryError`` names the failed check.
-
-    ``verify_payload=False`` skips only the payload checksum (used for frames
-    that never left this process's memory).
-    """
-    raw = buffer.numpy()
+def _verify(
+    raw: np.ndarray, key: ECKey, verify_payload: bool
+) -> tuple[str, int, int, torch.dtype, tuple[int, int]]:
+    """(name, payload start, payload length, dtype, shape) of a verified frame."""
     header_len, payload_len, payload_sum, header_sum = read_prefix(raw)
     start = PREFIX_SIZE + header_len
     if raw.size < start:
@@ -215,10 +225,51 @@ def decode_payload(buffer: torch.Tensor, key: ECKey, *, verify_payload: bool = T
         raise CorruptEntryError("shape does not match payload length")
     if raw.size < start + payload_len:
         raise CorruptEntryError("truncated payload")
-    data = raw[start : start + payload_len]
-    if verify_payload and xxhash.xxh3_64_intdigest(data) != payload_sum:
+    if verify_payload and xxhash.xxh3_64_intdigest(raw[start : start + payload_len]) != payload_sum:
         raise CorruptEntryError("payload checksum mismatch")
-    return Payload(buffer, data, start, dtype, (shape[0], shape[1]))
+    return name, start, payload_len, dtype, (shape[0], shape[1])
+
+
+def decode_payload(buffer: torch.Tensor, key: ECKey, *, verify_payload: bool = True) -> Payload:
+    """Verify a frame read for ``key``; ``CorruptEntryError`` names the failed check.
+
+    ``verify_payload=False`` skips only the payload checksum (used for frames
+    that never left this process's memory).
+    """
+    raw = buffer.numpy()
+    name, start, length, dtype, shape = _verify(raw, key, verify_payload)
+    tensor = buffer[start : start + length].view(dtype).view(shape)
+    return Payload(name, raw[start : start + length], start, dtype, shape, tensor)
+
+
+def decode_bytes(data: bytes, key: ECKey) -> Payload:
+    """``decode_payload`` for a frame a remote store returned as ``bytes``.
+
+    The payload checksum is always verified. The payload is ``owned``: nothing
+    but this read refers to ``data``, so the result can be a tensor over it.
+    """
+    raw = np.frombuffer(data, dtype=np.uint8)
+    name, start, length, dtype, shape = _verify(raw, key, True)
+    payload = raw[start : start + length]
+    tensor = _over_bytes(payload).view(dtype).view(shape)
+    return Payload(name, payload, start, dtype, shape, tensor, owned=True)
+
+
+_warned_read_only = False
+
+
+def _over_bytes(data: np.ndarray) -> torch.Tensor:
+    # torch warns, once per process, that a tensor over read-only memory is
+    # writable anyway. Here that is intended: the tensor becomes the only
+    # owner of the bytes, and nothing else can see a write through it.
+    global _warned_read_only
+    if _warned_read_only:
+        return torch.frombuffer(data, dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        tensor = torch.frombuffer(data, dtype=torch.uint8)
+    _warned_read_only = True
+    return tensor
 
 
 def decode_frame(buffer: torch.Tensor, key: ECKey, *, verify_payload: bool = True) -> torch.Tensor:
@@ -229,9 +280,16 @@ def decode_frame(buffer: torch.Tensor, key: ECKey, *, verify_payload: bool = Tru
 def copy_out(
     payload: Payload, device: torch.device, non_blocking: bool, pin_memory: bool = False
 ) -> torch.Tensor:
-    """A private copy of a payload on ``device`` (page-locked if ``pin_memory``)."""
-    if device.type == "cpu":
-        out = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=pin_memory)
-        np.copyto(out.view(torch.uint8).numpy().reshape(-1), payload.data)
-        return out
-    return payload.view().to(device=device, non_blocking=non_blocking, copy=True)
+    """The payload as a tensor on ``device`` that aliases no tier's memory.
+
+    A CPU-pool payload is copied with torch's own kernel (``clone``: the same
+    code and intra-op threads as any copy of the caller's); an ``owned``
+    payload is returned as is on the CPU (zero copies).
+    """
+    source = payload.tensor
+    if device.type != "cpu":
+        return source.to(device=device, non_blocking=non_blocking and not payload.owned, copy=True)
+    if pin_memory:
+        out = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=True)
+        return out.copy_(source)
+    return source if payload.owned else source.clone()

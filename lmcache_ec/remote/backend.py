@@ -252,6 +252,24 @@ class ECRemoteBackend(RemoteBackend):
                 return count
         return len(keys)
 
+    @property
+    def reads_frames(self) -> bool:
+        """True when ``get_frame`` works: the connector reads frames as bytes."""
+        connection = self.connection
+        return connection is not None and hasattr(_unwrapped(connection), "get_frame_sync")
+
+    def get_frame(self, key: CacheEngineKey) -> bytes | None:
+        """The stored frame as bytes, or None (miss, or the store unavailable).
+
+        The caller verifies the bytes and decides whether they go into the CPU
+        pool: a read that goes straight to the caller needs no pool buffer.
+        """
+        data = self._blocking("get", lambda c: c.get_frame_sync(key))
+        if data is _MISS or data is None:
+            return None
+        self._known.add(key)
+        return data
+
     def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
         if self.local_cpu_backend is None:
             return None  # scheduler role: nowhere to put the bytes

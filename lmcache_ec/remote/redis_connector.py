@@ -115,6 +115,10 @@ class ECRedisConnector(RedisConnector):
             data = await self.connection.get(redis_data_key(name))
         return self._to_memory_obj(name, data)
 
+    def get_frame_sync(self, key: CacheEngineKey) -> bytes | None:
+        """The stored frame as bytes, read in the caller's thread; no CPU buffer."""
+        return self.sync_connection.get(redis_data_key(key.to_string()))
+
     def get_sync(self, key: CacheEngineKey) -> MemoryObj | None:
         """Blocking read in the caller's thread (socket timeouts bound it)."""
         name = key.to_string()

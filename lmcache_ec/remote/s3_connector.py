@@ -100,6 +100,10 @@ class ECS3Connector(RemoteConnector):
         # No await below: a cancellation cannot strand the allocated buffer.
         return self._to_memory_obj(key, data)
 
+    def get_frame_sync(self, key: CacheEngineKey) -> bytes | None:
+        """The stored object as bytes, read in the caller's thread; no CPU buffer."""
+        return self._read(key)
+
     def get_sync(self, key: CacheEngineKey) -> MemoryObj | None:
         """Blocking read in the caller's thread (botocore timeouts bound it)."""
         return self._to_memory_obj(key, self._read(key))

@@ -1,0 +1,189 @@
+"""The read path of ``ECCache``: walk the tiers for one key, verify, promote.
+
+Called by ``ECCache.get``/``get_many`` once per key, in the caller's thread.
+Tiers are asked in LMCache's order (CPU → disk → remote); the first hit wins.
+
+- A CPU hit reuses the layout verified when its buffer entered the tier (a
+  ``codec.Payload`` kept on the memory object): a frame in the pool never left
+  this process and is never written after it entered the tier, so neither
+  checksum is recomputed.
+- A hit below the CPU tier is verified (both checksums, key, dtype, shape)
+  and then promoted into the tiers above it. Remote tiers that read frames as
+  ``bytes`` are verified on those bytes; the CPU-pool copy is made only when a
+  tier above wants one.
+- A frame that fails verification is removed from every tier and counted; the
+  read is a miss. A tier that raises is counted and skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, NamedTuple, NoReturn
+
+import numpy as np
+import torch
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+
+from . import codec
+from .key import ECKey
+from .metrics import ECStats
+from .tiers import tier_name
+
+logger = logging.getLogger(__name__)
+
+_PAYLOAD = "_ec_payload"  # attribute holding a buffer's verified layout
+
+
+class Hit(NamedTuple):
+    tier: str
+    memory_obj: MemoryObj | None  # a held CPU-pool buffer the caller releases, if any
+    payload: codec.Payload
+
+
+class _Dropped(Exception):
+    """A corrupt entry was found and removed: the read is a miss."""
+
+
+def frame_bytes(memory_obj: MemoryObj) -> torch.Tensor | None:
+    """The bytes of a frame buffer, possibly followed by allocator padding.
+
+    ``MemoryObj.tensor`` builds three views per call; frames carry their own
+    lengths, so the pool slice itself is enough.
+    """
+    raw = getattr(memory_obj, "raw_data", None)
+    if isinstance(raw, torch.Tensor) and raw.dtype == torch.uint8 and raw.dim() == 1:
+        return raw if getattr(memory_obj, "valid", True) else None
+    return memory_obj.tensor
+
+
+def remember_payload(memory_obj: MemoryObj, payload: codec.Payload) -> None:
+    """Keep ``payload`` (verified, aliasing ``memory_obj``) for later CPU hits.
+
+    Safe because LMCache builds a new memory object for every allocation: the
+    layout lives and dies with the buffer it describes.
+    """
+    # Memory objects with __slots__ (none of LMCache's CPU ones) decode on each hit.
+    with contextlib.suppress(AttributeError):
+        setattr(memory_obj, _PAYLOAD, payload)
+
+
+class TierReader:
+    def __init__(self, storage: Any, cpu: Any, stats: ECStats) -> None:
+        self._storage = storage
+        self._cpu = cpu
+        self._stats = stats
+
+    def read(self, key: ECKey) -> Hit | None:
+        """The first verified hit for ``key``, or None (miss, or corrupt and dropped)."""
+        try:
+            if self._cpu.use_hot:
+                hit = self._from_backend(key, 0, "LocalCPUBackend", self._cpu)
+                if hit is not None:
+                    return hit
+            for level, (name, backend) in enumerate(self._storage.get_active_storage_backends()):
+                if backend is not self._cpu:
+                    hit = self._from_backend(key, level, name, backend)
+                    if hit is not None:
+                        return hit
+        except _Dropped:
+            pass
+        return None
+
+    def _from_backend(self, key: ECKey, level: int, name: str, backend: Any) -> Hit | None:
+        data = memory_obj = None
+        try:
+            if getattr(backend, "reads_frames", False):
+                data = backend.get_frame(key)
+            else:
+                memory_obj = backend.get_blocking(key)
+        except Exception as exc:
+            self.tier_failed(name, "get", exc)
+            return None
+        if data is not None:
+            try:
+                payload = codec.decode_bytes(data, key)
+            except Exception as exc:
+                self._drop(key, name, exc)
+            self._promote_bytes(key, data, payload, level)
+            return Hit(tier_name(name), None, payload)
+        if memory_obj is None:
+            return None
+        payload = getattr(memory_obj, _PAYLOAD, None)
+        if payload is None or payload.name != key.storage_name:
+            buffer = frame_bytes(memory_obj)
+            if buffer is None:
+                memory_obj.ref_count_down()
+                return None
+            try:
+                payload = codec.decode_payload(buffer, key, verify_payload=level > 0)
+            except Exception as exc:
+                memory_obj.ref_count_down()
+                self._drop(key, name, exc)
+            remember_payload(memory_obj, payload)
+        if level > 0:
+            self._submit(key, memory_obj, self._tiers_above(level))
+        return Hit(tier_name(name), memory_obj, payload)
+
+    def _drop(self, key: ECKey, name: str, exc: Exception) -> NoReturn:
+        # Stored bytes are untrusted (shared disks and stores): whatever they
+        # make the decoder raise, the answer is a miss, never an error.
+        reason = exc.reason if isinstance(exc, codec.CorruptEntryError) else repr(exc)
+        self._stats.add("integrity_failures")
+        logger.warning("Dropping corrupt entry %s from %s: %s", key, name, reason)
+        self.remove_everywhere(key)
+        raise _Dropped from None
+
+    # -- promotion -----------------------------------------------------------
+
+    def _tiers_above(self, level: int) -> list[tuple[str, Any]]:
+        tiers = []
+        for upper, (name, backend) in enumerate(self._storage.get_active_storage_backends()):
+            if upper >= level:
+                break
+            if backend is not self._cpu or self._cpu.use_hot:
+                tiers.append((name, backend))
+        return tiers
+
+    def _submit(self, key: ECKey, memory_obj: MemoryObj, tiers: list[tuple[str, Any]]) -> None:
+        for name, backend in tiers:
+            try:
+                backend.batched_submit_put_task([key], [memory_obj])
+            except Exception as exc:
+                self.tier_failed(name, "promote", exc)
+
+    def _promote_bytes(self, key: ECKey, data: Any, payload: codec.Payload, level: int) -> None:
+        """One copy of a verified frame into the CPU pool, for the tiers above ``level``."""
+        tiers = self._tiers_above(level)
+        if not tiers:
+            return
+        size = len(data)
+        memory_obj = self._cpu.allocate(
+            torch.Size([size]), torch.uint8, MemoryFormat.EC_TD, busy_loop=False
+        )
+        buffer = None if memory_obj is None else frame_bytes(memory_obj)
+        if buffer is None:
+            if memory_obj is not None:
+                memory_obj.ref_count_down()
+            return  # pool full right now: served, not promoted
+        try:
+            np.copyto(buffer.numpy()[:size], np.frombuffer(data, dtype=np.uint8))
+            remember_payload(memory_obj, payload.over(buffer))
+            self._submit(key, memory_obj, tiers)
+        finally:
+            memory_obj.ref_count_down()
+
+    # -- shared with the rest of the engine -----------------------------------
+
+    def remove_everywhere(self, key: ECKey) -> None:
+        # Not StorageManager.remove: one tier failing (a read-only disk) must
+        # neither stop the others nor reach the caller.
+        for name, backend in self._storage.storage_backends.items():
+            try:
+                backend.remove(key)
+            except Exception as exc:
+                self.tier_failed(name, "remove", exc)
+
+    def tier_failed(self, name: str, operation: str, exc: Exception) -> None:
+        self._stats.tier_error(tier_name(name))
+        logger.warning("%s tier failed on %s: %s", tier_name(name), operation, exc)
