@@ -99,6 +99,15 @@ def write_frame(buffer: torch.Tensor, header: bytes, tensor: torch.Tensor) -> No
     raw[PREFIX_SIZE:start] = np.frombuffer(header, dtype=np.uint8)
 
 
+def frame_payload(buffer: torch.Tensor, header: bytes, tensor: torch.Tensor, name: str) -> Payload:
+    """The payload of a frame just written by ``write_frame`` (nothing re-verified)."""
+    start = PREFIX_SIZE + len(header)
+    length = tensor.numel() * tensor.element_size()
+    shape = (tensor.shape[0], tensor.shape[1])
+    view = buffer[start : start + length].view(tensor.dtype).view(shape)
+    return Payload(name, buffer.numpy()[start : start + length], start, tensor.dtype, shape, view)
+
+
 def host_bytes(tensor: torch.Tensor) -> np.ndarray | None:
     """A zero-copy byte view of a contiguous CPU tensor, else None.
 

@@ -34,7 +34,7 @@ from . import codec
 from .config import ECConfig, load_config
 from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
 from .metrics import ECStats
-from .reads import TierReader
+from .reads import Prefetched, TierReader, remember_payload
 from .reads import frame_bytes as _frame_bytes
 from .replay import RemoteReplayer
 from .tiers import ECStorageManager, tier_name
@@ -233,6 +233,8 @@ class ECCache:
         except BaseException:
             memory_obj.ref_count_down()
             raise
+        # CPU hits then copy out without decoding the frame again.
+        remember_payload(memory_obj, codec.frame_payload(buffer, header, tensor, key.storage_name))
         self._storage.batched_put([key], [memory_obj])  # takes our reference
         self.stats.put(size, time.perf_counter() - started)
         return True
@@ -265,7 +267,11 @@ class ECCache:
         so the caller's later copy to the GPU can be non-blocking.
         """
         self._check_open()
-        return self._get_batch([self.key(mm_hash)], _device(device), pin_memory)[0]
+        key = self.key(mm_hash)
+        device = _device(device)
+        if device.type == "cpu":
+            return self._read_to_host(key, pin_memory)
+        return self._get_batch([key], device, pin_memory)[0]
 
     def get_many(
         self,
@@ -279,9 +285,32 @@ class ECCache:
         keys = [self.key(mm_hash) for mm_hash in mm_hashes]
         return self._get_batch(keys, _device(device), pin_memory)
 
+    def _read_to_host(
+        self, key: ECKey, pin_memory: bool, prefetched: Prefetched | None = None
+    ) -> torch.Tensor | None:
+        """``key``'s tensor in host memory; any CPU-pool buffer is released on return."""
+        started = time.perf_counter()
+        hit = self._reader.read(key, prefetched)
+        if hit is None:
+            self.stats.miss(time.perf_counter() - started)
+            return None
+        try:
+            out = codec.copy_out(hit.payload, _CPU, False, pin_memory)
+        finally:
+            if hit.memory_obj is not None:
+                hit.memory_obj.ref_count_down()
+        self.stats.hit(hit.tier, hit.payload.data.size, time.perf_counter() - started)
+        return out
+
     def _get_batch(
         self, keys: Sequence[ECKey], device: torch.device, pin_memory: bool = False
     ) -> list[torch.Tensor | None]:
+        # Entries that no local tier holds come from the remote tier in one request.
+        prefetched = self._reader.prefetch(keys) if len(keys) > 1 else None
+        if device.type == "cpu":
+            # One at a time: a batch larger than the CPU pool must not starve
+            # its own later reads of pool memory.
+            return [self._read_to_host(key, pin_memory, prefetched) for key in keys]
         # To a CUDA device the copies leave the (pinned) pool asynchronously; the
         # buffers are released only after one synchronize, so none is reused early.
         async_copy = device.type == "cuda"
@@ -290,7 +319,7 @@ class ECCache:
         try:
             for key in keys:
                 started = time.perf_counter()
-                hit = self._reader.read(key)
+                hit = self._reader.read(key, prefetched)
                 if hit is None:
                     self.stats.miss(time.perf_counter() - started)
                     results.append(None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
@@ -33,12 +34,19 @@ from .tiers import tier_name
 logger = logging.getLogger(__name__)
 
 _PAYLOAD = "_ec_payload"  # attribute holding a buffer's verified layout
+CPU_BACKEND = "LocalCPUBackend"
+LOCAL_BACKENDS = (CPU_BACKEND, "LocalDiskBackend")
 
 
 class Hit(NamedTuple):
     tier: str
     memory_obj: MemoryObj | None  # a held CPU-pool buffer the caller releases, if any
     payload: codec.Payload
+
+
+class Prefetched(NamedTuple):
+    backend: Any  # the tier the frames came from
+    frames: dict[ECKey, bytes | None]  # None: that tier does not have the key
 
 
 class _Dropped(Exception):
@@ -74,26 +82,82 @@ class TierReader:
         self._cpu = cpu
         self._stats = stats
 
-    def read(self, key: ECKey) -> Hit | None:
-        """The first verified hit for ``key``, or None (miss, or corrupt and dropped)."""
+    def read(self, key: ECKey, prefetched: Prefetched | None = None) -> Hit | None:
+        """The first verified hit for ``key``, or None (miss, or corrupt and dropped).
+
+        ``prefetched``: frames already fetched for a batch (``prefetch``).
+        """
         try:
             if self._cpu.use_hot:
-                hit = self._from_backend(key, 0, "LocalCPUBackend", self._cpu)
-                if hit is not None:
-                    return hit
+                try:
+                    memory_obj = self._cpu.get_blocking(key)
+                except Exception as exc:
+                    self.tier_failed(CPU_BACKEND, "get", exc)
+                    memory_obj = None
+                if memory_obj is not None:
+                    payload = getattr(memory_obj, _PAYLOAD, None)
+                    if payload is not None and payload.name == key.storage_name:
+                        return Hit("cpu", memory_obj, payload)
+                    return self._from_buffer(key, 0, CPU_BACKEND, memory_obj)
             for level, (name, backend) in enumerate(self._storage.get_active_storage_backends()):
                 if backend is not self._cpu:
-                    hit = self._from_backend(key, level, name, backend)
+                    hit = self._from_backend(key, level, name, backend, prefetched)
                     if hit is not None:
                         return hit
         except _Dropped:
             pass
         return None
 
-    def _from_backend(self, key: ECKey, level: int, name: str, backend: Any) -> Hit | None:
+    def prefetch(self, keys: Sequence[ECKey]) -> Prefetched | None:
+        """Frames of the ``keys`` no local tier holds, from the first remote tier
+        in one request (Redis: ``MGET``); None when there is nothing to batch.
+
+        Only existence is checked locally, so a batch larger than the CPU pool
+        holds no pool memory here; ``read`` then walks each key as usual and
+        takes its frame from the batch when it reaches that tier.
+        """
+        local = []
+        for name, backend in self._storage.get_active_storage_backends():
+            if name not in LOCAL_BACKENDS:
+                break
+            if backend is not self._cpu or self._cpu.use_hot:
+                local.append(backend)
+        else:
+            return None  # no remote tier
+        if not getattr(backend, "reads_frame_batches", False):
+            return None
+        wanted = [key for key in dict.fromkeys(keys) if not self._held_locally(key, local)]
+        if len(wanted) < 2:
+            return None
+        try:
+            frames = backend.get_frames(wanted)
+        except Exception as exc:
+            self.tier_failed(name, "get", exc)
+            return None
+        return Prefetched(backend, dict(zip(wanted, frames, strict=True)))
+
+    @staticmethod
+    def _held_locally(key: ECKey, local: list[Any]) -> bool:
+        for backend in local:
+            try:
+                if backend.contains(key):
+                    return True
+            except Exception:
+                pass  # the read itself reports a failing tier
+        return False
+
+    def _from_backend(
+        self, key: ECKey, level: int, name: str, backend: Any, prefetched: Prefetched | None
+    ) -> Hit | None:
         data = memory_obj = None
         try:
-            if getattr(backend, "reads_frames", False):
+            if (
+                prefetched is not None
+                and prefetched.backend is backend
+                and key in prefetched.frames
+            ):
+                data = prefetched.frames.pop(key)
+            elif getattr(backend, "reads_frames", False):
                 data = backend.get_frame(key)
             else:
                 memory_obj = backend.get_blocking(key)
@@ -109,6 +173,9 @@ class TierReader:
             return Hit(tier_name(name), None, payload)
         if memory_obj is None:
             return None
+        return self._from_buffer(key, level, name, memory_obj)
+
+    def _from_buffer(self, key: ECKey, level: int, name: str, memory_obj: MemoryObj) -> Hit | None:
         payload = getattr(memory_obj, _PAYLOAD, None)
         if payload is None or payload.name != key.storage_name:
             buffer = frame_bytes(memory_obj)

@@ -270,6 +270,22 @@ class ECRemoteBackend(RemoteBackend):
         self._known.add(key)
         return data
 
+    @property
+    def reads_frame_batches(self) -> bool:
+        """True when ``get_frames`` fetches several frames in one request."""
+        connection = self.connection
+        return connection is not None and hasattr(_unwrapped(connection), "get_frames_sync")
+
+    def get_frames(self, keys: list[CacheEngineKey]) -> list[bytes | None]:
+        """``get_frame`` for several keys in one request; all None if unavailable."""
+        frames = self._blocking("get", lambda c: c.get_frames_sync(keys))
+        if frames is _MISS:
+            return [None] * len(keys)
+        for key, data in zip(keys, frames, strict=True):
+            if data is not None:
+                self._known.add(key)
+        return frames
+
     def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
         if self.local_cpu_backend is None:
             return None  # scheduler role: nowhere to put the bytes
