@@ -18,6 +18,7 @@ os.environ.setdefault("LMCACHE_LOG_LEVEL", "ERROR")
 import typer  # noqa: E402
 
 from .bench import bench_app  # noqa: E402
+from .bench_steps import steps  # noqa: E402
 from .demo import demo  # noqa: E402
 from .doctor import doctor  # noqa: E402
 from .entries import ls, purge, stats  # noqa: E402
@@ -31,6 +32,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command()(demo)
+bench_app.command()(steps)
 app.add_typer(bench_app, name="bench")
 app.command()(doctor)
 app.command()(stats)
