@@ -91,8 +91,16 @@ def run_remote(
     ours_cpu = open_ours({"local_cpu": True, "max_local_cpu_size": staging}, dtype)
     upstream = None
     if kind == "redis":
+        # Upstream's tier walk keeps a copy of each entry it reads in its CPU pool,
+        # even with local_cpu: false; with a full pool its next remote read waits
+        # for memory forever. Its pool therefore holds every entry of the run.
         upstream = open_upstream(
-            {"local_cpu": False, "max_local_cpu_size": staging, "remote_url": url}, dtype
+            {
+                "local_cpu": False,
+                "max_local_cpu_size": pool_gb(n + batch + 8, nbytes),
+                "remote_url": url,
+            },
+            dtype,
         )
     rows: list[dict[str, Any]] = []
     try:

@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -186,22 +187,50 @@ def _run_job(
                 progress(line[len(PROGRESS) :].strip())
             elif line.strip():
                 errors.append(line.rstrip())
-                del errors[:-30]
+                del errors[:-200]
 
-    reader = threading.Thread(target=read_stderr, daemon=True)
-    reader.start()
+    output: list[str] = []
+    readers = [
+        threading.Thread(target=read_stderr, daemon=True),
+        threading.Thread(target=lambda: output.extend(process.stdout or ()), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
     try:
-        stdout, _ = process.communicate(json.dumps(job), timeout=timeout)
+        assert process.stdin is not None
+        process.stdin.write(json.dumps(job))
+        process.stdin.close()
+        process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGUSR1)  # the worker prints its stacks
+        time.sleep(1)
         process.kill()
-        process.communicate()
-        raise RuntimeError(f"timed out after {timeout:.0f} s") from None
-    reader.join(5)
-    for line in stdout.splitlines():
+        process.wait()
+        readers[0].join(5)
+        raise RuntimeError(f"timed out after {timeout:.0f} s; {_main_stack(errors)}") from None
+    finally:
+        if process.poll() is None:  # interrupted: never leave a job running
+            process.kill()
+            process.wait()
+    for reader in readers:
+        reader.join(5)
+    for line in output:
         if line.startswith(RESULT):
             return json.loads(line[len(RESULT) :])["rows"]
     last = next((e for e in reversed(errors) if not e.startswith(" ")), "no result")
     raise RuntimeError(f"exit {process.returncode}: {last}")
+
+
+def _main_stack(lines: list[str]) -> str:
+    """The innermost frames of the job's main thread in a faulthandler dump."""
+    blocks: list[list[str]] = []
+    for line in lines:
+        if "(most recent call first)" in line:
+            blocks.append([])
+        elif blocks and line.strip().startswith("File "):
+            blocks[-1].append(line.strip())
+    main = [b for b in blocks if any("bench/worker.py" in frame for frame in b)]
+    return "stack: " + " < ".join(main[-1][:4]) if main else "no stack"
 
 
 def _jobs(settings: BenchSettings, stores: _Stores) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -11,9 +11,11 @@ loop), so the job ends with ``os._exit`` after its result is written.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -93,6 +95,9 @@ def _quiet() -> None:
 
 
 def main() -> None:
+    # The parent sends SIGUSR1 before killing a job that overran: its stacks then
+    # say where it hung.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     _quiet()
     code = 0
     try:

@@ -35,6 +35,10 @@ def _ms(value: Any) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 @bench_app.callback(invoke_without_command=True)
 def bench_all(
     ctx: typer.Context,
@@ -101,6 +105,7 @@ def bench_all(
     if ctx.invoked_subcommand is not None:
         return
     import shlex
+    import signal
     import sys
 
     from ..bench.run import TIERS, BenchSettings, run_bench
@@ -138,10 +143,15 @@ def bench_all(
     if settings.batch > settings.iterations:
         fail("--batch must not exceed --iterations", 2)
     command = shlex.join(["lmcache-ec", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else ""
-    with console.status("lmcache-ec bench: starting") as status:
-        result = run_bench(
-            settings, lambda text: status.update(f"lmcache-ec bench: {text}"), command
-        )
+    # A terminated run still stops the servers and jobs it started.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with console.status("lmcache-ec bench: starting") as status:
+            result = run_bench(
+                settings, lambda text: status.update(f"lmcache-ec bench: {text}"), command
+            )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     from ..bench.report import markdown as to_markdown
     from ..bench.report import print_table
 
