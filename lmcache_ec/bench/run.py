@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -233,13 +234,15 @@ def _main_stack(lines: list[str]) -> str:
     return "stack: " + " < ".join(main[-1][:4]) if main else "no stack"
 
 
-def _jobs(settings: BenchSettings, stores: _Stores) -> Iterator[tuple[str, dict[str, Any]]]:
+def _jobs(
+    settings: BenchSettings, stores: _Stores, root: str
+) -> Iterator[tuple[str, dict[str, Any]]]:
     common = {
         "dtype": settings.dtype,
         "iterations": settings.iterations,
         "batch": settings.batch,
         "threads": settings.threads,
-        "dir": settings.directory,
+        "dir": root,
     }
     for tier in settings.tiers:
         if tier in stores.skipped:
@@ -296,10 +299,15 @@ def run_bench(
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
     vllm_missing = importlib.util.find_spec("vllm") is None
-    with _stores(settings, progress) as stores:
+    # Every job's files go under one directory, removed at the end even when a
+    # job was killed (a killed worker cannot clean up after itself).
+    root = tempfile.mkdtemp(prefix="lmcache-ec-bench-", dir=settings.directory)
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, root, ignore_errors=True)
+        stores = cleanup.enter_context(_stores(settings, progress))
         for tier, reason in stores.skipped.items():
             skipped.append(skipped_row(tier, reason))
-        for label, job in _jobs(settings, stores):
+        for label, job in _jobs(settings, stores, root):
             what = f"{label} {shape_name(job.get('shape'))}".strip()
             if vllm_missing and label in ("disk", "connector"):
                 reason = "vLLM is not installed (pip install 'lmcache-ec[vllm]')"
