@@ -13,6 +13,7 @@ from typing import Any
 from .rows import ENGINES
 
 PANELS = ("cpu", "disk", "redis", "s3", "scheduler", "connector", "start-up")
+SMALL_PANELS = ("scheduler", "connector", "start-up")
 COLORS = {"ours": "#1f77b4", "upstream": "#ff7f0e", "example": "#2ca02c", "limit": "#7f7f7f"}
 NAMES = {
     "ours": "lmcache-ec",
@@ -52,14 +53,17 @@ def draw_chart(result: dict[str, Any], path: str) -> str:
     ]
     if not panels:
         panels = ["cpu"]
-    widths = [sum(1 for r in result["rows"] if _panel(r) == p) for p in panels]
-    figure, axes = plt.subplots(
-        len(panels),
-        1,
-        figsize=(min(18, max(10, 2 + 0.8 * max(widths))), 2.8 * len(panels) + 0.8),
-        squeeze=False,
-    )
-    for ax, panel in zip(axes[:, 0], panels, strict=True):
+    # Tiers get a full-width row each; the small panels share the last row.
+    wide = [p for p in panels if p not in SMALL_PANELS]
+    small = [p for p in panels if p in SMALL_PANELS]
+    widths = [sum(1 for r in result["rows"] if _panel(r) == p) for p in wide] or [4]
+    rows_count = len(wide) + (1 if small else 0)
+    figure = plt.figure(figsize=(min(18, max(10, 2 + 0.8 * max(widths))), 2.8 * rows_count + 0.8))
+    grid = figure.add_gridspec(rows_count, max(1, len(small)))
+    axes_by_panel = {p: figure.add_subplot(grid[i, :]) for i, p in enumerate(wide)}
+    for k, p in enumerate(small):
+        axes_by_panel[p] = figure.add_subplot(grid[rows_count - 1, k])
+    for panel, ax in axes_by_panel.items():
         rows = [r for r in result["rows"] if _panel(r) == panel]
         skipped = [s for s in result["skipped"] if s["tier"] == panel]
         if not rows:
@@ -95,7 +99,7 @@ def draw_chart(result: dict[str, Any], path: str) -> str:
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlim(-0.6, max(len(rows), 3) - 0.4)
+        ax.set_xlim(-0.6, max(len(rows), 1 if panel in SMALL_PANELS else 3) - 0.4)
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels([_label(r) for r in rows], fontsize=7)
         ax.set_ylabel("ms per item (log)")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from tests.servers import free_port
 
 TIERS = ("cpu", "disk", "redis", "s3")
@@ -52,6 +54,7 @@ def _check_baseline(base, row: dict) -> None:
     _check_measurement(base, row)
 
 
+@pytest.mark.slow
 def test_bench_quick_tiny_run_writes_the_documented_json(
     tmp_path, invoke, redis_url, s3_server, s3_bucket
 ):
