@@ -1,10 +1,16 @@
 """Benchmarks that measure lmcache-ec next to a baseline in the same run.
 
-- ``local``: CPU and disk tiers, ``ECCache`` against LMCache's own
-  ``ECCacheEngine`` on the same tiers, with raw copies/reads as the floor.
-- ``remote``: ``ECCache`` on Redis or S3 against the raw client (redis-py,
-  boto3) moving the same bytes.
-- ``connector``: the vLLM connector's ``has_cache_item`` and ``save_caches``.
+``lmcache-ec bench`` (``run.py``) runs everything at once: every tier
+(``local_tiers``, ``remote_tiers``), the vLLM connector's hot paths
+(``connector_paths``) and start-up (``startup``), each job in a fresh worker
+process (``worker``), against upstream ``ECCacheEngine``, vLLM's
+``ECExampleConnector`` and the physical limit (``subjects``). ``targets``
+adds ratios and pass/fail, ``report`` and ``chart`` render the result.
+
+Focused subcommands keep their own modules: ``local`` (CPU and disk vs
+upstream), ``remote`` (Redis/S3 vs the raw client), ``connector``
+(``has_cache_item``/``save_caches``), ``steps`` (engine step time with
+prefetch).
 
 Each module returns plain dicts (JSON-ready); the CLI renders them.
 """
