@@ -341,7 +341,11 @@ def run_bench(
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
         "machine": machine(),
-        "settings": {**asdict(settings), "shapes": [list(s) for s in settings.shapes]},
+        "settings": {
+            **asdict(settings),
+            "shapes": [list(s) for s in settings.shapes],
+            "redis_url": servers.redact(settings.redis_url) if settings.redis_url else None,
+        },
         "convention": CONVENTION,
         "tiers": status,
         "rows": rows,

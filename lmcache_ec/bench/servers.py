@@ -141,7 +141,7 @@ def probe_redis(url: str, timeout: float = 3.0) -> str | None:
         client.ping()
         client.close()
     except Exception as exc:
-        return f"{_redact(url)} unreachable: {type(exc).__name__}: {exc}"
+        return f"{redact(url)} unreachable: {type(exc).__name__}: {exc}"
     return None
 
 
@@ -166,7 +166,7 @@ def probe_s3(url: str, endpoint_url: str | None, region: str | None) -> str | No
     return None
 
 
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
     """A URL without its password, for messages."""
     if "@" not in url or "://" not in url:
         return url

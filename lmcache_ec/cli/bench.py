@@ -142,7 +142,11 @@ def bench_all(
         settings = BenchSettings(**{k: v for k, v in options.items() if v is not None}, **common)
     if settings.batch > settings.iterations:
         fail("--batch must not exceed --iterations", 2)
-    command = shlex.join(["lmcache-ec", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else ""
+    from ..bench.servers import redact
+
+    # The command goes into the JSON: never with a password in it.
+    argv = [redact(arg) if "://" in arg else arg for arg in sys.argv[1:]]
+    command = shlex.join(["lmcache-ec", *argv]) if argv[:1] == ["bench"] else ""
     # A terminated run still stops the servers and jobs it started.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -157,7 +157,7 @@ def test_bench_reports_unreachable_stores_as_skipped(tmp_path, invoke):
         "--tiers",
         "redis,s3",
         "--redis-url",
-        f"redis://127.0.0.1:{free_port()}",
+        f"redis://:hunter2@127.0.0.1:{free_port()}",
         "--s3-endpoint",
         f"http://127.0.0.1:{free_port()}",
         "--no-connector",
@@ -173,6 +173,8 @@ def test_bench_reports_unreachable_stores_as_skipped(tmp_path, invoke):
         assert "unreachable" in result["tiers"][tier]["reason"]
     assert {s["tier"] for s in result["skipped"]} == {"redis", "s3"}
     assert out.count("skipped:") == 2
+    # The password given in the URL appears nowhere in what the run writes.
+    assert "hunter2" not in path.read_text() and "hunter2" not in out
 
 
 def test_bench_rejects_unknown_tier(invoke):
