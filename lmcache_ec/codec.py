@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -216,10 +217,11 @@ class Payload:
         return Payload(self.name, data, self.start, self.dtype, self.shape, tensor)
 
 
-def _verify(
-    raw: np.ndarray, key: ECKey, verify_payload: bool
-) -> tuple[str, int, int, torch.dtype, tuple[int, int]]:
-    """(name, payload start, payload length, dtype, shape) of a verified frame."""
+def _verify_header(
+    raw: np.ndarray, key: ECKey
+) -> tuple[str, int, int, int, torch.dtype, tuple[int, int]]:
+    """(name, payload start, payload length, payload sum, dtype, shape) of a
+    frame whose prefix and header (at least) are in ``raw``; header verified."""
     header_len, payload_len, payload_sum, header_sum = read_prefix(raw)
     start = PREFIX_SIZE + header_len
     if raw.size < start:
@@ -232,11 +234,29 @@ def _verify(
         raise CorruptEntryError(f"tensor dtype differs from the encoder dtype {pinned}")
     if len(shape) != 2 or math.prod(shape) * dtype.itemsize != payload_len:
         raise CorruptEntryError("shape does not match payload length")
-    if raw.size < start + payload_len:
+    return name, start, payload_len, payload_sum, dtype, (shape[0], shape[1])
+
+
+def _verify_payload(data: np.ndarray, length: int, payload_sum: int) -> np.ndarray:
+    """The first ``length`` bytes of ``data``, checked against ``payload_sum``."""
+    if data.size < length:
         raise CorruptEntryError("truncated payload")
-    if verify_payload and xxhash.xxh3_64_intdigest(raw[start : start + payload_len]) != payload_sum:
+    data = data[:length]
+    if xxhash.xxh3_64_intdigest(data) != payload_sum:
         raise CorruptEntryError("payload checksum mismatch")
-    return name, start, payload_len, dtype, (shape[0], shape[1])
+    return data
+
+
+def _verify(
+    raw: np.ndarray, key: ECKey, verify_payload: bool
+) -> tuple[str, int, int, torch.dtype, tuple[int, int]]:
+    """(name, payload start, payload length, dtype, shape) of a verified frame."""
+    name, start, length, payload_sum, dtype, shape = _verify_header(raw, key)
+    if raw.size < start + length:
+        raise CorruptEntryError("truncated payload")
+    if verify_payload:
+        _verify_payload(raw[start:], length, payload_sum)
+    return name, start, length, dtype, shape
 
 
 def decode_payload(buffer: torch.Tensor, key: ECKey, *, verify_payload: bool = True) -> Payload:
@@ -262,6 +282,68 @@ def decode_bytes(data: bytes, key: ECKey) -> Payload:
     payload = raw[start : start + length]
     tensor = _over_bytes(payload).view(dtype).view(shape)
     return Payload(name, payload, start, dtype, shape, tensor, owned=True)
+
+
+class FrameParts(NamedTuple):
+    """A frame read in two pieces: prefix and header, then the payload alone."""
+
+    head: bytes
+    payload: np.ndarray  # uint8, private to this read
+    # xxh3 of the payload's first (prefix's payload length) bytes, taken while
+    # reading; None if not taken (the payload is then hashed when decoded)
+    payload_sum: int | None = None
+
+
+READ_CHUNK = 512 * 1024  # hashed right after it lands, while it is still in cache
+
+
+def read_frame_parts(fd: int, size: int) -> FrameParts:
+    """Read the ``size``-byte frame file ``fd`` as ``FrameParts``, hashing the
+    payload as it arrives (read-then-hash in cache-sized pieces costs less than
+    one read plus a hash over memory). Buffers are sized from ``size``, never
+    from the prefix; a shorter file reads as a truncated frame."""
+    prefix = os.pread(fd, PREFIX_SIZE, 0)
+    try:
+        header_len, payload_len, *_ = read_prefix(prefix)
+    except CorruptEntryError:
+        return FrameParts(prefix, np.empty(0, dtype=np.uint8))  # decoding rejects it
+    rest = max(size - PREFIX_SIZE, 0)
+    header = os.pread(fd, min(header_len, rest), PREFIX_SIZE)
+    start = PREFIX_SIZE + len(header)
+    payload = np.empty(rest - len(header), dtype=np.uint8)
+    hashed = min(payload_len, payload.size)
+    digest = xxhash.xxh3_64()
+    done = 0
+    while done < payload.size:
+        got = os.preadv(fd, [payload[done : done + READ_CHUNK]], start + done)
+        if got <= 0:
+            break  # truncated under us: decoding rejects what is missing
+        if done < hashed:
+            digest.update(payload[done : min(done + got, hashed)])
+        done += got
+    if done < payload.size:
+        payload = payload[:done]
+    return FrameParts(prefix + header, payload, digest.intdigest() if done >= hashed else None)
+
+
+def decode_parts(parts: FrameParts, key: ECKey) -> Payload:
+    """``decode_payload`` for a frame read as ``FrameParts``, payload checksum included.
+
+    The payload is ``owned`` (the read allocated it for this caller); its
+    tensor is backed by the payload array alone.
+    """
+    name, start, length, payload_sum, dtype, shape = _verify_header(
+        np.frombuffer(parts.head, dtype=np.uint8), key
+    )
+    data = parts.payload
+    if parts.payload_sum is None or data.size < length:
+        data = _verify_payload(data, length, payload_sum)
+    elif parts.payload_sum != payload_sum:
+        raise CorruptEntryError("payload checksum mismatch")
+    elif data.size > length:
+        data = data[:length]
+    tensor = torch.from_numpy(data).view(dtype).view(shape)
+    return Payload(name, data, start, dtype, shape, tensor, owned=True)
 
 
 _warned_read_only = False

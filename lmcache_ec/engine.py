@@ -242,7 +242,9 @@ class ECCache:
     def remove(self, mm_hash: str) -> bool:
         """Delete ``mm_hash`` from every tier; True if any tier held it."""
         self._check_open()
-        return self._storage.remove(self.key(mm_hash)) > 0
+        key = self.key(mm_hash)
+        self._reader.cancel(key)  # a queued promotion must not bring it back
+        return self._storage.remove(key) > 0
 
     # -- reads ---------------------------------------------------------------
 
@@ -250,6 +252,7 @@ class ECCache:
         """Name of the first tier holding ``mm_hash`` (``cpu``, ``disk``…), or None."""
         self._check_open()
         key = self.key(mm_hash)
+        self._reader.settle(key)  # answer after a pending promotion of it
         for name, backend in self._storage.get_active_storage_backends():
             try:
                 if backend.contains(key):
@@ -347,8 +350,8 @@ class ECCache:
     # -- lifecycle -----------------------------------------------------------
 
     def pending_writes(self) -> int:
-        """Accepted writes not yet on every tier (disk and remote uploads)."""
-        return sum(
+        """Accepted writes not yet on every tier (disk and remote uploads, promotions)."""
+        return self._reader.pending() + sum(
             backend.pending_writes()
             for backend in self._storage.storage_backends.values()
             if hasattr(backend, "pending_writes")
@@ -383,6 +386,7 @@ class ECCache:
             logger.warning("close(): storage backends did not stop in time; leaving them")
 
     def _close_storage(self) -> None:
+        self._reader.close(self.config.close_timeout)
         self._storage.close()
         # LMCache stops its event loop but leaves the loop's to_thread pool
         # (a non-daemon thread) running; stop it so close() leaves nothing behind.

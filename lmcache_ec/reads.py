@@ -7,10 +7,12 @@ Tiers are asked in LMCache's order (CPU → disk → remote); the first hit wins
   ``codec.Payload`` kept on the memory object): a frame in the pool never left
   this process and is never written after it entered the tier, so neither
   checksum is recomputed.
-- A hit below the CPU tier is verified (both checksums, key, dtype, shape)
-  and then promoted into the tiers above it. Remote tiers that read frames as
-  ``bytes`` are verified on those bytes; the CPU-pool copy is made only when a
-  tier above wants one.
+- A hit below the CPU tier is read into fresh memory, verified (both
+  checksums, key, dtype, shape), and its payload becomes the caller's tensor
+  without another copy. It is then promoted into the tiers above it: a remote
+  hit at once (one copy into the CPU pool), a disk hit by the ``Promoter``
+  thread (``promotion.py``), which re-reads and re-verifies it once reads
+  pause; ``settle``/``cancel`` order ``contains`` and ``remove`` after it.
 - A frame that fails verification is removed from every tier and counted; the
   read is a miss. A tier that raises is counted and skipped.
 """
@@ -29,6 +31,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from . import codec
 from .key import ECKey
 from .metrics import ECStats
+from .promotion import Promoter
 from .tiers import tier_name
 
 logger = logging.getLogger(__name__)
@@ -81,12 +84,29 @@ class TierReader:
         self._storage = storage
         self._cpu = cpu
         self._stats = stats
+        self._promoter = Promoter(self._promote_from)
+
+    def settle(self, key: ECKey) -> None:
+        """Finish a pending background promotion of ``key``, if any."""
+        self._promoter.settle(key)
+
+    def cancel(self, key: ECKey) -> None:
+        """Drop a pending background promotion of ``key``, if any."""
+        self._promoter.cancel(key)
+
+    def pending(self) -> int:
+        """Background promotions queued or running."""
+        return self._promoter.pending()
+
+    def close(self, timeout: float) -> None:
+        self._promoter.close(timeout)
 
     def read(self, key: ECKey, prefetched: Prefetched | None = None) -> Hit | None:
         """The first verified hit for ``key``, or None (miss, or corrupt and dropped).
 
         ``prefetched``: frames already fetched for a batch (``prefetch``).
         """
+        self._promoter.reading()
         try:
             if self._cpu.use_hot:
                 try:
@@ -165,11 +185,17 @@ class TierReader:
             self.tier_failed(name, "get", exc)
             return None
         if data is not None:
+            from_bytes = isinstance(data, bytes)
             try:
-                payload = codec.decode_bytes(data, key)
+                payload = (
+                    codec.decode_bytes(data, key) if from_bytes else codec.decode_parts(data, key)
+                )
             except Exception as exc:
                 self._drop(key, name, exc)
-            self._promote_bytes(key, data, payload, level)
+            if from_bytes:
+                self._promote_bytes(key, data, payload, level)
+            elif self._cpu.use_hot or level > 1:  # some tier above wants it
+                self._promoter.submit(key, level, self._cpu.stamp())
             return Hit(tier_name(name), None, payload)
         if memory_obj is None:
             return None
@@ -218,6 +244,36 @@ class TierReader:
                 backend.batched_submit_put_task([key], [memory_obj])
             except Exception as exc:
                 self.tier_failed(name, "promote", exc)
+
+    def _promote_from(self, key: ECKey, level: int, since: int) -> None:
+        """On the promoter thread: read ``key`` again from tier ``level`` into the
+        CPU pool, verify it and hand it to the tiers above. ``since``: the CPU
+        tier's use tick when the caller read it; the pool buffer may evict only
+        entries not used after that (``ECLocalCPUBackend.allocate_after``)."""
+        tiers = self._tiers_above(level)
+        source = None
+        for upper, (_, backend) in enumerate(self._storage.get_active_storage_backends()):
+            if upper == level:
+                source = backend
+                break
+        if not tiers or not hasattr(source, "read_into_pool"):
+            return
+        if self._cpu.use_hot and self._cpu.contains(key):
+            return
+        memory_obj = source.read_into_pool(key, lambda size: self._cpu.allocate_after(size, since))
+        if memory_obj is None:
+            return
+        try:
+            buffer = frame_bytes(memory_obj)
+            if buffer is not None:
+                # Verified again: the entry may have changed since the caller's read.
+                payload = codec.decode_payload(buffer, key)
+                remember_payload(memory_obj, payload)
+                self._submit(key, memory_obj, tiers)
+        except codec.CorruptEntryError:
+            pass  # the next read of the entry finds it and drops it
+        finally:
+            memory_obj.ref_count_down()
 
     def _promote_bytes(self, key: ECKey, data: Any, payload: codec.Payload, level: int) -> None:
         """One copy of a verified frame into the CPU pool, for the tiers above ``level``."""

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from lmcache.utils import CacheEngineKey
-from lmcache.v1.memory_management import MemoryObj
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.cache_policy.lru import LRUCachePolicy
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
@@ -19,6 +20,13 @@ from .allocator import HostPoolAllocator
 
 class ECLocalCPUBackend(LocalCPUBackend):
     _lru: bool | None = None  # is the policy plain LRU (decided on first use)
+    # Use order: every hit and put takes the next tick (see allocate_after).
+    _clock = 0
+    _used: dict[CacheEngineKey, int]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._used = {}
+        super().__init__(*args, **kwargs)
 
     def initialize_allocator(self, config: Any, metadata: Any = None) -> HostPoolAllocator:
         return HostPoolAllocator(int(config.max_local_cpu_size * 1024**3))
@@ -36,6 +44,8 @@ class ECLocalCPUBackend(LocalCPUBackend):
             if memory_obj is None:
                 return None
             memory_obj.ref_count_up()
+            self._clock += 1
+            self._used[key] = self._clock
             if lru:
                 # What LRUCachePolicy.update_on_hit does, without its KV-chunk
                 # reuse statistics (a clock read and a stats lock per hit).
@@ -43,6 +53,38 @@ class ECLocalCPUBackend(LocalCPUBackend):
             else:
                 self.cache_policy.update_on_hit(key, self.hot_cache)
             return memory_obj
+
+    def submit_put_task(self, key: CacheEngineKey, memory_obj: MemoryObj, *args: Any, **kw: Any):
+        with self.cpu_lock:
+            self._clock += 1
+            self._used[key] = self._clock
+        return super().submit_put_task(key, memory_obj, *args, **kw)
+
+    def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        removed = super().remove(key, force)
+        self._used.pop(key, None)
+        return removed
+
+    def stamp(self) -> int:
+        """The current tick of the tier's use order."""
+        return self._clock
+
+    def allocate_after(self, size: int, since: int) -> MemoryObj | None:
+        """A frame buffer for an entry last read at tick ``since``, evicting only
+        entries not used after it: a late promotion never pushes out anything
+        more recent than itself (nor an entry written since, which may exist
+        nowhere else)."""
+        while True:
+            memory_obj = self.allocate(
+                torch.Size([size]), torch.uint8, MemoryFormat.EC_TD, eviction=False
+            )
+            if memory_obj is not None or not self.use_hot:
+                return memory_obj
+            with self.cpu_lock:
+                victims = self.cache_policy.get_evict_candidates(self.hot_cache, 1)
+                if not victims or self._used.get(victims[0], 0) > since:
+                    return None
+                self.batched_remove(victims, force=False)
 
     def entries(self) -> list[tuple[CacheEngineKey, int]]:
         """(key, bytes) of every entry, least recently used first."""

@@ -36,9 +36,10 @@ import torch
 from lmcache.logging import init_logger
 from lmcache.utils import CacheEngineKey, DiskCacheMetadata
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.storage_backend.cache_policy.lru import LRUCachePolicy
 from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
 
-from ..codec import PREFIX_SIZE
+from ..codec import PREFIX_SIZE, FrameParts, read_frame_parts
 from ..key import ECKey
 
 logger = init_logger(__name__)
@@ -49,6 +50,8 @@ STALE_TMP_SECONDS = 3600
 
 
 class ECLocalDiskBackend(LocalDiskBackend):
+    _lru: bool | None = None  # is the policy plain LRU (decided on first use)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.counters: Counter[str] = Counter()
@@ -141,21 +144,79 @@ class ECLocalDiskBackend(LocalDiskBackend):
 
     # -- reads ---------------------------------------------------------------
 
-    def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
+    def _lookup(self, key: CacheEngineKey) -> DiskCacheMetadata | None:
         with self.disk_lock:
             meta = self.dict.get(key)
-        if meta is None:
-            if not self._adopt(key):
-                return None
+        if meta is None and self._adopt(key):
             with self.disk_lock:
                 meta = self.dict.get(key)
-            if meta is None:
-                return None
-        # At least a frame prefix, so an empty file reads as a corrupt frame.
-        size = max(meta.size, PREFIX_SIZE)
-        memory_obj = self.local_cpu_backend.allocate(
+        return meta
+
+    def _touch(self, key: CacheEngineKey) -> None:
+        lru = self._lru
+        if lru is None:
+            self._lru = lru = type(self.cache_policy) is LRUCachePolicy
+        with self.disk_lock:
+            if key in self.dict:
+                if lru:  # LRUCachePolicy.update_on_hit without its KV-chunk statistics
+                    self.dict.move_to_end(key)
+                else:
+                    self.cache_policy.update_on_hit(key, self.dict)
+
+    def _vanished(self, key: CacheEngineKey, meta: DiskCacheMetadata) -> None:
+        self.counters["vanished"] += 1
+        with self.disk_lock:
+            if self.dict.pop(key, None) is not None:
+                self.current_cache_size -= meta.size
+                self.usage -= meta.size
+
+    # Reads for the caller go through get_frame (fresh memory, no CPU-pool
+    # buffer); get_blocking (into the pool) serves promotion and LMCache.
+    reads_frames = True
+
+    def get_frame(self, key: CacheEngineKey) -> FrameParts | None:
+        """The entry read into fresh memory: prefix and header, then the payload
+        straight into a tensor of its own (no extra copy), hashed as it lands."""
+        meta = self._lookup(key)
+        if meta is None:
+            return None
+        try:
+            fd = os.open(meta.path, os.O_RDONLY)
+        except FileNotFoundError:
+            self._vanished(key, meta)
+            return None
+        except OSError as exc:
+            self.counters["read_errors"] += 1
+            logger.warning("Disk read of %s failed: %s", meta.path, exc)
+            return None
+        try:
+            parts = read_frame_parts(fd, meta.size)
+        except OSError as exc:
+            self.counters["read_errors"] += 1
+            logger.warning("Disk read of %s failed: %s", meta.path, exc)
+            return None
+        finally:
+            os.close(fd)
+        self._touch(key)
+        return parts
+
+    def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
+        return self.read_into_pool(key, self._pool_buffer)
+
+    def _pool_buffer(self, size: int) -> MemoryObj | None:
+        return self.local_cpu_backend.allocate(
             torch.Size([size]), torch.uint8, MemoryFormat.EC_TD, busy_loop=False
         )
+
+    def read_into_pool(
+        self, key: CacheEngineKey, allocate: Callable[[int], MemoryObj | None]
+    ) -> MemoryObj | None:
+        """The entry read into a CPU-pool buffer from ``allocate(size)``."""
+        meta = self._lookup(key)
+        if meta is None:
+            return None
+        # At least a frame prefix, so an empty file reads as a corrupt frame.
+        memory_obj = allocate(max(meta.size, PREFIX_SIZE))
         if memory_obj is None:
             self.counters["read_skipped_no_memory"] += 1
             logger.warning("CPU pool full: disk read of %s skipped", key)
@@ -166,11 +227,7 @@ class ECLocalDiskBackend(LocalDiskBackend):
                 read = stream.readinto(buffer)
         except FileNotFoundError:
             memory_obj.ref_count_down()
-            self.counters["vanished"] += 1
-            with self.disk_lock:
-                if self.dict.pop(key, None) is not None:
-                    self.current_cache_size -= meta.size
-                    self.usage -= meta.size
+            self._vanished(key, meta)
             return None
         except OSError as exc:
             memory_obj.ref_count_down()
@@ -181,9 +238,7 @@ class ECLocalDiskBackend(LocalDiskBackend):
             # Truncated under us: make the tail deterministic; the frame's
             # checksum then rejects it.
             memory_obj.tensor[read:] = 0
-        with self.disk_lock:
-            if key in self.dict:
-                self.cache_policy.update_on_hit(key, self.dict)
+        self._touch(key)
         return memory_obj
 
     # -- writes --------------------------------------------------------------
