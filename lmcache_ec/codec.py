@@ -24,7 +24,6 @@ import os
 import struct
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -190,12 +189,12 @@ def read_header(buffer: torch.Tensor) -> dict[str, Any]:
     return header
 
 
-@dataclass(frozen=True)
-class Payload:
+class Payload(NamedTuple):  # a tuple: built on every lower-tier read
     """A verified tensor inside a frame; ``data`` and ``tensor`` alias the frame.
 
     ``owned``: the frame's memory belongs to this read alone (``bytes`` a remote
-    store returned), so the result may take it over instead of copying it.
+    store returned, or a disk read's own buffer), so the result may take it
+    over instead of copying it.
     """
 
     name: str  # the storage name the frame was verified for

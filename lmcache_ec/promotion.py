@@ -12,8 +12,8 @@ saves); they run in the gap after it, e.g. while the GPU computes.
 Guarantees, so that a promotion is invisible except for speed:
 
 - ``settle(key)`` promotes a queued ``key`` at once, in the calling thread
-  (or waits for a running promotion of it): ``ECCache.contains`` calls it, so
-  the answer after a disk hit is ``cpu``.
+  (or waits for a running promotion of it): reads and ``ECCache.contains``
+  call it, so after a disk hit the next read of the key is a CPU hit.
 - ``cancel(key)`` drops a queued promotion of ``key`` (or waits for a running
   one): ``ECCache.remove`` calls it, so a removal is never undone by a
   promotion that was still queued.

@@ -12,7 +12,8 @@ Tiers are asked in LMCache's order (CPU → disk → remote); the first hit wins
   without another copy. It is then promoted into the tiers above it: a remote
   hit at once (one copy into the CPU pool), a disk hit by the ``Promoter``
   thread (``promotion.py``), which re-reads and re-verifies it once reads
-  pause; ``settle``/``cancel`` order ``contains`` and ``remove`` after it.
+  pause; a later read, ``contains`` or ``remove`` of that key first finishes
+  (or drops) the pending promotion.
 - A frame that fails verification is removed from every tier and counted; the
   read is a miss. A tier that raises is counted and skipped.
 """
@@ -107,6 +108,7 @@ class TierReader:
         ``prefetched``: frames already fetched for a batch (``prefetch``).
         """
         self._promoter.reading()
+        self._promoter.settle(key)  # a read after a disk hit is a CPU hit
         try:
             if self._cpu.use_hot:
                 try:

@@ -1,0 +1,70 @@
+"""Remote reads: frames read as bytes, private results, batched reads."""
+
+from __future__ import annotations
+
+import redis
+import torch
+
+from lmcache_ec import ECCache
+from lmcache_ec.remote.naming import redis_data_key
+from tests.conftest import bit_equal, make_tensor
+from tests.remote.conftest import remote_config
+
+MODEL = "test/remote-reads"
+
+
+def _stored(config: dict, entries: dict[str, torch.Tensor]) -> None:
+    with ECCache.from_config(config, model=MODEL) as writer:
+        assert all(writer.put_many(entries))
+        assert writer.flush(10)
+
+
+def _calls(url: str) -> dict[str, int]:
+    stats = redis.Redis.from_url(url).info("commandstats")
+    return {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("get", "mget")}
+
+
+def test_remote_results_are_private(remote):
+    tensor = make_tensor((16, 256), torch.bfloat16, seed=4)
+    _stored(remote_config(**remote), {"x": tensor})
+    for local_cpu in (False, True):
+        config = remote_config(**remote, local_cpu=local_cpu)
+        with ECCache.from_config(config, model=MODEL) as cache:
+            first = cache.get("x")
+            assert bit_equal(first, tensor)
+            first.fill_(3.0)  # the caller owns what it got
+            assert bit_equal(cache.get("x"), tensor)
+            expected = {"remote": 1, "cpu": 1} if local_cpu else {"remote": 2}
+            assert cache.stats.snapshot()["hits"] == expected
+
+
+def test_get_many_fetches_remote_entries_in_one_request(redis_url):
+    entries = {f"img-{i}": make_tensor((8, 128), torch.float16, seed=i) for i in range(6)}
+    _stored(remote_config(redis_url), entries)
+    with ECCache.from_config(remote_config(redis_url), model=MODEL) as cache:
+        assert bit_equal(cache.get("img-0"), entries["img-0"])  # now in the CPU tier
+        before = _calls(redis_url)
+        names = [*entries, "absent"]
+        results = cache.get_many(names)
+        after = _calls(redis_url)
+        assert after["mget"] - before["mget"] == 1
+        assert after["get"] == before["get"]
+        assert results[-1] is None
+        assert all(bit_equal(r, entries[n]) for n, r in zip(names, results[:-1], strict=False))
+        hits = cache.stats.snapshot()["hits"]
+        assert hits == {"remote": 6, "cpu": 1}
+
+
+def test_get_many_with_duplicates_and_corrupt_entries(redis_url):
+    good = make_tensor((8, 128), torch.float32, seed=1)
+    bad = make_tensor((8, 128), torch.float32, seed=2)
+    _stored(remote_config(redis_url), {"good": good, "bad": bad})
+    with ECCache.from_config(remote_config(redis_url), model=MODEL) as cache:
+        client = redis.Redis.from_url(redis_url)
+        data_key = redis_data_key(cache.key("bad").storage_name)
+        client.set(data_key, client.get(data_key)[:-1])
+        results = cache.get_many(["good", "bad", "good"])
+        assert bit_equal(results[0], good) and bit_equal(results[2], good)
+        assert results[1] is None
+        assert cache.stats.snapshot()["integrity_failures"] == 1
+        assert not client.exists(data_key)
