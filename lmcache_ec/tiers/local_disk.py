@@ -41,6 +41,7 @@ from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
 
 from ..codec import PREFIX_SIZE, FrameParts, read_frame_parts
 from ..key import ECKey
+from .writer import BackgroundWriter
 
 logger = init_logger(__name__)
 
@@ -53,6 +54,8 @@ class ECLocalDiskBackend(LocalDiskBackend):
     _lru: bool | None = None  # is the policy plain LRU (decided on first use)
 
     def __init__(self, *args, **kwargs) -> None:
+        # Writes run on our own thread (writer.py), not LMCache's loop and pool.
+        self._writer = BackgroundWriter("ec-disk-writer")
         super().__init__(*args, **kwargs)
         self.counters: Counter[str] = Counter()
         self._last_write_ok = True
@@ -318,9 +321,52 @@ class ECLocalDiskBackend(LocalDiskBackend):
         memory_obj: MemoryObj,
         on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
     ) -> None:
-        if memory_obj.get_physical_size() > self.max_cache_size:
+        size = memory_obj.get_physical_size()
+        if size > self.max_cache_size:
             self.counters["skipped_too_large"] += 1  # upstream only logs it
-        return super().submit_put_task(key, memory_obj, on_complete_callback)
+        if not self._admit(key, size):
+            return
+        memory_obj.ref_count_up()  # released by async_save_bytes_to_disk
+        if not self._writer.submit(
+            self.async_save_bytes_to_disk, key, memory_obj, on_complete_callback
+        ):
+            memory_obj.ref_count_down()
+            with self.disk_lock:
+                self.current_cache_size -= size
+            self.disk_worker.remove_put_task(key)
+
+    def _admit(self, key: CacheEngineKey, size: int) -> bool:
+        """Upstream's admission, as in ``LocalDiskBackend.submit_put_task``: not on
+        disk or in flight already, room made by evicting, the size reserved."""
+        with self.disk_lock:
+            if key in self.dict:
+                self.cache_policy.update_on_hit(key, self.dict)
+                return False
+            if size > self.max_cache_size:
+                logger.warning("Put of %s (%d bytes) exceeds the disk tier", key, size)
+                return False
+            if not self.disk_worker.try_insert_put_task(key):
+                return False  # a write of this key is in flight
+            excess = self.current_cache_size + size - self.max_cache_size
+            if excess > 0 and sum(m.size for m in self.dict.values() if m.can_evict) < excess:
+                logger.warning("Not enough evictable disk space for %s", key)
+                self.disk_worker.remove_put_task(key)
+                return False
+            while self.current_cache_size + size > self.max_cache_size:
+                victims = self.cache_policy.get_evict_candidates(self.dict, num_candidates=1)
+                if not victims:
+                    self.disk_worker.remove_put_task(key)
+                    return False
+                for victim in victims:
+                    self.current_cache_size -= self.dict[victim].size
+                self.batched_remove(victims, force=False)
+            self.current_cache_size += size
+            self.cache_policy.update_on_put(key)
+            return True
+
+    def close(self) -> None:
+        self._writer.close()
+        super().close()
 
     def pending_writes(self) -> int:
         with self.disk_worker.put_lock:
