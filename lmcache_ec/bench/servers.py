@@ -66,10 +66,21 @@ def local_redis() -> Iterator[str]:
             process.wait(timeout=10)
 
 
+def _create_bucket(endpoint: str, bucket: str) -> None:
+    import boto3
+
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+    ).create_bucket(Bucket=bucket)
+
+
 @contextlib.contextmanager
 def local_s3(bucket: str = "lmcache-ec-bench") -> Iterator[str]:
     """A moto S3 server with ``bucket``; yields its endpoint URL."""
-    import boto3
     from moto.server import ThreadedMotoServer
 
     port = free_port()
@@ -77,13 +88,7 @@ def local_s3(bucket: str = "lmcache-ec-bench") -> Iterator[str]:
     server.start()
     try:
         endpoint = f"http://127.0.0.1:{port}"
-        boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="bench",
-            aws_secret_access_key="bench",
-        ).create_bucket(Bucket=bucket)
+        _create_bucket(endpoint, bucket)
         yield endpoint
     finally:
         server.stop()
@@ -93,7 +98,6 @@ def local_s3(bucket: str = "lmcache-ec-bench") -> Iterator[str]:
 def moto_process(bucket: str = "lmcache-ec-bench") -> Iterator[str]:
     """moto's S3 server in its own process (not a thread of the process being
     measured, which would share its GIL); yields its endpoint URL."""
-    import boto3
 
     port = free_port()
     process = subprocess.Popen(
@@ -104,13 +108,7 @@ def moto_process(bucket: str = "lmcache-ec-bench") -> Iterator[str]:
     try:
         _wait_for_port(port, timeout=60.0)
         endpoint = f"http://127.0.0.1:{port}"
-        boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="bench",
-            aws_secret_access_key="bench",
-        ).create_bucket(Bucket=bucket)
+        _create_bucket(endpoint, bucket)
         yield endpoint
     finally:
         process.terminate()
