@@ -56,6 +56,25 @@ UP_LABEL = "ECCacheEngine"
 EXAMPLE_SAVE = "ECExampleConnector.save_caches"
 CPU_ONLY_LABEL = "ECCache.put, CPU tier only"
 CPU_ONLY_NOTE = "the same put with no tier below: what the caller would pay anyway"
+
+
+def ours_put_columns(
+    times: dict[str, Any], key: str, in_flight: Any, nbytes: int
+) -> dict[str, Any]:
+    """The ``ours`` and ``cpu_only`` cells of a put row (``key``: returns | stored)."""
+    returns = key == "returns"
+    return {
+        "ours": summary(
+            "ECCache.put", times[f"ours_{key}"], nbytes, in_flight=in_flight if returns else None
+        ),
+        "cpu_only": (
+            summary(CPU_ONLY_LABEL, times["cpu_only"], nbytes, note=CPU_ONLY_NOTE)
+            if returns
+            else None
+        ),
+    }
+
+
 WALK_LABEL = "ECCacheEngine (StorageManager.get)"
 
 Progress = Callable[[str], None]
@@ -213,17 +232,7 @@ def run_disk(
                     shape,
                     dtype,
                     nbytes,
-                    ours=summary(
-                        "ECCache.put",
-                        puts[f"ours_{key}"],
-                        nbytes,
-                        in_flight=in_flight if key == "returns" else None,
-                    ),
-                    cpu_only=(
-                        summary(CPU_ONLY_LABEL, puts["cpu_only"], nbytes, note=CPU_ONLY_NOTE)
-                        if key == "returns"
-                        else None
-                    ),
+                    **ours_put_columns(puts, key, in_flight, nbytes),
                     upstream=summary(UP_LABEL + ".put", puts[f"up_{key}"], nbytes),
                     example=summary(
                         "ECExampleConnector.save_caches",

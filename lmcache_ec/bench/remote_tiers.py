@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .local_tiers import CPU_ONLY_LABEL, CPU_ONLY_NOTE
+from .local_tiers import ours_put_columns
 from .measure import alternate, interleave, not_available, summary
 from .rows import OURS, make_row, pool_gb, sample_tensors
 from .subjects import (
@@ -127,17 +127,7 @@ def run_remote(
                     shape,
                     dtype,
                     nbytes,
-                    ours=summary(
-                        "ECCache.put",
-                        times[f"ours_{key}"],
-                        nbytes,
-                        in_flight=in_flight if key == "returns" else None,
-                    ),
-                    cpu_only=(
-                        summary(CPU_ONLY_LABEL, times["cpu_only"], nbytes, note=CPU_ONLY_NOTE)
-                        if key == "returns"
-                        else None
-                    ),
+                    **ours_put_columns(times, key, in_flight, nbytes),
                     upstream=up,
                     limit=summary(raw.label_write, times["limit"], nbytes, note="the frame bytes"),
                 )
