@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -70,3 +72,59 @@ def test_skipping_payload_check_still_checks_header():
     frame[70] ^= 0xFF
     with pytest.raises(codec.CorruptEntryError):
         codec.decode_frame(frame, IDENTITY.key("h"), verify_payload=False)
+
+
+# -- the path disk reads take: read_frame_parts (hashing while reading) + decode_parts
+
+
+def _read_parts(tmp_path, data: bytes, size: int | None = None) -> codec.FrameParts:
+    """``data`` written to a file and read back as the disk tier reads it."""
+    path = tmp_path / "frame.pt"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return codec.read_frame_parts(fd, len(data) if size is None else size)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (300, 1024)])  # one read chunk, several
+def test_disk_read_path_round_trip(tmp_path, shape):
+    tensor = make_tensor(shape, torch.float16)
+    parts = _read_parts(tmp_path, frame_of(tensor).numpy().tobytes())
+    assert parts.payload_sum is not None  # hashed while read
+    assert bit_equal(codec.decode_parts(parts, IDENTITY.key("h")).view(), tensor)
+
+
+@pytest.mark.parametrize(
+    ("where", "reason"),
+    [("payload-start", "payload checksum"), ("payload-end", "payload checksum")],
+)
+def test_disk_read_path_checks_the_payload(tmp_path, where, reason):
+    data = bytearray(frame_of(make_tensor((300, 1024), torch.float16)).numpy().tobytes())
+    header_len = codec.read_prefix(bytes(data[: codec.PREFIX_SIZE]))[0]
+    data[codec.PREFIX_SIZE + header_len if where == "payload-start" else -1] ^= 0x01
+    parts = _read_parts(tmp_path, bytes(data))
+    with pytest.raises(codec.CorruptEntryError, match=reason):
+        codec.decode_parts(parts, IDENTITY.key("h"))
+
+
+def test_disk_read_path_checks_the_header_and_the_key(tmp_path):
+    data = bytearray(frame_of(make_tensor((4, 4), torch.float32)).numpy().tobytes())
+    with pytest.raises(codec.CorruptEntryError, match="another key"):
+        codec.decode_parts(_read_parts(tmp_path, bytes(data)), IDENTITY.key("other"))
+    data[70] ^= 0x01
+    with pytest.raises(codec.CorruptEntryError, match="header checksum"):
+        codec.decode_parts(_read_parts(tmp_path, bytes(data)), IDENTITY.key("h"))
+
+
+def test_disk_read_path_rejects_short_files(tmp_path):
+    data = frame_of(make_tensor((300, 1024), torch.float16)).numpy().tobytes()
+    for cut in (len(data) - 8, len(data) // 2, codec.PREFIX_SIZE + 10, 10, 0):
+        parts = _read_parts(tmp_path, data[:cut])
+        with pytest.raises(codec.CorruptEntryError):
+            codec.decode_parts(parts, IDENTITY.key("h"))
+    # A file that shrank after its size was taken: fewer bytes than ``size``.
+    parts = _read_parts(tmp_path, data[:-100], size=len(data))
+    with pytest.raises(codec.CorruptEntryError, match="truncated"):
+        codec.decode_parts(parts, IDENTITY.key("h"))

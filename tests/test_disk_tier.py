@@ -59,32 +59,68 @@ def test_entries_written_while_running_are_found(local_config, disk_dir):
         assert bit_equal(cache.get("image-0"), make_tensor((256, 2560), torch.bfloat16, seed=0))
 
 
-def test_disk_capacity_evicts_least_recently_used(disk_dir):
-    frame = 256 * 1024 * 2 + 4096
-    config = {
+def _disk_only(disk_dir, frames: float, frame: int) -> dict:
+    """No CPU tier: every read is a disk read; room for ``frames`` frames."""
+    return {
         "local_cpu": False,
         "max_local_cpu_size": 0.05,
         "local_disk": str(disk_dir),
-        "max_local_disk_size": frame * 3.5 / 1024**3,
+        "max_local_disk_size": frame * frames / 1024**3,
     }
-    tensors = [make_tensor((256, 1024), torch.float16, seed=i) for i in range(5)]
+
+
+def _stored(cache: ECCache, names: list[str]) -> list[str]:
+    return [name for name in names if cache.contains(name) == "disk"]
+
+
+def test_disk_capacity_evicts_least_recently_used(disk_dir):
+    frame = 256 * 1024 * 2 + 4096
+    config = _disk_only(disk_dir, 3.5, frame)
+    names = [f"img-{i}" for i in range(5)]
+    tensors = {
+        name: make_tensor((256, 1024), torch.float16, seed=i) for i, name in enumerate(names)
+    }
     with ECCache.from_config(config, model="m") as cache:
-        for i, tensor in enumerate(tensors):
-            assert cache.put(f"img-{i}", tensor)
+        for name in names[:3]:
+            assert cache.put(name, tensors[name])
             assert cache.flush()
+        # A hit makes img-0 the most recently used: the next overflow takes img-1.
+        assert bit_equal(cache.get("img-0"), tensors["img-0"])
+        assert cache.put("img-3", tensors["img-3"])
+        assert cache.flush()
         assert len(list(disk_dir.glob("*.pt"))) == 3
-        assert [cache.contains(f"img-{i}") for i in range(5)] == [
-            None,
-            None,
-            "disk",
-            "disk",
-            "disk",
-        ]
+        assert _stored(cache, names[:4]) == ["img-0", "img-2", "img-3"]
+        # Again, the other way round: img-2 read, so img-0 is now the oldest.
+        assert bit_equal(cache.get("img-2"), tensors["img-2"])
+        assert cache.put("img-4", tensors["img-4"])
+        assert cache.flush()
+        assert _stored(cache, names) == ["img-2", "img-3", "img-4"]
     # Restarting over a directory larger than the configured size trims it.
-    smaller = dict(config, max_local_disk_size=frame * 2.5 / 1024**3)
-    with ECCache.from_config(smaller, model="m") as cache:
+    with ECCache.from_config(_disk_only(disk_dir, 2.5, frame), model="m") as cache:
         assert len(list(disk_dir.glob("*.pt"))) == 2
         assert cache.contains("img-4") == "disk"
+
+
+def test_lru_order_survives_restart(disk_dir):
+    frame = 64 * 1024 * 4 + 4096
+    names = [f"img-{i}" for i in range(4)]
+    tensors = {name: make_tensor((64, 1024), torch.float32, seed=i) for i, name in enumerate(names)}
+    with ECCache.from_config(_disk_only(disk_dir, 1024, frame), model="m") as cache:
+        for name in names[:3]:
+            assert cache.put(name, tensors[name])
+            assert cache.flush()
+            time.sleep(0.01)  # distinct mtimes
+    # The rebuilt index is in write order: trimming takes the oldest entry.
+    with ECCache.from_config(_disk_only(disk_dir, 2.5, frame), model="m") as cache:
+        assert _stored(cache, names[:3]) == ["img-1", "img-2"]
+    # And hits on the rebuilt index refresh recency: img-1 read, img-2 goes.
+    with ECCache.from_config(_disk_only(disk_dir, 2.5, frame), model="m") as cache:
+        assert bit_equal(cache.get("img-1"), tensors["img-1"])
+        assert cache.put("img-3", tensors["img-3"])
+        assert cache.flush()
+        assert _stored(cache, names) == ["img-1", "img-3"]
+    with ECCache.from_config(_disk_only(disk_dir, 2.5, frame), model="m") as cache:
+        assert _stored(cache, names) == ["img-1", "img-3"]
 
 
 def test_stale_temporary_files_are_cleaned_and_fresh_ones_kept(local_config, disk_dir):
@@ -99,21 +135,3 @@ def test_stale_temporary_files_are_cleaned_and_fresh_ones_kept(local_config, dis
         assert cache.contains("anything") is None
     assert not stale.exists() and fresh.exists()
     assert (disk_dir / "unrelated.txt").exists()
-
-
-def test_lru_order_survives_restart(disk_dir):
-    frame = 64 * 1024 * 4 + 4096
-    config = {
-        "local_cpu": False,
-        "max_local_cpu_size": 0.05,
-        "local_disk": str(disk_dir),
-        "max_local_disk_size": 1,
-    }
-    with ECCache.from_config(config, model="m") as cache:
-        for i in range(3):
-            cache.put(f"img-{i}", make_tensor((64, 1024), torch.float32, seed=i))
-            assert cache.flush()
-            time.sleep(0.01)  # distinct mtimes
-    trimmed = dict(config, max_local_disk_size=frame * 2.5 / 1024**3)
-    with ECCache.from_config(trimmed, model="m") as cache:
-        assert [cache.contains(f"img-{i}") for i in range(3)] == [None, "disk", "disk"]

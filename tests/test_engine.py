@@ -133,12 +133,34 @@ def test_identities_never_exchange_entries(local_config):
         assert bit_equal(cache.get("same-image"), tensor)
 
 
+def test_tenants_with_colliding_slugs_never_exchange_entries(local_config):
+    # Equal namespace slugs, hence equal storage-name prefixes: only the digest
+    # keeps the two tenants apart on the shared disk directory.
+    first, second = "t" * 32 + "15057", "t" * 32 + "25505"
+    tensors = {first: make_tensor((8, 8), torch.float32, seed=1)}
+    tensors[second] = make_tensor((8, 8), torch.float32, seed=2)
+    with ECCache.from_config(local_config, model="m", namespace=first) as cache:
+        assert cache.put("img", tensors[first])
+        assert cache.flush()
+        prefix = cache.key("img").identity.storage_prefix
+    with ECCache.from_config(local_config, model="m", namespace=second) as cache:
+        assert cache.key("img").identity.storage_prefix == prefix  # the slugs collide
+        assert cache.contains("img") is None  # misses what the other tenant stored
+        assert cache.get("img") is None
+        assert cache.put("img", tensors[second])
+        assert cache.flush()
+    for namespace, tensor in tensors.items():
+        with ECCache.from_config(local_config, model="m", namespace=namespace) as cache:
+            assert bit_equal(cache.get("img"), tensor)
+
+
 def test_put_many_and_get_many(cache):
     items = {f"img-{i}": make_tensor((16 + i, 32), torch.bfloat16, seed=i) for i in range(5)}
     assert cache.put_many(items) == [True] * 5
     got = cache.get_many([*items, "missing"])
     assert got[-1] is None
-    for out, tensor in zip(got, items.values(), strict=False):
+    assert len(got) == len(items) + 1
+    for out, tensor in zip(got[:-1], items.values(), strict=True):
         assert bit_equal(out, tensor)
 
 

@@ -57,6 +57,41 @@ def test_every_identity_field_changes_the_key(field):
     assert EncoderIdentity(**base).key("h") != EncoderIdentity(**changed).key("h")
 
 
+# Two namespaces (and two models) whose slugs are equal: same storage prefix, so
+# only the digest tells them apart.
+COLLIDING = {
+    "namespace": ("t" * 32 + "15057", "t" * 32 + "25505"),
+    "model": ("t" * 32 + "15057", "t" * 32 + "25505"),
+}
+
+
+@pytest.mark.parametrize("field", ["model", "revision", "fingerprint", "dtype", "namespace"])
+def test_every_identity_field_is_in_the_digest(field):
+    # The storage name's prefix carries slugs of the namespace and model; a
+    # field left out of the SHA-256 would still change the name through them.
+    # Compare the digests alone, on inputs whose slugs are equal.
+    base = {
+        "model": "m",
+        "revision": "r",
+        "fingerprint": "f",
+        "dtype": "float16",
+        "namespace": "ns",
+    }
+    if field in COLLIDING:
+        first, second = COLLIDING[field]
+        a = EncoderIdentity(**dict(base, **{field: first}))
+        b = EncoderIdentity(**dict(base, **{field: second}))
+        assert a.storage_prefix == b.storage_prefix  # the slugs do collide
+    else:
+        a = EncoderIdentity(**base)
+        b = EncoderIdentity(**dict(base, **{field: "float32" if field == "dtype" else "other"}))
+    assert a.key("h").digest_hex != b.key("h").digest_hex
+
+
+def test_mm_hash_is_in_the_digest(identity):
+    assert identity.key("a").digest_hex != identity.key("b").digest_hex
+
+
 def test_field_boundaries_do_not_collide():
     a = EncoderIdentity(model="ab", revision="c").key("h")
     b = EncoderIdentity(model="a", revision="bc").key("h")
