@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import random
 import textwrap
 import threading
 import time
 
+import pytest
 import torch
 
 from lmcache_ec import ECCache, codec
@@ -98,11 +100,41 @@ def test_processes_sharing_a_disk_directory_and_redis(disk_dir, redis_url, fault
 
 KILLED_WRITER = textwrap.dedent(
     """
-    import sys, torch
+    import os, sys, time, torch
     from lmcache_ec import ECCache
+    from lmcache_ec.tiers.local_disk import ECLocalDiskBackend
     from tests.conftest import make_tensor
 
-    disk, url = sys.argv[1], sys.argv[2]
+    disk, url, pause_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    opened = [0]
+    open_tmp = ECLocalDiskBackend._open_tmp
+
+    class PausedHalfway:
+        # The disk write of one generation stops halfway through its bytes, on
+        # disk and flushed, and reports where: the kill lands inside that write.
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.stream.__exit__(*exc)
+
+        def write(self, buffer):
+            data = memoryview(buffer).cast("B")
+            self.stream.write(data[: len(data) // 2])
+            self.stream.flush()
+            os.fsync(self.stream.fileno())
+            print("paused", self.stream.name, len(data), flush=True)
+            time.sleep(3600)  # until killed
+
+    def open_tmp_pausing(self, tmp):
+        stream = open_tmp(self, tmp)
+        opened[0] += 1
+        return PausedHalfway(stream) if opened[0] == pause_at + 1 else stream
+
+    ECLocalDiskBackend._open_tmp = open_tmp_pausing
     config = {"local_cpu": False, "max_local_cpu_size": 0.05, "local_disk": disk,
               "max_local_disk_size": 1, "remote_url": url, "remote_timeout": 5}
     with ECCache.from_config(config, model="killed") as cache:
@@ -110,14 +142,15 @@ KILLED_WRITER = textwrap.dedent(
         i = 0
         while True:  # until killed
             cache.put(f"gen-{i}", make_tensor((1024, 1024), torch.float16, seed=i))
-            cache.flush(30)
+            cache.flush(600)  # returns only when the write is done, not while paused
             if i >= 12:
                 cache.remove(f"gen-{i - 12}")
             print(i, flush=True)
             i += 1
     """
 )
-KILLED_SHAPE = (1024, 1024)  # float16: 2 MB frames, several ms per write
+KILLED_SHAPE = (1024, 1024)  # float16: 2 MB frames
+PAUSE_AT = 6  # the generation whose disk write is killed halfway
 
 
 def _verify_frame(data: bytes, name: str) -> None:
@@ -128,6 +161,7 @@ def _verify_frame(data: bytes, name: str) -> None:
 
 def test_writer_killed_mid_write_leaves_no_torn_entry(disk_dir, redis_url, fault_table):
     config = {**remote_config(redis_url), "local_disk": str(disk_dir), "local_cpu": False}
+    disk_only = {"local_cpu": False, "max_local_cpu_size": 0.05, "local_disk": str(disk_dir)}
     expected = {}
 
     def tensor(i: int) -> torch.Tensor:
@@ -135,16 +169,19 @@ def test_writer_killed_mid_write_leaves_no_torn_entry(disk_dir, redis_url, fault
             expected[i] = make_tensor(KILLED_SHAPE, torch.float16, seed=i)
         return expected[i]
 
-    proc = worker(KILLED_WRITER, str(disk_dir), redis_url)
+    proc = worker(KILLED_WRITER, str(disk_dir), redis_url, str(PAUSE_AT))
     stop = threading.Event()
     reads = {"hit": 0, "miss": 0}
     errors: list[BaseException] = []
     progress = [-1]
+    paused: queue.Queue[list[str]] = queue.Queue()
 
     def follow_progress() -> None:
         for line in proc.stdout:
             if line.strip().isdigit():
                 progress[0] = int(line)
+            elif line.startswith("paused "):
+                paused.put(line.split())
 
     def read_concurrently(cache: ECCache) -> None:
         rng = random.Random(7)
@@ -165,13 +202,23 @@ def test_writer_killed_mid_write_leaves_no_torn_entry(disk_dir, redis_url, fault
         with ECCache.from_config(config, model="killed") as reader:
             thread = threading.Thread(target=read_concurrently, args=(reader,))
             thread.start()
-            # Kill while one of the writer's temporary files is open.
-            marker = f".tmp-{proc.pid}-"
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and proc.poll() is None:
-                if progress[0] >= 5 and any(marker in e.name for e in os.scandir(disk_dir)):
-                    break
-                time.sleep(0.001)
+            try:
+                # The writer reports from inside its write of generation PAUSE_AT.
+                _, tmp, frame_bytes = paused.get(timeout=120)
+            except queue.Empty:
+                pytest.fail(f"the writer never reached its paused write: {proc.poll()=}")
+            # The state this test is about: half a frame on disk, under a temporary
+            # name only; the entry's own name does not exist yet, and a reader that
+            # looks for it on disk misses it (no torn read).
+            final = disk_dir / f"{reader.key(f'gen-{PAUSE_AT}').storage_name}.pt"
+            assert progress[0] == PAUSE_AT - 1
+            assert os.path.dirname(tmp) == str(disk_dir)
+            assert f".tmp-{proc.pid}-" in os.path.basename(tmp)
+            assert 0 < os.path.getsize(tmp) < int(frame_bytes)
+            assert not final.exists()
+            with ECCache.from_config(disk_only, model="killed") as on_disk:
+                assert not get_checked(on_disk, f"gen-{PAUSE_AT}", tensor(PAUSE_AT))
+                assert snapshot(on_disk)["integrity_failures"] == 0
             proc.kill()
             proc.wait(timeout=10)
             stop.set()
@@ -184,9 +231,12 @@ def test_writer_killed_mid_write_leaves_no_torn_entry(disk_dir, redis_url, fault
             proc.kill()
             proc.wait(timeout=10)
     written = progress[0]
-    assert written >= 5
+    assert written == PAUSE_AT - 1
 
     orphans = [p.name for p in disk_dir.iterdir() if ".tmp-" in p.name]
+    # The killed write left its temporary file behind, and nothing under the entry's name.
+    assert orphans == [os.path.basename(tmp)]
+    assert not final.exists()
     # What survived on disk and in Redis is whole: every entry verifies.
     for path in disk_dir.glob("*.pt"):
         _verify_frame(path.read_bytes(), path.name.removesuffix(".pt"))
@@ -215,7 +265,7 @@ def test_writer_killed_mid_write_leaves_no_torn_entry(disk_dir, redis_url, fault
         indexed = {os.path.basename(path) for _, _, path in fresh._disk.entries()}
         assert not indexed & set(orphans)
     fault_table(
-        "writer SIGKILLed mid-write (temp file open)",
+        "writer SIGKILLed mid-write (half a frame in its temp file)",
         f"{reads['hit']} concurrent exact hits, {reads['miss']} misses, 0 torn reads; "
         f"{len(orphans)} orphan temp file(s), never indexed; all stored frames verify",
         "n/a (restart serves at once)",
