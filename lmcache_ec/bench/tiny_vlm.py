@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-FORMAT = 3  # bump when the layout or the weight recipe changes
+FORMAT = 4  # bump when the layout or the weight recipe changes
 IMAGE_TOKEN = "<image>"
 IMAGE_TOKEN_ID = 4
 _SPECIAL = ("<pad>", "</s>", "<s>", "<unk>", IMAGE_TOKEN)
@@ -113,6 +113,7 @@ def build_tiny_blip2(root: str | os.PathLike, spec: TinyVLMSpec | None = None, *
 
 def _write(target: Path, spec: TinyVLMSpec) -> None:
     config = _config(spec)
+    config.architectures = ["Blip2ForConditionalGeneration"]  # else vLLM serves pooling
     config.save_pretrained(target)
     _processor(spec).save_pretrained(target)
     _weights(config, spec, target / "model.safetensors")
