@@ -102,6 +102,20 @@ class Engine:
         self.scheduled: list[set[str]] = []  # per step: request ids given tokens
         self.stage_orders: list[list[str]] = []  # per step: prefetches sent to workers
         self.loads: list[list[str]] = []  # per step: items loaded from staging
+        self._channel_orders: list[str] = []  # stage orders sent over the stage channel
+        self.inflight_at_order: list[int] = []  # prefetches in flight as each order left
+        channel = self.connector.scheduler.channel if self.connector is not None else None
+        if channel is not None:
+            send = channel.send
+
+            def record(identifiers: list[str]) -> bool:
+                sent = send(identifiers)
+                if sent:
+                    self._channel_orders.extend(identifiers)
+                    self.inflight_at_order.append(self.connector.scheduler.prefetch.inflight_items)
+                return sent
+
+            channel.send = record
         self._next = 0
 
     @property
@@ -144,7 +158,11 @@ class Engine:
         output = self.scheduler.schedule()
         self.scheduled.append(set(output.num_scheduled_tokens))
         meta = output.ec_connector_metadata
-        self.stage_orders.append(list(meta.stage) if meta is not None else [])
+        orders = list(meta.stage) if meta is not None else []
+        if orders:
+            self.inflight_at_order.append(self.connector.scheduler.prefetch.inflight_items)
+        self.stage_orders.append(orders + self._channel_orders)
+        self._channel_orders = []
         self.loads.append(list(meta.loads) if meta is not None else [])
         # A forward pass (or an idle engine loop) takes time; staging runs meanwhile.
         time.sleep(0.005)

@@ -27,6 +27,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
 
 from ...config import load_config
 from ...engine import ECCache
+from .channel import StageClient, StageListener, socket_path
 from .identity import identity_from_vllm, is_content_identifier
 from .index import TierIndex
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
@@ -60,20 +61,32 @@ def _open_catalog_factory(config: Any) -> Any:
     return open_catalog
 
 
-def _tp_position() -> tuple[int, int]:
-    """(rank, size) of this worker's tensor-parallel group; (0, 1) if none."""
+def _parallel_position() -> tuple[int, int, int]:
+    """(tp rank, tp size, pp rank) of this worker; (0, 1, 0) if none."""
     try:
         from vllm.distributed.parallel_state import (
+            get_pp_group,
             get_tensor_model_parallel_rank,
             get_tensor_model_parallel_world_size,
             model_parallel_is_initialized,
         )
 
         if model_parallel_is_initialized():
-            return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+            return (
+                get_tensor_model_parallel_rank(),
+                get_tensor_model_parallel_world_size(),
+                get_pp_group().rank_in_group,
+            )
     except Exception as exc:
         logger.debug("No tensor-parallel group: %s", exc)
-    return 0, 1  # every process writes: duplicates, never gaps
+    return 0, 1, 0  # every process writes: duplicates, never gaps
+
+
+def _stage_socket(vllm_config: VllmConfig, tp_rank: int) -> str:
+    """The stage channel's socket of one rank of this engine (see ``channel.py``)."""
+    engine_id = vllm_config.ec_transfer_config.engine_id or "engine"
+    dp_rank = getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
+    return socket_path(engine_id, dp_rank, tp_rank)
 
 
 def _bytes_per_embed(vllm_config: VllmConfig) -> int:
@@ -98,7 +111,12 @@ class LMCacheECTierConnector(ECConnectorBase):
         )
         self.scheduler: TierScheduler | None = None
         self.worker: TierWorker | None = None
+        self._listener: StageListener | None = None
+        tp_size = vllm_config.parallel_config.tensor_parallel_size
         if role == ECConnectorRole.SCHEDULER:
+            channel = None
+            if self.is_consumer:
+                channel = StageClient([_stage_socket(vllm_config, r) for r in range(tp_size)])
             index = TierIndex(
                 self.identity,
                 disk_dir=config.values.get("local_disk"),
@@ -110,13 +128,14 @@ class LMCacheECTierConnector(ECConnectorBase):
                 index,
                 is_producer=self.is_producer,
                 is_consumer=self.is_consumer,
-                tp_size=vllm_config.parallel_config.tensor_parallel_size,
+                tp_size=tp_size,
                 deliver_on_idle=bool(getattr(vllm_config, "use_v2_model_runner", False)),
                 bytes_per_embed=_bytes_per_embed(vllm_config),
+                channel=channel,
             )
         else:
             cache = ECCache(config, self.identity)
-            tp_rank, tp_size = _tp_position()
+            tp_rank, tp_size, pp_rank = _parallel_position()
             self.worker = TierWorker(
                 cache,
                 self.settings,
@@ -127,6 +146,13 @@ class LMCacheECTierConnector(ECConnectorBase):
                 tp_size=tp_size,
                 device=getattr(vllm_config.device_config, "device", None) or "cpu",
             )
+            if self.is_consumer and pp_rank == 0:  # only the first stage runs the encoder
+                try:
+                    self._listener = StageListener(
+                        _stage_socket(vllm_config, tp_rank), self.worker.stage
+                    )
+                except OSError as exc:
+                    logger.warning("No stage channel (%s); orders go with step metadata", exc)
 
     def _persistable(self, identifier: str) -> bool:
         return self.settings.persist_non_content_ids or is_content_identifier(identifier)
@@ -225,7 +251,11 @@ class LMCacheECTierConnector(ECConnectorBase):
         return ECTierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
         if self.worker is not None:
             self.worker.close()
         if self.scheduler is not None:
             self.scheduler.index.close()
+            if self.scheduler.channel is not None:
+                self.scheduler.channel.close()

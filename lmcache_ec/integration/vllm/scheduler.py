@@ -8,7 +8,15 @@ Call order per engine step (vLLM's scheduler):
    deferred — not the batch — until every tensor-parallel rank reports it
    staged. Prefetches start in arrival order within in-flight bounds
    (``max_inflight_items``, ``max_staged_mb``; see ``PrefetchQueue``) and are
-   shared by requests that need the same item. Deferral is bounded
+   shared by requests that need the same item. Orders and answers travel over
+   the stage channel (``channel.py``), so they reach the workers in steps the
+   model runner skips (V1 runs no connector hook in a step with no tokens);
+   where the channel cannot reach every rank they ride in step metadata.
+   While a channel order is out, the scheduler waits for its answer within a
+   per-step budget — long when nothing runs (``idle_stage_wait_s``: a lone
+   request loads in the step it arrives), short while requests run
+   (``busy_stage_wait_s``, the cost of a read inside the step) — and
+   otherwise defers the request to a later step. Deferral is bounded
    (``stage_timeout_s``, ``remote_lookup_timeout_s``); past it the item is
    computed instead — or, on a consumer-only instance, which has no encoder
    work to fall back on, its waiting requests are reported through
@@ -17,7 +25,8 @@ Call order per engine step (vLLM's scheduler):
    producer-only instance: for items the tiers hold, so it skips re-encoding).
 3. ``update_state_after_alloc(request, i)`` — called for computed *and*
    loaded items; only items ``has_cache_item`` approved this step become loads.
-4. ``build_connector_meta`` — hands stage/load/release orders to the workers.
+4. ``build_connector_meta`` — hands load/release orders (and stage orders
+   without a channel) to the workers.
 5. after the step: ``update_connector_output`` learns saves, staging results
    and worker stats.
 
@@ -34,6 +43,7 @@ import logging
 import time
 from typing import Any
 
+from .channel import StageClient
 from .identity import is_content_identifier
 from .index import PENDING, TierIndex
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
@@ -54,6 +64,7 @@ class TierScheduler:
         tp_size: int,
         deliver_on_idle: bool,
         bytes_per_embed: int = 0,
+        channel: StageClient | None = None,
     ) -> None:
         self.settings = settings
         self.index = index
@@ -82,6 +93,12 @@ class TierScheduler:
         self._to_release: list[str] = []
         self._loads: dict[str, int] = {}
         self._undelivered = False  # last step's orders never reached workers
+        # Stage orders sent over the channel (not in step metadata), still staging.
+        self.channel = channel
+        self._direct: set[str] = set()
+        self._channel_retry_at = 0.0
+        self._active: set[str] = set()  # requests scheduled and not finished
+        self._waited = 0.0  # seconds this step spent waiting for staging answers
         self.stats: dict[str, float] = {}
         self.worker_stats: dict[str, float] = {}
 
@@ -118,19 +135,33 @@ class TierScheduler:
         """False while ``identifier`` is on its way into worker memory."""
         if identifier in self._ready or identifier in self._resident:
             return True
+        if identifier not in self._staging and not self.prefetch.is_queued(identifier):
+            answer = self._start_prefetch(identifier, now, nbytes)
+            if answer is not None:
+                return answer
         if identifier in self._staging:
-            if self._undelivered:  # an idle V1 step: the orders never reached the workers
+            if identifier in self._direct:
+                self._await_staging(identifier)
+                if identifier not in self._staging:
+                    return True  # staged (a load), or given up (computed or failed)
+            elif self._undelivered:  # an idle V1 step: the orders never reached the workers
                 self._give_up(identifier, now, "idle step", fetch_failed=False)
                 return True
             if now < self._staging[identifier]:
                 return False
             self._give_up(identifier, now, "staging timed out")
             return True
-        if self.prefetch.is_queued(identifier):
-            if now < self.prefetch.queued_deadline(identifier):
-                return False
-            self._give_up(identifier, now, "no room to prefetch it in time")
-            return True
+        if now < self.prefetch.queued_deadline(identifier):
+            return False
+        self._give_up(identifier, now, "no room to prefetch it in time")
+        return True
+
+    def _start_prefetch(self, identifier: str, now: float, nbytes: int) -> bool | None:
+        """Queue a prefetch of ``identifier`` if the tiers hold it.
+
+        Returns the answer for ``_item_ready`` when no prefetch starts (True:
+        compute it; False: wait for the remote lookup), None once queued.
+        """
         retry_after = self._failed.get(identifier)
         if retry_after is not None:
             if now < retry_after:
@@ -154,14 +185,70 @@ class TierScheduler:
         self.prefetch.enqueue(identifier, now + self.settings.stage_timeout_s, nbytes)
         self._count("prefetch_queued")
         self._dispatch_prefetches()
-        return False
+        return None
+
+    def _await_staging(self, identifier: str) -> None:
+        """Wait for the workers' answer about ``identifier``, within this step's budget.
+
+        With nothing else running, a wait stalls nobody (``idle_stage_wait_s``);
+        otherwise it delays the running batch as a read inside the step would
+        (``busy_stage_wait_s``).
+        """
+        busy = bool(self._active)
+        budget = self.settings.busy_stage_wait_s if busy else self.settings.idle_stage_wait_s
+        started = time.monotonic()
+        # Never past the staging deadline: then the item is given up as before.
+        budget = min(budget, self._waited + self._staging[identifier] - started)
+        left = budget - self._waited
+        self._poll_channel(0.0)
+        while identifier in self._direct and left > 0:
+            self._poll_channel(left)
+            left = budget - self._waited - (time.monotonic() - started)
+        self._waited += time.monotonic() - started
 
     def _dispatch_prefetches(self) -> None:
-        for identifier, deadline in self.prefetch.dispatch():
+        dispatched = [identifier for identifier, _ in self.prefetch.dispatch()]
+        if not dispatched:
+            return
+        deadline = time.monotonic() + self.settings.stage_timeout_s
+        direct = self._channel_ready() and self.channel.send(dispatched)
+        for identifier in dispatched:
             self._staging[identifier] = deadline
             self._staged_ranks[identifier] = 0
-            self._to_stage.append(identifier)
+            if direct:
+                self._direct.add(identifier)
+            else:
+                self._to_stage.append(identifier)
             self._count("stage_orders")
+
+    def _channel_ready(self) -> bool:
+        """True if stage orders can go over the channel now (reconnects at most every 10 s)."""
+        if self.channel is None:
+            return False
+        if self.channel.connected:
+            return True
+        now = time.monotonic()
+        if now < self._channel_retry_at:
+            return False
+        if self.channel.connect():
+            logger.info("Stage orders go over the stage channel")
+            return True
+        self._channel_retry_at = now + 10.0
+        return False
+
+    def _poll_channel(self, timeout: float) -> None:
+        """Apply the workers' staging answers that arrived (waiting up to ``timeout``)."""
+        if not self._direct or self.channel is None:
+            return
+        now = time.monotonic()
+        for staged, failed in self.channel.receive(timeout):
+            for identifier in staged:
+                self._note_staged(identifier, 1, now)
+            for identifier in failed:
+                self._note_failed(identifier, now)
+        if not self.channel.connected:  # broke: nothing more will answer these
+            for identifier in list(self._direct):
+                self._give_up(identifier, now, "the stage channel broke")
 
     def _give_up(self, identifier: str, now: float, why: str, *, fetch_failed: bool = True) -> None:
         """Stop waiting for ``identifier``: compute it, or fail its requests on a consumer."""
@@ -183,6 +270,7 @@ class TierScheduler:
         self.prefetch.done(identifier)
         self._staging.pop(identifier, None)
         self._staged_ranks.pop(identifier, None)
+        self._direct.discard(identifier)
         self._ready.discard(identifier)
         self._ready_deadline.pop(identifier, None)
         self.index.forget(identifier)  # the next request looks again
@@ -225,6 +313,7 @@ class TierScheduler:
 
     def request_finished(self, request_id: str) -> None:
         self.prefetch.forget_request(request_id)
+        self._active.discard(request_id)
         self._failing.discard(request_id)
 
     def take_unavailable_requests(self) -> set[str]:
@@ -234,6 +323,9 @@ class TierScheduler:
     def build_connector_meta(self, scheduler_output: Any) -> ECTierConnectorMetadata:
         for identifier in getattr(scheduler_output, "free_encoder_mm_hashes", None) or ():
             self._resident.discard(identifier)
+        for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
+            self._active.add(new.req_id)
+        self._waited = 0.0
         now = time.monotonic()
         for identifier, deadline in list(self._ready_deadline.items()):
             if now >= deadline:  # staged for a request that never came back
@@ -262,19 +354,26 @@ class TierScheduler:
         for identifier in meta.saved:
             self.index.note_present(identifier, "worker")
         for identifier in meta.failed:
-            self.index.forget(identifier)
-            if identifier in self._staging or identifier in self._ready:
-                self._give_up(identifier, now, "a worker could not fetch it")
+            self._note_failed(identifier, now)
         for identifier, ranks in meta.staged.items():
-            if identifier not in self._staging:
-                continue  # given up meanwhile; its release is already queued
-            self._staged_ranks[identifier] += ranks
-            if self._staged_ranks[identifier] >= self.tp_size:
-                del self._staging[identifier], self._staged_ranks[identifier]
-                self._ready.add(identifier)
-                self._ready_deadline[identifier] = now + self.settings.stage_timeout_s
+            self._note_staged(identifier, ranks, now)
         for name, value in meta.stats.items():
             self.worker_stats[name] = self.worker_stats.get(name, 0) + value
+
+    def _note_staged(self, identifier: str, ranks: int, now: float) -> None:
+        if identifier not in self._staging:
+            return  # given up meanwhile; its release is already queued
+        self._staged_ranks[identifier] += ranks
+        if self._staged_ranks[identifier] >= self.tp_size:
+            del self._staging[identifier], self._staged_ranks[identifier]
+            self._direct.discard(identifier)
+            self._ready.add(identifier)
+            self._ready_deadline[identifier] = now + self.settings.stage_timeout_s
+
+    def _note_failed(self, identifier: str, now: float) -> None:
+        self.index.forget(identifier)
+        if identifier in self._staging or identifier in self._ready:
+            self._give_up(identifier, now, "a worker could not fetch it")
 
     def take_stats(self) -> dict[str, float]:
         """Scheduler and worker counters since the last call, then reset."""

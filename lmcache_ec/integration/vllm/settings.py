@@ -18,6 +18,11 @@ Keys (all optional)::
                               (queueing included) before its encoder runs
                               instead, or, on an ec_consumer, before the
                               request is reported unavailable (5.0)
+    idle_stage_wait_s         with no request running, how long the scheduler
+                              waits for a prefetch to land before deferring the
+                              request by a step; nobody is stalled (1.0)
+    busy_stage_wait_s         the same while requests run: the wait delays
+                              their step as a read inside it would (0.01)
     remote_lookup_timeout_s   how long a request waits for the remote existence
                               check before its encoder runs instead (0.05)
     negative_lookup_ttl_s     how long a remote "absent" answer is trusted (5.0)
@@ -47,6 +52,8 @@ class ConnectorSettings:
     model: str | None = None
     persist_non_content_ids: bool = False
     stage_timeout_s: float = 5.0
+    idle_stage_wait_s: float = 1.0
+    busy_stage_wait_s: float = 0.01
     remote_lookup_timeout_s: float = 0.05
     negative_lookup_ttl_s: float = 5.0
     failed_retry_s: float = 30.0

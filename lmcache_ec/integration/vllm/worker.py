@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ...engine import ECCache
+from .channel import StageLink
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .saver import SaveQueue
 from .settings import ConnectorSettings
@@ -92,7 +93,11 @@ class TierWorker:
         self._failed: set[str] = set()
         self._counters: dict[str, float] = {}
         self._cache_stats = _flatten(cache.stats.snapshot())
-        self._stage_queue: queue.SimpleQueue[list[str] | None] = queue.SimpleQueue()
+        # Orders from step metadata (answered in worker metadata) or from the
+        # stage channel (answered on its link).
+        self._stage_queue: queue.SimpleQueue[tuple[list[str], StageLink | None] | None] = (
+            queue.SimpleQueue()
+        )
         self._stager = threading.Thread(target=self._stage_loop, name="ec-stage", daemon=True)
         self._stager.start()
         self._saver = SaveQueue(cache.put, self._save_done, settings.max_pending_saves)
@@ -146,9 +151,17 @@ class TierWorker:
             self._count("loads", placed)
             self._count("load_seconds", time.perf_counter() - started)
         if meta.stage:
-            with self._lock:
-                self._wanted.update(meta.stage)
-            self._stage_queue.put(list(meta.stage))
+            self.stage(list(meta.stage), None)
+
+    def stage(self, identifiers: list[str], link: StageLink | None) -> None:
+        """Fetch ``identifiers`` into worker memory in the background.
+
+        The answer goes back on ``link`` (an order from the stage channel), or
+        in the next worker metadata (an order from step metadata).
+        """
+        with self._lock:
+            self._wanted.update(identifiers)
+        self._stage_queue.put((identifiers, link))
 
     def _take_staged(self, identifier: str) -> torch.Tensor | None:
         with self._lock:
@@ -163,13 +176,15 @@ class TierWorker:
 
     def _stage_loop(self) -> None:
         limit = int(self.settings.max_staged_mb * 1024 * 1024)
-        while (batch := self._stage_queue.get()) is not None:
+        while (order := self._stage_queue.get()) is not None:
+            batch, link = order
             started = time.perf_counter()
             try:
                 tensors = self.cache.get_many(batch, "cpu", pin_memory=self.device.type == "cuda")
             except Exception as exc:  # a closed or broken cache: compute instead
                 logger.warning("Staging %d encoder outputs failed: %s", len(batch), exc)
                 tensors = [None] * len(batch)
+            staged, failed = [], []
             with self._lock:
                 for identifier, tensor in zip(batch, tensors, strict=True):
                     if identifier not in self._wanted:
@@ -177,14 +192,19 @@ class TierWorker:
                     nbytes = 0 if tensor is None else tensor.numel() * tensor.element_size()
                     if tensor is None or self._staged_bytes + nbytes > limit:
                         self._wanted.discard(identifier)
-                        self._failed.add(identifier)
+                        failed.append(identifier)
                         continue
                     self._staged[identifier] = tensor
                     self._staged_bytes += nbytes
-                    self._staged_report.add(identifier)
+                    staged.append(identifier)
+                if link is None:
+                    self._staged_report.update(staged)
+                    self._failed.update(failed)
                 self._counters["stage_seconds"] = (
                     self._counters.get("stage_seconds", 0) + time.perf_counter() - started
                 )
+            if link is not None:
+                link.answer(staged, failed)
 
     # -- saves ---------------------------------------------------------------
 

@@ -1,0 +1,249 @@
+"""Stage orders from the scheduler straight to the workers, and their answers back.
+
+vLLM hands connector metadata to workers only inside a model-runner step, and
+Model Runner V1 skips every EC connector hook in a step with no scheduled
+tokens. A request deferred while its encoder outputs are staged is exactly such
+a step when the engine is otherwise idle, so an order riding in step metadata
+would never arrive. This channel carries stage orders and staging results over
+one Unix socket per tensor-parallel rank, independent of the runner's steps.
+
+- Worker: ``StageListener`` binds ``<runtime dir>/<engine>-dp<d>-tp<r>.sock``
+  and hands each order to a callback; the callback answers through
+  ``StageLink.answer`` once the items are staged (or not).
+- Scheduler: ``StageClient`` connects to every rank, sends orders without
+  blocking on the answer, and polls (or briefly waits for) answers.
+
+Frames are JSON (never pickle), and the socket lives in a directory only this
+user can enter. Where a rank cannot be reached (another node, a bind refused),
+the scheduler falls back to step metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import stat
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from multiprocessing.connection import Client, Connection, Listener, wait
+
+logger = logging.getLogger(__name__)
+
+
+def runtime_dir() -> str:
+    """A directory only this user can enter, for the sockets (created on demand)."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    path = os.path.join(base, f"lmcache-ec-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise PermissionError(f"{path} is not a directory owned by this user")
+    if info.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def socket_path(engine_id: str, dp_rank: int, tp_rank: int) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in engine_id)[:64]
+    return os.path.join(runtime_dir(), f"{safe}-dp{dp_rank}-tp{tp_rank}.sock")
+
+
+def _encode(message: dict[str, list[str]]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def _decode(frame: bytes) -> dict[str, list[str]]:
+    message = json.loads(frame)
+    if not isinstance(message, dict):
+        raise ValueError("stage channel: frame is not an object")
+    for key, value in message.items():
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"stage channel: '{key}' is not a list of strings")
+    return message
+
+
+class StageLink:
+    """One scheduler connection on the worker side; answers may come from any thread."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def answer(self, staged: Iterable[str], failed: Iterable[str]) -> None:
+        frame = _encode({"staged": list(staged), "failed": list(failed)})
+        try:
+            with self._lock:
+                self._conn.send_bytes(frame)
+        except OSError as exc:  # the scheduler went away: nothing waits for the answer
+            logger.debug("Stage answer not delivered: %s", exc)
+
+
+class StageListener:
+    """Worker side: accept the scheduler's connection and pass its orders on."""
+
+    def __init__(self, path: str, on_order: Callable[[list[str], StageLink], None]) -> None:
+        self.path = path
+        self._on_order = on_order
+        _remove_stale(path)
+        self._listener = Listener(path, family="AF_UNIX")
+        os.chmod(path, 0o600)
+        self._closed = False
+        self._conns: list[Connection] = []
+        self._threads: list[threading.Thread] = []
+        self._thread = threading.Thread(
+            target=self._accept_loop, name="ec-stage-channel", daemon=True
+        )
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn = self._listener.accept()
+            except OSError:
+                return  # closed
+            if self._closed:
+                conn.close()
+                return
+            self._conns.append(conn)
+            thread = threading.Thread(
+                target=self._serve, args=(conn,), name="ec-stage-orders", daemon=True
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn: Connection) -> None:
+        link = StageLink(conn)
+        with contextlib.closing(conn):
+            while True:
+                try:
+                    message = _decode(conn.recv_bytes())
+                except (EOFError, OSError):
+                    return
+                except ValueError as exc:
+                    logger.warning("Dropping a malformed stage order: %s", exc)
+                    continue
+                if message.get("stage"):
+                    self._on_order(message["stage"], link)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop accepting and serving; a blocked accept or read is woken, not waited out."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(OSError):
+            Client(self.path, family="AF_UNIX").close()  # wakes the accept
+        for conn in self._conns:
+            _shut(conn)  # wakes a blocked read
+        self._thread.join(timeout)
+        for thread in self._threads:
+            thread.join(timeout)
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def _shut(conn: Connection) -> None:
+    """Shut a connection's socket down so a thread blocked reading it returns."""
+    with contextlib.suppress(OSError):
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
+
+
+def _remove_stale(path: str) -> None:
+    """Unlink a socket file nobody listens on; refuse to take a live one over."""
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)
+        return
+    finally:
+        probe.close()
+    raise OSError(f"{path}: another process listens there")
+
+
+class StageClient:
+    """Scheduler side: one connection per rank; orders out, answers in."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+        self._conns: list[Connection] | None = None
+
+    def connect(self) -> bool:
+        """Connect to every rank; False (and no connection kept) if any is missing."""
+        if self._conns is not None:
+            return True
+        conns: list[Connection] = []
+        try:
+            for path in self.paths:
+                conns.append(Client(path, family="AF_UNIX"))
+        except OSError as exc:
+            logger.debug("Stage channel unavailable (%s)", exc)
+            for conn in conns:
+                conn.close()
+            return False
+        self._conns = conns
+        return True
+
+    @property
+    def connected(self) -> bool:
+        return self._conns is not None
+
+    def send(self, identifiers: list[str]) -> bool:
+        """Order every rank to stage ``identifiers``; False if the channel broke."""
+        if self._conns is None:
+            return False
+        frame = _encode({"stage": identifiers})
+        try:
+            for conn in self._conns:
+                conn.send_bytes(frame)
+        except OSError as exc:
+            logger.warning("Stage channel broke (%s); orders go with step metadata", exc)
+            self.close()
+            return False
+        return True
+
+    def receive(self, timeout: float = 0.0) -> list[tuple[list[str], list[str]]]:
+        """Answers ``(staged, failed)`` that arrived, one per rank and order.
+
+        Waits up to ``timeout`` seconds for the first one; never blocks after it.
+        """
+        if self._conns is None:
+            return []
+        answers = []
+        ready = wait(self._conns, timeout) if timeout > 0 else self._ready_now()
+        while ready:
+            for conn in ready:
+                try:
+                    message = _decode(conn.recv_bytes())
+                except (EOFError, OSError) as exc:
+                    logger.warning("Stage channel broke (%s)", exc)
+                    self.close()
+                    return answers
+                except ValueError as exc:
+                    logger.warning("Dropping a malformed stage answer: %s", exc)
+                    continue
+                answers.append((message.get("staged", []), message.get("failed", [])))
+            ready = self._ready_now()
+        return answers
+
+    def _ready_now(self) -> list[Connection]:
+        assert self._conns is not None
+        return [conn for conn in self._conns if conn.poll(0)]
+
+    def close(self) -> None:
+        for conn in self._conns or ():
+            with contextlib.suppress(OSError):
+                conn.close()
+        self._conns = None

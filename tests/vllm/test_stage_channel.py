@@ -1,0 +1,184 @@
+"""Stage orders over the stage channel: hits on Model Runner V1 with an idle engine.
+
+V1 runs no EC connector hook in a step with no scheduled tokens, so a lone
+request deferred for staging used to be encoded again. These tests run vLLM's
+real Scheduler with V1's call pattern (the harness returns before any hook in
+an empty step) and requests that arrive one at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import time
+
+import pytest
+
+from lmcache_ec.integration.vllm.channel import (
+    StageClient,
+    StageListener,
+    runtime_dir,
+    socket_path,
+)
+from tests.conftest import bit_equal
+
+from .harness import Engine, encoder_output, image_hash, make_vllm_config
+
+
+def _store(model_config, extra: dict, images: list[str]) -> None:
+    """A first instance encodes ``images`` and saves them to the shared tiers."""
+    engine = Engine(make_vllm_config(model_config, "ec_both", extra), runner="v1")
+    try:
+        for image in images:
+            engine.run_until_finished([engine.add_request([image])])
+        assert sorted(engine.encoded) == sorted(images)
+        engine.flush()
+    finally:
+        engine.shutdown()
+
+
+def _one_at_a_time(engine: Engine, images: list[str]) -> list[int]:
+    """Send each image alone on an idle engine; the step each was first scheduled in."""
+    first_steps = []
+    for image in images:
+        request = engine.add_request([image])
+        start = len(engine.scheduled)
+        engine.run_until_finished([request])
+        first_steps.append(
+            next(i for i, step in enumerate(engine.scheduled[start:]) if request in step)
+        )
+    return first_steps
+
+
+def test_lone_requests_load_from_disk_on_v1(model_config, extra):
+    images = [image_hash(f"lone-{i}.png") for i in range(3)]
+    _store(model_config, extra, images)
+    engine = Engine(make_vllm_config(model_config, "ec_both", extra), runner="v1")
+    try:
+        first_steps = _one_at_a_time(engine, images)
+        assert engine.encoded == []  # every stored image loaded, none encoded
+        for image in images:
+            assert bit_equal(engine.gathered[image], encoder_output(image))
+        # The scheduler waited for the staging answer: no step was lost to deferral.
+        assert first_steps == [0, 0, 0]
+        assert engine.ec_stats["loads"] == 3
+        assert engine.ec_stats.get("scheduler_stage_given_up", 0) == 0
+        assert engine.ec_stats.get("load_direct_reads", 0) == 0
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("role", ["ec_both", "ec_consumer"])
+def test_lone_requests_load_from_redis_on_v1(model_config, redis_url, role):
+    remote = {
+        "lmcache_config": {"max_local_cpu_size": 0.01, "remote_url": redis_url},
+        "remote_lookup_timeout_s": 5.0,
+    }
+    images = [image_hash(f"redis-lone-{role}-{i}.png") for i in range(2)]
+    _store(model_config, remote, images)
+    engine = Engine(make_vllm_config(model_config, role, remote), runner="v1")
+    try:
+        _one_at_a_time(engine, images)
+        assert engine.encoded == []  # remote hits images encoded: 0
+        for image in images:
+            assert bit_equal(engine.gathered[image], encoder_output(image))
+        assert engine.ec_stats["hits_remote"] == 2
+        assert engine.ec_stats.get("scheduler_unavailable_requests", 0) == 0
+    finally:
+        engine.shutdown()
+
+
+def test_busy_engine_waits_briefly_then_defers(model_config, extra):
+    """With a request running, the wait is bounded by ``busy_stage_wait_s``."""
+    image = image_hash("busy.png")
+    _store(model_config, extra, [image])
+    slow = {**extra, "busy_stage_wait_s": 0.0}  # never delay the running batch
+    engine = Engine(make_vllm_config(model_config, "ec_both", slow), runner="v1")
+    try:
+        busy = engine.add_request([], max_tokens=50)
+        engine.step()
+        request = engine.add_request([image])
+        engine.run_until_finished([request])
+        first = next(i for i, step in enumerate(engine.scheduled) if request in step)
+        assert all(busy in step for step in engine.scheduled[: first + 1])
+        assert first >= 2  # deferred a step: no wait was allowed
+        assert engine.encoded == []
+        assert bit_equal(engine.gathered[image], encoder_output(image))
+        engine.run_until_finished([busy])
+    finally:
+        engine.shutdown()
+
+
+def test_without_a_channel_orders_ride_step_metadata(model_config, extra, monkeypatch):
+    """A rank the scheduler cannot reach: the old path, never a failed request."""
+    image = image_hash("no-channel.png")
+    _store(model_config, extra, [image])
+    config = make_vllm_config(model_config, "ec_both", extra)
+    with monkeypatch.context() as patch:  # the runner that delivers idle steps
+        patch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # (VllmConfig refuses it without Triton)
+        engine = Engine(config, runner="v2")
+    engine.workers[0]._listener.close()
+    try:
+        request = engine.add_request([image])
+        engine.run_until_finished([request])
+        assert [image] in engine.stage_orders  # sent in step metadata
+        assert not engine.connector.scheduler.channel.connected
+        assert engine.encoded == []
+        assert bit_equal(engine.gathered[image], encoder_output(image))
+    finally:
+        engine.shutdown()
+
+
+# -- the channel itself ------------------------------------------------------
+
+
+def test_socket_directory_is_private():
+    path = runtime_dir()
+    info = os.lstat(path)
+    assert stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+    assert info.st_mode & 0o077 == 0
+
+
+def test_orders_and_answers_round_trip_and_garbage_is_dropped(tmp_path):
+    path = socket_path(f"test-{os.getpid()}-{time.monotonic_ns()}", 0, 0)
+    received: list[list[str]] = []
+
+    def on_order(identifiers, link):
+        received.append(identifiers)
+        link.answer(staged=identifiers[:1], failed=identifiers[1:])
+
+    listener = StageListener(path, on_order)
+    client = StageClient([path])
+    try:
+        assert client.connect()
+        client._conns[0].send_bytes(b"not json")  # dropped, the link survives
+        client._conns[0].send_bytes(b'{"stage": "x"}')  # wrong shape: dropped
+        assert client.send(["../../x", "b"])
+        answers = client.receive(timeout=5.0)
+        assert answers == [(["../../x"], ["b"])]
+        assert received == [["../../x", "b"]]
+    finally:
+        client.close()
+        listener.close()
+    assert not os.path.exists(path)
+
+
+def test_stale_socket_is_replaced_and_a_live_one_refused():
+    path = socket_path(f"stale-{os.getpid()}-{time.monotonic_ns()}", 0, 0)
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(path)
+    dead.close()  # the file stays, nobody listens: a crashed worker's leftover
+    listener = StageListener(path, lambda identifiers, link: None)
+    try:
+        with pytest.raises(OSError, match="another process listens"):
+            StageListener(path, lambda identifiers, link: None)
+    finally:
+        listener.close()
+
+
+def test_client_without_listeners_is_not_connected():
+    client = StageClient([socket_path(f"absent-{os.getpid()}", 0, 0)])
+    assert not client.connect()
+    assert not client.send(["a"])
+    assert client.receive(0.0) == []
