@@ -40,6 +40,29 @@ def _timed(call, *args, **kwargs):
     return result, time.monotonic() - started
 
 
+def _within(bound: float, call, *args, **kwargs):
+    """``(result, seconds)`` of ``call(*args, **kwargs)``, run in a thread; a failed assertion,
+    without waiting any longer, if it is still running after ``bound`` seconds."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["result"] = call(*args, **kwargs)
+        except BaseException as exc:
+            box["error"] = exc
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, name="bounded-call", daemon=True)
+    thread.start()
+    thread.join(bound)
+    seconds = time.monotonic() - started
+    name = getattr(call, "__name__", repr(call))
+    assert not thread.is_alive(), f"{name}{args!r} still blocked after {seconds:.1f} s"
+    if "error" in box:
+        raise box["error"]
+    return box["result"], seconds
+
+
 def _assert_closed_promptly(cache: ECCache) -> None:
     _, seconds = _timed(cache.close)
     assert seconds < 5
@@ -81,40 +104,49 @@ def test_silent_server_calls_return_within_the_timeout(
     url = f"redis://127.0.0.1:{black_hole.port}" if kind == "redis" else "s3://bucket/p"
     config = remote_config(url, endpoint=endpoint if kind == "s3" else None)
     config["local_disk"] = str(tmp_path / "disk")
-    cache, seconds = _timed(ECCache.from_config, config, model=MODEL)
-    assert seconds < BOUND
-    tensor = make_tensor((4, 8), torch.float16)
-    answer, slowest = _timed(cache.get, "never")  # a remote lookup that times out
-    assert answer is None and slowest < BOUND
-    for call, args in (
-        (cache.contains, ("never2",)),
-        (cache.get, ("never3",)),
-        (cache.put, ("local", tensor)),
-    ):
-        _, seconds = _timed(call, *args)
-        assert seconds < BOUND
-        slowest = max(slowest, seconds)
-    assert _timed(cache.flush, 10.0)[1] < 2 * BOUND
-    assert bit_equal(cache.get("local"), tensor)
-    assert cache.contains("local") == "cpu"
-    assert cache.stats.snapshot()["misses"] == 1 + 1  # never, never3
-    # No pile-up: many lookups from several threads leave no threads behind.
-    before = threading.active_count()
-    workers = [
-        threading.Thread(target=lambda i=i: [cache.get(f"miss-{i}-{j}") for j in range(20)])
-        for i in range(4)
-    ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=4 * BOUND)
-        assert not worker.is_alive()
-    assert threading.active_count() <= before + 1
-    # The stall is counted: the tier is marked unavailable after its first timeout.
-    remote = snapshot(cache)["tiers"]["remote"]
-    assert remote["available"] is False and remote["failures"] >= 1
-    assert snapshot(cache)["tier_errors"]["remote"] >= 1
-    _assert_closed_promptly(cache)
+    # Every call runs under _within: a call that blocks on the silent server fails
+    # its own assertion after BOUND (not pytest's timeout), with the server still
+    # silent; the finally below then makes it answer, so the test cleans up.
+    cache, _ = _within(BOUND, ECCache.from_config, config, model=MODEL)
+    try:
+        tensor = make_tensor((4, 8), torch.float16)
+        answer, slowest = _within(BOUND, cache.get, "never")  # a remote lookup that times out
+        assert answer is None
+        for call, args in (
+            (cache.contains, ("never2",)),
+            (cache.get, ("never3",)),
+            (cache.put, ("local", tensor)),
+        ):
+            _, seconds = _within(BOUND, call, *args)
+            slowest = max(slowest, seconds)
+        _within(2 * BOUND, cache.flush, 10.0)
+        assert bit_equal(cache.get("local"), tensor)
+        assert cache.contains("local") == "cpu"
+        assert cache.stats.snapshot()["misses"] == 1 + 1  # never, never3
+        # No pile-up: many lookups from several threads leave no threads behind.
+        before = threading.active_count()
+        workers = [
+            threading.Thread(target=lambda i=i: [cache.get(f"miss-{i}-{j}") for j in range(20)])
+            for i in range(4)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=4 * BOUND)
+            assert not worker.is_alive()
+        assert threading.active_count() <= before + 1
+        # The stall is counted: the tier is marked unavailable after its first timeout.
+        remote = snapshot(cache)["tiers"]["remote"]
+        assert remote["available"] is False and remote["failures"] >= 1
+        assert snapshot(cache)["tier_errors"]["remote"] >= 1
+        _assert_closed_promptly(cache)
+    finally:
+        # A call left blocked (the assertions above failed) returns once the
+        # server hangs up; only then is the cache closed, and within a bound.
+        black_hole.close()
+        closer = threading.Thread(target=cache.close, daemon=True)
+        closer.start()
+        closer.join(4 * BOUND)
     fault_table(
         f"network stall: {kind} endpoint accepts, never answers",
         f"slowest call {slowest:.2f} s (remote_timeout {TIMEOUT} s); misses, local tiers "

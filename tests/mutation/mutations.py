@@ -1,0 +1,233 @@
+"""The planted bugs: one entry per guarantee the product makes, and the tests that catch it.
+
+Each ``Mutation`` replaces the exact text ``find`` (which must occur exactly
+once in ``path``) by ``replace`` and expects every test in ``tests`` to fail.
+Adding a guarantee is one entry here (see docs/testing.md). Keep ``find``
+short and stable: when the code it names changes, the runner reports
+"snippet not found" and the check fails until the entry is updated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    guarantee: str
+    path: str
+    find: str
+    replace: str
+    tests: tuple[str, ...]
+
+
+KEY = "lmcache_ec/key.py"
+CODEC = "lmcache_ec/codec.py"
+T_KEY = "tests/test_key.py"
+T_ENGINE = "tests/test_engine.py"
+T_CODEC = "tests/test_codec.py"
+T_DISK = "tests/test_disk_tier.py"
+T_CORRUPTION = "tests/faults/test_corruption.py"
+T_OUTAGES = "tests/faults/test_remote_outages.py"
+
+
+def _digest_field(field: str, follows: str, extra: tuple[str, ...] = ()) -> Mutation:
+    """``field`` dropped from the tuple hashed into the key's SHA-256 (``follows``:
+    the line after it there, so that the snippet is unique)."""
+    return Mutation(
+        f"digest-without-{field}",
+        f"{field} is part of the key digest",
+        KEY,
+        f"            self.{field},\n{follows}",
+        follows,
+        (f"{T_KEY}::test_every_identity_field_is_in_the_digest[{field}]", *extra),
+    )
+
+
+MUTATIONS: list[Mutation] = [
+    # -- identity: every field in the digest (the name's slugs are not unique)
+    _digest_field(
+        "namespace",
+        "            self.model,",
+        (f"{T_ENGINE}::test_tenants_with_colliding_slugs_never_exchange_entries",),
+    ),
+    _digest_field("model", "            self.revision,"),
+    _digest_field(
+        "revision",
+        "            self.fingerprint,",
+        (f"{T_ENGINE}::test_identities_never_exchange_entries",),
+    ),
+    _digest_field(
+        "fingerprint",
+        "            self.dtype,",
+        (f"{T_ENGINE}::test_identities_never_exchange_entries",),
+    ),
+    _digest_field("dtype", "        ):"),
+    Mutation(
+        "digest-without-mm-hash",
+        "mm_hash is part of the key digest",
+        KEY,
+        "        _feed(hasher, mm_hash)\n",
+        "",
+        (
+            f"{T_KEY}::test_mm_hash_is_in_the_digest",
+            f"{T_ENGINE}::test_put_many_and_get_many",
+        ),
+    ),
+    # -- checksums on every read path
+    Mutation(
+        "disk-read-skips-payload-checksum",
+        "disk reads (read_frame_parts + decode_parts) verify the payload checksum",
+        CODEC,
+        "    elif parts.payload_sum != payload_sum:",
+        "    elif False:",
+        (
+            f"{T_CODEC}::test_disk_read_path_checks_the_payload[payload-start]",
+            f"{T_CORRUPTION}::test_damaged_file_is_a_miss_and_is_removed[flip-payload]",
+        ),
+    ),
+    Mutation(
+        "remote-read-skips-payload-checksum",
+        "remote reads (decode_bytes) verify the payload checksum",
+        CODEC,
+        "_verify(raw, key, True)",
+        "_verify(raw, key, False)",
+        (
+            f"{T_CODEC}::test_remote_read_path_checks_the_payload",
+            f"{T_CORRUPTION}::test_damaged_remote_entry_is_a_miss_and_is_removed[redis-flip-payload]",
+        ),
+    ),
+    Mutation(
+        "frame-decoder-skips-payload-checksum",
+        "frames read into memory (decode_payload) verify the payload checksum",
+        CODEC,
+        "    if xxhash.xxh3_64_intdigest(data) != payload_sum:",
+        "    if False:",
+        (f"{T_CODEC}::test_flipped_byte_is_detected[-1-payload checksum]",),
+    ),
+    Mutation(
+        "header-checksum-skipped",
+        "every read verifies the header checksum",
+        CODEC,
+        'verified here."""\n    if xxhash.xxh3_64_intdigest(raw) != header_sum:',
+        'verified here."""\n    if False:',
+        (
+            f"{T_CODEC}::test_flipped_byte_is_detected[70-header checksum]",
+            f"{T_CODEC}::test_disk_read_path_checks_the_header_and_the_key",
+        ),
+    ),
+    # -- corrupt entries are removed, not only skipped
+    Mutation(
+        "corrupt-entry-kept",
+        "an entry that fails verification is removed from every tier",
+        "lmcache_ec/reads.py",
+        "        self.remove_everywhere(key)\n        raise _Dropped from None",
+        "        raise _Dropped from None",
+        (
+            "tests/test_reads.py::test_truncated_disk_entry_is_a_counted_miss_and_removed",
+            f"{T_CORRUPTION}::test_damaged_file_is_a_miss_and_is_removed[flip-payload]",
+            f"{T_CORRUPTION}::test_damaged_remote_entry_is_a_miss_and_is_removed[redis-flip-payload]",
+        ),
+    ),
+    # -- atomic disk writes
+    Mutation(
+        "disk-write-in-place",
+        "disk writes go to a temporary name, renamed when whole",
+        "lmcache_ec/tiers/local_disk.py",
+        'tmp = f"{path}{TMP_MARKER}{os.getpid()}-{threading.get_ident()}"',
+        "tmp = path",
+        ("tests/faults/test_concurrency.py::test_writer_killed_mid_write_leaves_no_torn_entry",),
+    ),
+    # -- remote calls are bounded by remote_timeout
+    Mutation(
+        "redis-unbounded-socket-timeout",
+        "Redis calls are bounded by remote_timeout",
+        "lmcache_ec/remote/redis_connector.py",
+        '"socket_timeout": timeout,',
+        '"socket_timeout": None,',
+        (f"{T_OUTAGES}::test_silent_server_calls_return_within_the_timeout[redis]",),
+    ),
+    Mutation(
+        "s3-long-read-timeout",
+        "S3 calls are bounded by remote_timeout",
+        "lmcache_ec/remote/s3_client.py",
+        "read_timeout=settings.timeout,",
+        "read_timeout=60,",
+        (f"{T_OUTAGES}::test_silent_server_calls_return_within_the_timeout[s3]",),
+    ),
+    # -- LRU on each tier: hits refresh recency
+    Mutation(
+        "cpu-tier-fifo",
+        "CPU tier hits refresh LRU order",
+        "lmcache_ec/tiers/local_cpu.py",
+        "                self.hot_cache.move_to_end(key)\n",
+        "                pass\n",
+        (f"{T_ENGINE}::test_cpu_tier_evicts_least_recently_used",),
+    ),
+    Mutation(
+        "disk-tier-fifo",
+        "disk tier hits refresh LRU order",
+        "lmcache_ec/tiers/local_disk.py",
+        "                    self.dict.move_to_end(key)\n",
+        "                    pass\n",
+        (
+            f"{T_DISK}::test_disk_capacity_evicts_least_recently_used",
+            f"{T_DISK}::test_lru_order_survives_restart",
+        ),
+    ),
+    # -- input validation
+    Mutation(
+        "tensor-rank-unchecked",
+        "only dense non-empty 2-D tensors of a supported dtype are stored",
+        "lmcache_ec/engine.py",
+        "    if tensor.dim() != 2:\n",
+        "    if False:\n",
+        (
+            f"{T_ENGINE}::test_bad_tensors_raise_clear_errors_and_store_nothing[value2-ValueError-2-D]",
+            f"{T_ENGINE}::test_bad_tensors_raise_clear_errors_and_store_nothing[value3-ValueError-2-D]",
+        ),
+    ),
+    Mutation(
+        "pinned-dtype-unchecked",
+        "an identity that pins a dtype refuses tensors of another dtype",
+        "lmcache_ec/engine.py",
+        "    if pinned_dtype and name != pinned_dtype:\n",
+        "    if False:\n",
+        (f"{T_ENGINE}::test_pinned_dtype_rejects_other_dtypes",),
+    ),
+    # -- vLLM connector
+    Mutation(
+        "non-content-ids-persisted",
+        "identifiers that are not content hashes are never stored (by default)",
+        "lmcache_ec/integration/vllm/identity.py",
+        "    return bool(_CONTENT_ID.match(identifier))",
+        "    return True",
+        (
+            "tests/vllm/test_identity_plugin_stats.py::test_identifier_policy",
+            "tests/vllm/test_identity_plugin_stats.py::"
+            "test_request_scoped_ids_are_not_persisted_unless_allowed",
+        ),
+    ),
+    Mutation(
+        "scheduler-promises-unstaged-load",
+        "a consumer's scheduler promises a load only for items staged on every rank",
+        "lmcache_ec/integration/vllm/scheduler.py",
+        "hit = identifier in self._ready",
+        "hit = self.index.lookup(identifier) not in (None, PENDING)",
+        ("tests/vllm/test_prefetch.py::test_remote_hit_defers_its_request_not_the_batch",),
+    ),
+    # Not yet: "weights are part of the identity" (EncoderIdentity has no weights
+    # field yet). When it has, add _digest_field("weights", ...) with its test.
+]
+
+# Applied before the list: a deliberately broken copy. If these tests pass, the
+# test run did not import the copy and nothing else the runner reports means anything.
+CANARY = Mutation(
+    "canary",
+    "the test run imports the mutated copy",
+    KEY,
+    "KEY_FORMAT_VERSION = 1\n",
+    'KEY_FORMAT_VERSION = 1\nraise RuntimeError("mutation canary")\n',
+    (f"{T_KEY}::test_storage_name_is_deterministic",),
+)
