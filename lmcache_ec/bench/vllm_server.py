@@ -88,7 +88,7 @@ class VLLMServer:
     log_path: str | os.PathLike
     ec_config: Mapping[str, Any] | None = None
     extra_args: Sequence[str] = CPU_ARGS
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str | None] = field(default_factory=dict)  # None: unset
     lmcache_config_file: str | os.PathLike | None = None
     port: int = 0
     vllm_bin: str | None = None
@@ -122,7 +122,11 @@ class VLLMServer:
         env.pop("LMCACHE_CONFIG_FILE", None)
         if self.lmcache_config_file is not None:
             env["LMCACHE_CONFIG_FILE"] = str(self.lmcache_config_file)
-        env.update(self.env)
+        for name, value in self.env.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
         return env
 
     def start(self) -> VLLMServer:

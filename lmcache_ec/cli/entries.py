@@ -229,8 +229,9 @@ def stats(
         str | None,
         typer.Option(
             "--metrics-url",
-            help="Prometheus endpoint of a running engine (see metrics_export) "
-            "to read its hit/miss counters from.",
+            help="Prometheus endpoint of a running engine to read its hit/miss "
+            "counters from: vLLM's /metrics (vllm:lmcache_ec_*) or metrics_export's "
+            "(lmcache_ec_*).",
         ),
     ] = None,
     as_json: JsonOption = False,
@@ -309,6 +310,8 @@ def _print_stats(tiers: dict[str, Any], groups: dict, counters: Any, url: str | 
         for (tier, ns, model), (count, size) in sorted(groups.items()):
             table.add_row(tier, ns, model, str(count), human_bytes(size))
         console.print(table)
+    if counters is None and url:
+        return  # the reason is reported as a warning
     if counters is None:
         console.print(
             "[dim]Hit/miss counters live in the serving process: pass --metrics-url "
@@ -323,8 +326,18 @@ def _print_stats(tiers: dict[str, Any], groups: dict, counters: Any, url: str | 
     console.print(table)
 
 
+# Metric name prefixes: standalone export (metrics_export) and vLLM's /metrics,
+# where the connector's counters are ``vllm:lmcache_ec_*`` (integration/vllm/stats).
+METRIC_PREFIXES = ("vllm:lmcache_ec_", "lmcache_ec_")
+
+
 def _scrape(url: str, session: _Session) -> dict[str, Any] | None:
-    """Sum lmcache-ec counters over every engine the endpoint reports."""
+    """Sum lmcache-ec counters over every engine the endpoint reports.
+
+    Reads both the standalone names (``lmcache_ec_hits_total``…) and vLLM's
+    (``vllm:lmcache_ec_hits_total``…). A page without any of them is a
+    problem (exit 1), never a silent ``hit_rate 0``.
+    """
     from urllib.request import urlopen
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -336,16 +349,28 @@ def _scrape(url: str, session: _Session) -> dict[str, Any] | None:
         session.problems.append(f"cannot read metrics from {url}: {exc}")
         return None
     counters: dict[str, Any] = {}
+    found = False
     for family in text_string_to_metric_families(text):
-        if not family.name.startswith("lmcache_ec_"):
+        prefix = next((p for p in METRIC_PREFIXES if family.name.startswith(p)), None)
+        if prefix is None:
             continue
+        found = True
         for sample in family.samples:
             if not sample.name.endswith("_total"):
                 continue
-            name = sample.name.removeprefix("lmcache_ec_").removesuffix("_total")
+            name = sample.name.removeprefix(prefix).removesuffix("_total")
             if "tier" in sample.labels:
                 name = f"{name}[{sample.labels['tier']}]"
-            counters[name] = counters.get(name, 0) + int(sample.value)
+            value = sample.value
+            value = int(value) if float(value).is_integer() else value
+            counters[name] = counters.get(name, 0) + value
+    if not found:
+        session.problems.append(
+            f"no lmcache-ec metrics on {url} (looked for "
+            f"{' and '.join(p + '*' for p in METRIC_PREFIXES)}); is the connector enabled "
+            "in that engine, and is this its /metrics page?"
+        )
+        return None
     hits = sum(v for k, v in counters.items() if k.startswith("hits["))
     lookups = hits + counters.get("misses", 0)
     counters["hit_rate"] = hits / lookups if lookups else 0.0
