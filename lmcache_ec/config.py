@@ -254,6 +254,14 @@ SCHEMA: dict[str, Option] = {
             _non_empty,
         ),
         Option(
+            "weights_version",
+            "str",
+            "",
+            "Version of the encoder weights, in every key: outputs of other weights never "
+            "meet. The vLLM connector adds a fingerprint of the loaded weights itself.",
+            False,
+        ),
+        Option(
             "close_timeout",
             "float",
             30.0,

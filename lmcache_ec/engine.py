@@ -128,11 +128,13 @@ class ECCache:
         namespace: str | None = None,
         fingerprint: str = "",
         dtype: torch.dtype | str | None = None,
+        weights: str | None = None,
     ) -> ECCache:
         """Build the tier from a YAML path, a dict, or ``None`` (env, then default).
 
         ``dtype`` pins the encoder output dtype into the key (recommended when
-        known); ``namespace`` overrides the config's ``namespace``.
+        known); ``namespace`` overrides the config's ``namespace``, ``weights``
+        its ``weights_version``.
         """
         config = load_config(source)
         if isinstance(dtype, torch.dtype):
@@ -143,6 +145,7 @@ class ECCache:
             fingerprint=fingerprint,
             dtype=dtype or "",
             namespace=namespace if namespace is not None else config.namespace,
+            weights=weights if weights is not None else config.weights_version,
         )
         return cls(config, identity)
 

@@ -1,9 +1,9 @@
 """ECKey: the identity of one encoder output and the storage name every tier uses.
 
 An entry is identified by the full ``mm_hash`` plus the encoder identity
-(namespace, model, revision, encoder-config fingerprint, encoder dtype) and the
-key-format version. All of it goes into a SHA-256 digest; the storage name is
-``ec<version>.<namespace-slug>.<model-slug>.<digest-hex>``:
+(namespace, model, revision, encoder-config fingerprint, encoder dtype, encoder
+weights version) and the key-format version. All of it goes into a SHA-256
+digest; the storage name is ``ec<version>.<namespace-slug>.<model-slug>.<digest-hex>``:
 
 - only ``[A-Za-z0-9.-]`` and at most ~160 bytes, whatever the inputs, so it is
   a safe file name, Redis key and S3 object name (``../../x``, NUL bytes,
@@ -83,11 +83,12 @@ class EncoderIdentity:
     fingerprint: str = ""
     dtype: str = ""
     namespace: str = "default"
+    weights: str = ""
     _prefix_hasher: Any = field(init=False, repr=False, compare=False)
     storage_prefix: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("model", "revision", "fingerprint", "dtype", "namespace"):
+        for name in ("model", "revision", "fingerprint", "dtype", "namespace", "weights"):
             value = getattr(self, name)
             if not isinstance(value, str):
                 raise TypeError(f"{name} must be a str, not {type(value).__name__}")
@@ -108,6 +109,11 @@ class EncoderIdentity:
             self.dtype,
         ):
             _feed(hasher, part)
+        if self.weights:
+            # Fed only when set, so identities without a weights version keep
+            # the digests they had before the field existed; the length
+            # prefixes keep the two forms from ever colliding.
+            _feed(hasher, self.weights)
         object.__setattr__(self, "_prefix_hasher", hasher)
         object.__setattr__(
             self,
@@ -133,6 +139,7 @@ class EncoderIdentity:
             "revision": self.revision,
             "fingerprint": self.fingerprint,
             "dtype": self.dtype,
+            "weights": self.weights,
         }
 
 

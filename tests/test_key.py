@@ -44,7 +44,9 @@ def test_storage_name_is_deterministic(identity):
     assert hash(identity.key("abc")) == hash(again.key("abc"))
 
 
-@pytest.mark.parametrize("field", ["model", "revision", "fingerprint", "dtype", "namespace"])
+@pytest.mark.parametrize(
+    "field", ["model", "revision", "fingerprint", "dtype", "namespace", "weights"]
+)
 def test_every_identity_field_changes_the_key(field):
     base = {
         "model": "m",
@@ -52,6 +54,7 @@ def test_every_identity_field_changes_the_key(field):
         "fingerprint": "f",
         "dtype": "float16",
         "namespace": "ns",
+        "weights": "w1",
     }
     changed = dict(base, **{field: "float32" if field == "dtype" else base[field] + "x"})
     assert EncoderIdentity(**base).key("h") != EncoderIdentity(**changed).key("h")
@@ -65,7 +68,9 @@ COLLIDING = {
 }
 
 
-@pytest.mark.parametrize("field", ["model", "revision", "fingerprint", "dtype", "namespace"])
+@pytest.mark.parametrize(
+    "field", ["model", "revision", "fingerprint", "dtype", "namespace", "weights"]
+)
 def test_every_identity_field_is_in_the_digest(field):
     # The storage name's prefix carries slugs of the namespace and model; a
     # field left out of the SHA-256 would still change the name through them.
@@ -76,6 +81,7 @@ def test_every_identity_field_is_in_the_digest(field):
         "fingerprint": "f",
         "dtype": "float16",
         "namespace": "ns",
+        "weights": "w1",
     }
     if field in COLLIDING:
         first, second = COLLIDING[field]
@@ -158,3 +164,16 @@ def test_bad_identity():
         EncoderIdentity(model="m", dtype="int8")
     with pytest.raises(TypeError):
         EncoderIdentity(model=None)  # type: ignore[arg-type]
+
+
+def test_weights_version_changes_the_digest_and_unset_keeps_old_digests():
+    unset = EncoderIdentity(model="m")
+    assert EncoderIdentity(model="m", weights="w1").key("h") != unset.key("h")
+    assert EncoderIdentity(model="m", weights="w1").key("h") != (
+        EncoderIdentity(model="m", weights="w2").key("h")
+    )
+    # Pinned: the digest of an identity without weights, as written before the
+    # field existed (entries already stored stay reachable).
+    assert unset.key("h").digest_hex == (
+        "1e300062b82491effe7f0c7be03a31083923b4120c1972a532335c7044fa90c1"
+    )

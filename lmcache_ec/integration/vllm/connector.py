@@ -107,7 +107,10 @@ class LMCacheECTierConnector(ECConnectorBase):
         self.settings = ConnectorSettings.from_extra_config(transfer.ec_connector_extra_config)
         config = load_config(self.settings.lmcache_config)
         self.identity = identity_from_vllm(
-            vllm_config, model=self.settings.model, namespace=config.namespace
+            vllm_config,
+            model=self.settings.model,
+            namespace=config.namespace,
+            weights=config.weights_version,
         )
         self.scheduler: TierScheduler | None = None
         self.worker: TierWorker | None = None

@@ -74,8 +74,10 @@ def encoder_dtype(model_config: Any) -> str:
     return ""  # unpinned: entries come back in the dtype they were stored in
 
 
-def identity_from_vllm(vllm_config: Any, *, model: str | None, namespace: str) -> EncoderIdentity:
-    """The ``EncoderIdentity`` of this vLLM deployment."""
+def identity_from_vllm(
+    vllm_config: Any, *, model: str | None, namespace: str, weights: str = ""
+) -> EncoderIdentity:
+    """The ``EncoderIdentity`` of this vLLM deployment (``weights``: its weights version)."""
     model_config = vllm_config.model_config
     return EncoderIdentity(
         model=model or str(model_config.model),
@@ -83,4 +85,5 @@ def identity_from_vllm(vllm_config: Any, *, model: str | None, namespace: str) -
         fingerprint=encoder_fingerprint(model_config),
         dtype=encoder_dtype(model_config),
         namespace=namespace,
+        weights=weights,
     )
