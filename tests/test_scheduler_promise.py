@@ -1,0 +1,51 @@
+"""The vLLM scheduler side never promises a load that no worker has staged.
+
+``has_cache_item`` is vLLM asking "will this item be loaded instead of
+encoded?". On a consumer the answer is yes only for items already staged in
+worker memory on every rank; the tiers holding the item is not enough (the
+load would then read a tier inside the model step, or fail there). Uses the
+vLLM fixtures of ``tests/vllm`` (real scheduler connector, tiny model).
+"""
+
+from __future__ import annotations
+
+from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
+from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+from vllm.sampling_params import SamplingParams
+from vllm.v1.request import Request
+
+from tests.vllm.conftest import _registered, extra, model_config  # noqa: F401  (fixtures)
+from tests.vllm.harness import Engine, image_hash, make_vllm_config
+
+
+def _request(identifier: str) -> Request:
+    feature = MultiModalFeatureSpec(
+        data=None,
+        modality="image",
+        identifier=identifier,
+        mm_position=PlaceholderRange(offset=0, length=4),
+    )
+    return Request("r", [4, 4, 4, 4, 5], SamplingParams(max_tokens=1), None, mm_features=[feature])
+
+
+def test_consumer_promises_only_staged_items(model_config, extra):  # noqa: F811
+    image = image_hash("stored-not-staged.png")
+    producer = Engine(make_vllm_config(model_config, "ec_both", extra))
+    try:
+        producer.run_until_finished([producer.add_request([image])])
+        producer.flush()
+    finally:
+        producer.shutdown()
+
+    config = make_vllm_config(model_config, "ec_consumer", extra)
+    connector = ECConnectorFactory.create_connector(config, ECConnectorRole.SCHEDULER)
+    try:
+        assert connector.scheduler.index.lookup(image) == "disk"  # the tiers hold it ...
+        assert not connector.has_cache_item(image)  # ... but no worker has staged it
+        # Asked to make it available, the scheduler orders a prefetch and defers:
+        # still not a promise until the workers report it staged.
+        assert not connector.ensure_cache_available(_request(image), 0)
+        assert not connector.has_cache_item(image)
+    finally:
+        connector.shutdown()
