@@ -75,7 +75,7 @@ class TinyVLMSpec:
     text_hidden: int = 256
     text_layers: int = 2
     vocab_size: int = 512
-    max_positions: int = 2048
+    max_positions: int = 8192  # room for long background decodes
 
     @property
     def effective_vision_seed(self) -> int:

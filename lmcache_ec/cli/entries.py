@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -321,8 +322,8 @@ def _print_stats(tiers: dict[str, Any], groups: dict, counters: Any, url: str | 
     table = Table(title=f"Counters from {url}")
     table.add_column("counter")
     table.add_column("value", justify="right")
-    for name, value in counters.items():
-        table.add_row(name, f"{value:.4g}" if isinstance(value, float) else str(value))
+    for name, value in counters.items():  # escape: "hits[disk]" is not markup
+        table.add_row(escape(name), f"{value:.4g}" if isinstance(value, float) else str(value))
     console.print(table)
 
 

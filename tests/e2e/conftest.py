@@ -1,0 +1,212 @@
+"""Real ``vllm serve`` processes with the connector, started once per session.
+
+Every start costs about a minute of CPU, so the suite starts two waves of
+servers, each wave in parallel:
+
+1. writers, on empty tiers: ``a`` (ec_both, disk D + Redis), ``a_s3``
+   (ec_both, own disk + S3) and ``producer`` (ec_producer, own disk + Redis in
+   namespace ``epd``). Each encodes ``IMAGES`` once (cache misses) and is
+   stopped (SIGTERM: the connector flushes its writes); ``a``'s answers are the
+   reference every reader must reproduce.
+2. readers, fresh processes: ``disk`` (ec_both on D, no remote), ``redis``
+   (ec_both, empty disk, Redis), ``s3`` (ec_both, empty disk, S3) and
+   ``consumer`` (ec_consumer, empty disk, Redis namespace ``epd``).
+
+Readers keep running for the whole session; each test uses its own images
+so counters can be read as before/after deltas.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from lmcache_ec.bench.tiny_vlm import build_tiny_blip2
+from lmcache_ec.bench.vllm_server import (
+    CPU_ARGS,
+    ChatResult,
+    VLLMServer,
+    chat_with_image,
+    ec_transfer_config,
+    make_png,
+    metric_total,
+    read_metrics,
+)
+
+# Image seeds: each reader test uses its own subset, so its counters are its own.
+BUSY_IMAGES = (101, 102)
+LONE_IMAGES = (103, 104)
+CLI_IMAGES = (105,)
+IMAGES = BUSY_IMAGES + LONE_IMAGES + CLI_IMAGES
+MAX_TOKENS = 6
+# Long enough for a background decode that outlasts a test's requests (a
+# decode step of the tiny model takes a few ms).
+MAX_MODEL_LEN = 8192
+BACKGROUND_TOKENS = 8000
+ARGS = (*CPU_ARGS[:-2], "--max-model-len", str(MAX_MODEL_LEN))
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+}
+
+
+def ask(server: VLLMServer, image: int, **kwargs) -> ChatResult:
+    kwargs.setdefault("max_tokens", MAX_TOKENS)
+    return chat_with_image(server.base_url, server.served_model, make_png(image), **kwargs)
+
+
+def counters(server: VLLMServer) -> dict[str, float]:
+    """The connector's and vLLM's counters that show encoder work and loads."""
+    page = read_metrics(server.metrics_url)
+    hits = {
+        labels.get("tier", "?"): value
+        for labels, value in page.get("vllm:lmcache_ec_hits_total", [])
+    }
+    return {
+        "loads": metric_total(page, "vllm:lmcache_ec_loads_total"),
+        "saves": metric_total(page, "vllm:lmcache_ec_saves_total"),
+        "lookup_hits": metric_total(page, "vllm:lmcache_ec_lookup_hits_total"),
+        "misses": metric_total(page, "vllm:lmcache_ec_misses_total"),
+        "hits_disk": hits.get("disk", 0.0),
+        "hits_cpu": hits.get("cpu", 0.0),
+        "hits_lower": sum(v for t, v in hits.items() if t not in ("cpu", "disk")),
+        # vLLM's own: prefix-cache hits would hide the encoder altogether.
+        "prefix_cached_tokens": metric_total(page, "vllm:prompt_tokens_cached_total"),
+        "requests_ok": metric_total(page, "vllm:request_success_total"),
+    }
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+def settled_counters(server: VLLMServer, before: dict[str, float], requests: int) -> dict:
+    """Deltas once ``requests`` more requests finished (stats lag a step or two)."""
+    deadline = time.monotonic() + 10
+    while True:
+        change = delta(counters(server), before)
+        if change["requests_ok"] >= requests or time.monotonic() > deadline:
+            time.sleep(0.5)  # the step after the last output carries its stats
+            return delta(counters(server), before)
+        time.sleep(0.2)
+
+
+@dataclass
+class Fleet:
+    model: Path
+    disk_a: Path
+    reference: dict[int, ChatResult]
+    servers: dict[str, VLLMServer] = field(default_factory=dict)
+    start_s: dict[str, float] = field(default_factory=dict)
+    writer_counters: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def _ec(role: str, disk: Path, remote: dict | None = None, **extra) -> dict:
+    tiers = {
+        "local_cpu": True,
+        "max_local_cpu_size": 0.25,
+        "local_disk": str(disk),
+        "max_local_disk_size": 1.0,
+        "remote_timeout": 5.0,
+        **(remote or {}),
+    }
+    return ec_transfer_config(role, tiers, **extra)
+
+
+def _start_all(servers: dict[str, VLLMServer], fleet: Fleet) -> None:
+    for server in servers.values():
+        server.launch()
+    failures = []
+    for name, server in servers.items():
+        try:
+            server.wait_ready()
+            fleet.start_s[name] = server.started_s
+        except Exception as exc:
+            failures.append(f"[{name}] {exc}")
+    if failures:
+        for server in servers.values():
+            server.stop()
+        pytest.fail("\n\n".join(failures), pytrace=False)
+    # The first forward of a process is slow (kernel set-up): pay it here, text
+    # only. Not on a producer: it finishes requests once encoded, and text has none.
+    generating = [s for n, s in servers.items() if n != "producer"]
+    with ThreadPoolExecutor(len(generating)) as pool:
+        list(
+            pool.map(
+                lambda s: chat_with_image(s.base_url, s.served_model, None, max_tokens=2),
+                generating,
+            )
+        )
+
+
+def _stop_all(servers: dict[str, VLLMServer]) -> None:
+    with ThreadPoolExecutor(len(servers)) as pool:
+        list(pool.map(lambda s: s.stop(), servers.values()))
+
+
+@pytest.fixture(scope="session")
+def fleet(redis_server, s3_server) -> Iterator[Fleet]:
+    # Not under pytest's basetemp: concurrent pytest runs prune old basetemps
+    # (keeping 3), which would delete the servers' disk tiers mid-session.
+    root = Path(tempfile.mkdtemp(prefix="lmcache-ec-e2e-"))
+    model = build_tiny_blip2(root / "models", seed=0)
+    logs = root / "logs"
+    bucket = s3_server.new_bucket()
+    redis = {"remote_url": redis_server.url}
+    s3 = {"remote_url": f"s3://{bucket}/e2e", "s3_endpoint_url": s3_server.endpoint}
+    epd = {**redis, "namespace": "epd"}
+    redis_server.client().flushall()
+    # The servers read only the config given here, not the developer's LMCACHE_EC_*.
+    env = {name: None for name in os.environ if name.startswith("LMCACHE_EC_")}
+    env.update({"XDG_CACHE_HOME": str(root / "xdg"), **S3_ENV})
+
+    def server(name: str, ec: dict) -> VLLMServer:
+        return VLLMServer(model, logs / f"{name}.log", ec_config=ec, env=env, extra_args=ARGS)
+
+    fleet = Fleet(model=model, disk_a=root / "disk-a", reference={})
+    writers = {
+        "a": server("a", _ec("ec_both", root / "disk-a", redis)),
+        "a_s3": server("a_s3", _ec("ec_both", root / "disk-a-s3", s3)),
+        "producer": server("producer", _ec("ec_producer", root / "disk-p", epd)),
+    }
+    try:
+        _start_all(writers, fleet)
+        for image in IMAGES:
+            fleet.reference[image] = ask(writers["a"], image)
+            ask(writers["a_s3"], image)
+            ask(writers["producer"], image, max_tokens=1, ignore_eos=False)
+        for name, writer in writers.items():
+            fleet.writer_counters[name] = counters(writer)
+    finally:
+        _stop_all(writers)  # graceful: the connector flushes accepted writes
+
+    # The default remote_lookup_timeout_s (50 ms) turns a remote hit into an
+    # encode when moto answers slowly on a loaded 2-core machine.
+    patient = {"remote_lookup_timeout_s": 2.0}
+    readers = {
+        "disk": server("disk", _ec("ec_both", root / "disk-a")),
+        "redis": server("redis", _ec("ec_both", root / "disk-b-redis", redis, **patient)),
+        "s3": server("s3", _ec("ec_both", root / "disk-b-s3", s3, **patient)),
+        "consumer": server("consumer", _ec("ec_consumer", root / "disk-c", epd, **patient)),
+    }
+    fleet.servers = readers
+    try:
+        _start_all(readers, fleet)
+        yield fleet
+    finally:
+        _stop_all(readers)
+        print(f"\nvllm serve start-up seconds: {fleet.start_s}")
+        if os.environ.get("EC_E2E_KEEP"):
+            print(f"e2e files (logs, tiers) kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
