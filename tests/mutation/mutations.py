@@ -65,6 +65,17 @@ MUTATIONS: list[Mutation] = [
     ),
     _digest_field("dtype", "        ):"),
     Mutation(
+        "digest-without-weights",
+        "the encoder weights version is part of the key digest",
+        KEY,
+        "            _feed(hasher, self.weights)\n",
+        "            pass\n",
+        (
+            f"{T_KEY}::test_every_identity_field_is_in_the_digest[weights]",
+            f"{T_KEY}::test_weights_version_changes_the_digest_and_unset_keeps_old_digests",
+        ),
+    ),
+    Mutation(
         "digest-without-mm-hash",
         "mm_hash is part of the key digest",
         KEY,
@@ -224,8 +235,6 @@ MUTATIONS: list[Mutation] = [
         # waited for staging (tests/vllm/test_prefetch.py), so ask it directly.
         ("tests/test_scheduler_promise.py::test_consumer_promises_only_staged_items",),
     ),
-    # Not yet: "weights are part of the identity" (EncoderIdentity has no weights
-    # field yet). When it has, add _digest_field("weights", ...) with its test.
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
