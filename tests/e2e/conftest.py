@@ -171,7 +171,9 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
     env.update({"XDG_CACHE_HOME": str(root / "xdg"), **S3_ENV})
 
     def server(name: str, ec: dict) -> VLLMServer:
-        return VLLMServer(model, logs / f"{name}.log", ec_config=ec, env=env, extra_args=ARGS)
+        return VLLMServer(
+            model, logs / f"{name}.log", ec_config=ec, env=env, extra_args=ARGS, ready_timeout=600
+        )
 
     fleet = Fleet(model=model, disk_a=root / "disk-a", reference={})
     writers = {

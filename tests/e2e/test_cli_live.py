@@ -16,7 +16,7 @@ from lmcache_ec.bench.vllm_server import BackgroundDecode, read_metrics
 from .conftest import BACKGROUND_TOKENS, CLI_IMAGES, IMAGES, ask
 
 # The first test also pays for the session's server starts (two waves).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
 def cli(*args: str, expect: int = 0) -> subprocess.CompletedProcess:

@@ -34,7 +34,7 @@ from .conftest import (
 )
 
 # The first test also pays for the session's server starts (two waves).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 READERS = ("disk", "redis", "s3", "consumer")
 # Which counter shows a reader's hits: its own disk directory was written by
