@@ -521,8 +521,8 @@ def table_cells(row: dict[str, Any]) -> list[str]:
 
 NOTES = (
     "TTFT: streamed, temperature 0, request sent -> first token; p50/p99 over the row's requests.",
-    "hit p50: requests for an image sent before; floor: a text-only prompt of the same token "
-    "count on the same server, same mode.",
+    "hit p50: requests for an image sent before; floor: p50 of a text-only prompt of the same "
+    "token count, interleaved with the image requests on the subject's servers, same mode.",
     "hits: lmcache-ec's loads counter (vllm:lmcache_ec_loads_total); * ECExampleConnector has "
     "no counter: every repeat assumed a hit.",
     "req/s: lone = requests / summed request time; concurrent = requests / batch wall time.",
