@@ -178,15 +178,28 @@ class ECCache:
 
     # -- writes --------------------------------------------------------------
 
-    def put(self, mm_hash: str, tensor: torch.Tensor) -> bool:
+    def set_identity(self, identity: EncoderIdentity) -> None:
+        """Key later reads and writes under ``identity`` (e.g. new encoder weights).
+
+        Entries stored under the previous identity stay where they are and are
+        no longer found through this cache; tiers evict them as usual.
+        """
+        self.identity = identity
+        self._keys = {}
+
+    def put(
+        self, mm_hash: str, tensor: torch.Tensor, *, identity: EncoderIdentity | None = None
+    ) -> bool:
         """Store ``tensor`` under ``mm_hash``.
 
+        ``identity``: the identity that produced ``tensor`` when it may differ
+        from the cache's current one (a save queued before a weight update).
         Returns True when the entry is stored (or already was), False when the
         CPU pool has no room right now. Raises ``TypeError``/``ValueError`` for
         input that can never be stored.
         """
-        key = self.key(mm_hash)
-        validate_tensor(tensor, self.identity.dtype)
+        key = self.key(mm_hash) if identity is None else identity.key(mm_hash)
+        validate_tensor(tensor, (identity or self.identity).dtype)
         return self._put(key, tensor)
 
     def put_many(self, items: Items) -> list[bool]:

@@ -31,6 +31,8 @@ def _request(identifier: str) -> Request:
 
 def test_consumer_promises_only_staged_items(model_config, extra):  # noqa: F811
     image = image_hash("stored-not-staged.png")
+    # No workers announce a weights fingerprint to this lone scheduler side.
+    extra = {**extra, "weights_fingerprint": False}
     producer = Engine(make_vllm_config(model_config, "ec_both", extra))
     try:
         producer.run_until_finished([producer.add_request([image])])

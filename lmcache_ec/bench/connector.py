@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from .subjects import NO_MODEL
+
 
 def _hash(n: int, tag: str) -> str:
     return hashlib.sha256(f"{tag}-{n}".encode()).hexdigest()
@@ -72,7 +74,9 @@ def bench_connector(
     disk = os.path.join(workdir, "disk")
     os.makedirs(disk, exist_ok=True)
     tier = {"max_local_cpu_size": 1.0, "local_disk": disk, "max_local_disk_size": 5.0}
-    ours_config = _vllm_config(model_dir, "LMCacheECTierConnector", {"lmcache_config": tier})
+    ours_config = _vllm_config(
+        model_dir, "LMCacheECTierConnector", {"lmcache_config": tier, **NO_MODEL}
+    )
     example_config = _vllm_config(
         model_dir, "ECExampleConnector", {"shared_storage_path": os.path.join(workdir, "ex")}
     )

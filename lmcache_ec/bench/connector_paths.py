@@ -30,7 +30,14 @@ import torch
 
 from .measure import summary, wait_until
 from .rows import OURS, make_row, pool_gb, sample_tensors
-from .subjects import TINY_MODEL_DIR, ExampleConnector, close_bounded, open_upstream, vllm_config
+from .subjects import (
+    NO_MODEL,
+    TINY_MODEL_DIR,
+    ExampleConnector,
+    close_bounded,
+    open_upstream,
+    vllm_config,
+)
 
 CHUNK = 100
 UP, EX = "upstream", "example"
@@ -87,7 +94,9 @@ def run_connector(
         "max_local_disk_size": max(1.0, 2 * saves * nbytes / 1024**3),
         **(remote or {}),
     }
-    config = vllm_config(TINY_MODEL_DIR, "LMCacheECTierConnector", {"lmcache_config": tier})
+    config = vllm_config(
+        TINY_MODEL_DIR, "LMCacheECTierConnector", {"lmcache_config": tier, **NO_MODEL}
+    )
     up_tier = {k: v for k, v in tier.items() if k in ("max_local_cpu_size", "max_local_disk_size")}
     up_tier.update(local_cpu=True, local_disk=os.path.join(workdir, "upstream"))
     if remote and str(remote.get("remote_url", "")).startswith("redis"):

@@ -36,6 +36,7 @@ import torch
 
 from .proxy import SlowProxy
 from .servers import local_redis
+from .subjects import NO_MODEL
 
 IMAGE_TOKEN = 4
 BLOCK = 16
@@ -251,7 +252,11 @@ def _run_mode(mode: str, settings: StepBenchSettings, redis_url: str) -> dict[st
         ec_transfer_config=ECTransferConfig(
             ec_connector="LMCacheECTierConnector",
             ec_role="ec_both",
-            ec_connector_extra_config={"lmcache_config": ec, "remote_lookup_timeout_s": 5.0},
+            ec_connector_extra_config={
+                "lmcache_config": ec,
+                "remote_lookup_timeout_s": 5.0,
+                **NO_MODEL,
+            },
         ),
     )
     vllm_config.cache_config.num_gpu_blocks = 256

@@ -31,6 +31,9 @@ MODEL = "bench/model"
 # Shipped with the package: a BLIP-2 config and processor, no weights. vLLM
 # needs a model directory to build the config its connectors are made from.
 TINY_MODEL_DIR = str(resources.files("lmcache_ec.bench") / "tiny_model")
+# These harnesses drive the connector without loading a model, so no worker
+# announces an encoder-weights fingerprint: keys use ec.weights_version alone.
+NO_MODEL = {"weights_fingerprint": False}
 
 
 def open_ours(config: dict[str, Any], dtype: torch.dtype, namespace: str | None = None) -> Any:

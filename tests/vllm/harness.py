@@ -25,6 +25,8 @@ from vllm.v1.outputs import ECConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from lmcache_ec.integration.vllm import connector as connector_module
+
 IMAGE_TOKEN = 4
 NUM_EMBEDS = 4  # tiny-blip2: num_query_tokens
 HIDDEN = 64
@@ -36,10 +38,27 @@ def image_hash(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()
 
 
-def encoder_output(identifier: str) -> torch.Tensor:
+def encoder_output(identifier: str, weights_seed: int = 0) -> torch.Tensor:
+    """The tiny "encoder": a function of the item and of the encoder weights."""
     seed = int(identifier.encode().hex()[:12], 16) if identifier else 0
-    generator = torch.Generator().manual_seed(seed % (2**31))
+    generator = torch.Generator().manual_seed((seed + 7919 * weights_seed) % (2**31))
     return torch.randn(NUM_EMBEDS, HIDDEN, generator=generator).to(torch.bfloat16)
+
+
+class TinyVLM(torch.nn.Module):
+    """A model with a vision tower (what is fingerprinted) and a language model."""
+
+    def __init__(self, weights_seed: int) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(weights_seed)
+        self.vision_tower = torch.nn.Linear(8, 8)
+        self.language_model = torch.nn.Linear(8, 8)
+        with torch.no_grad():
+            for parameter in self.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+
+    def get_language_model(self) -> torch.nn.Module:
+        return self.language_model
 
 
 def make_vllm_config(
@@ -89,9 +108,18 @@ class Engine:
             log_stats=True,
         )
         self.workers = []
+        self.weights_seed = 0
+        self.model = TinyVLM(self.weights_seed)
         for rank in range(tp_size):
-            worker = ECConnectorFactory.create_connector(vllm_config, ECConnectorRole.WORKER)
-            worker.worker.tp_rank, worker.worker.tp_size = rank, tp_size
+            # vLLM builds each rank's connector inside its tensor-parallel group.
+            position = connector_module._parallel_position
+            connector_module._parallel_position = lambda rank=rank: (rank, tp_size, 0)
+            try:
+                worker = ECConnectorFactory.create_connector(vllm_config, ECConnectorRole.WORKER)
+            finally:
+                connector_module._parallel_position = position
+            # What the Worker.load_model seam does once the model is resident.
+            worker.weights_changed(lambda: self.model)
             self.workers.append(worker)
         self.encoder_caches: list[dict[str, torch.Tensor]] = [{} for _ in range(tp_size)]
         self.encoded: list[str] = []  # identifiers the encoder computed (rank 0)
@@ -108,8 +136,8 @@ class Engine:
         if channel is not None:
             send = channel.send
 
-            def record(identifiers: list[str]) -> bool:
-                sent = send(identifiers)
+            def record(identifiers: list[str], weights: str = "") -> bool:
+                sent = send(identifiers, weights)
                 if sent:
                     self._channel_orders.extend(identifiers)
                     self.inflight_at_order.append(self.connector.scheduler.prefetch.inflight_items)
@@ -121,6 +149,18 @@ class Engine:
     @property
     def connector(self):
         return self.scheduler.ec_connector
+
+    def update_weights(self, weights_seed: int) -> None:
+        """Change the encoder weights in place, as ``reload_weights`` does (then the
+        runner's ``reset_encoder_cache`` seam tells the connectors)."""
+        self.weights_seed = weights_seed
+        with torch.no_grad():
+            self.model.vision_tower.load_state_dict(TinyVLM(weights_seed).vision_tower.state_dict())
+        for cache in self.encoder_caches:
+            cache.clear()  # vLLM's own reset_encoder_cache
+        self.scheduler.reset_encoder_cache()
+        for worker in self.workers:
+            worker.weights_changed(lambda: self.model)
 
     def add_request(
         self, identifiers: list[str], *, text_tokens: int = 4, max_tokens: int = 1
@@ -212,7 +252,7 @@ class Engine:
         for req_id, inputs in output.scheduled_encoder_inputs.items():
             for index in inputs:
                 identifier = self.features[req_id][index].identifier
-                cache[identifier] = encoder_output(identifier)
+                cache[identifier] = encoder_output(identifier, self.weights_seed)
                 if rank == 0:
                     self.encoded.append(identifier)
                 if self.runner == "v1":

@@ -34,6 +34,7 @@ def _scheduler_connector(model_config, remote_url: str):
     extra = {
         "lmcache_config": {"max_local_cpu_size": 0.01, "remote_url": remote_url},
         "remote_lookup_timeout_s": 0.2,
+        "weights_fingerprint": False,  # no workers here to announce a fingerprint
     }
     config = make_vllm_config(model_config, "ec_both", extra)
     return ECConnectorFactory.create_connector(config, ECConnectorRole.SCHEDULER)

@@ -111,8 +111,13 @@ def test_busy_engine_waits_briefly_then_defers(model_config, extra):
 
 
 def test_without_a_channel_orders_ride_step_metadata(model_config, extra, monkeypatch):
-    """A rank the scheduler cannot reach: the old path, never a failed request."""
+    """A rank the scheduler cannot reach: the old path, never a failed request.
+
+    Without the channel the scheduler hears no weights fingerprint, so this
+    path needs explicit weights versions (``weights_fingerprint: false``).
+    """
     image = image_hash("no-channel.png")
+    extra = {**extra, "weights_fingerprint": False}
     _store(model_config, extra, [image])
     config = make_vllm_config(model_config, "ec_both", extra)
     with monkeypatch.context() as patch:  # the runner that delivers idle steps
@@ -144,20 +149,26 @@ def test_orders_and_answers_round_trip_and_garbage_is_dropped(tmp_path):
     path = socket_path(f"test-{os.getpid()}-{time.monotonic_ns()}", 0, 0)
     received: list[list[str]] = []
 
-    def on_order(identifiers, link):
-        received.append(identifiers)
-        link.answer(staged=identifiers[:1], failed=identifiers[1:])
+    def on_order(identifiers, weights, link):
+        received.append((identifiers, weights))
+        link.answer(staged=identifiers[:1], failed=identifiers[1:], weights=weights)
 
-    listener = StageListener(path, on_order)
+    listener = StageListener(path, on_order, hello=lambda: {"weights": ["w1"]})
     client = StageClient([path])
     try:
         assert client.connect()
         client._conns[0].send_bytes(b"not json")  # dropped, the link survives
         client._conns[0].send_bytes(b'{"stage": "x"}')  # wrong shape: dropped
-        assert client.send(["../../x", "b"])
-        answers = client.receive(timeout=5.0)
-        assert answers == [(["../../x"], ["b"])]
-        assert received == [["../../x", "b"]]
+        assert client.receive(timeout=5.0) == [{"weights": ["w1"]}]  # the hello
+        assert client.send(["../../x", "b"], "w1")
+        deadline = time.monotonic() + 5.0
+        answers = []
+        while not answers and time.monotonic() < deadline:
+            answers = client.receive(timeout=1.0)
+        assert answers == [{"staged": ["../../x"], "failed": ["b"], "weights": ["w1"]}]
+        assert received == [(["../../x", "b"], "w1")]
+        listener.broadcast({"weights": ["w2"]})
+        assert client.receive(timeout=5.0) == [{"weights": ["w2"]}]
     finally:
         client.close()
         listener.close()
@@ -169,10 +180,10 @@ def test_stale_socket_is_replaced_and_a_live_one_refused():
     dead = socket.socket(socket.AF_UNIX)
     dead.bind(path)
     dead.close()  # the file stays, nobody listens: a crashed worker's leftover
-    listener = StageListener(path, lambda identifiers, link: None)
+    listener = StageListener(path, lambda identifiers, weights, link: None)
     try:
         with pytest.raises(OSError, match="another process listens"):
-            StageListener(path, lambda identifiers, link: None)
+            StageListener(path, lambda identifiers, weights, link: None)
     finally:
         listener.close()
 

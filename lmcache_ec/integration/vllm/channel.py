@@ -9,9 +9,16 @@ one Unix socket per tensor-parallel rank, independent of the runner's steps.
 
 - Worker: ``StageListener`` binds ``<runtime dir>/<engine>-dp<d>-tp<r>.sock``
   and hands each order to a callback; the callback answers through
-  ``StageLink.answer`` once the items are staged (or not).
+  ``StageLink.answer`` once the items are staged (or not). It also tells the
+  scheduler the weights fingerprint its keys use: on connect and after every
+  change (``broadcast``), before the call that changed the weights returns.
 - Scheduler: ``StageClient`` connects to every rank, sends orders without
-  blocking on the answer, and polls (or briefly waits for) answers.
+  blocking on the answer, and polls (or briefly waits for) messages.
+
+Messages (JSON objects of string lists): ``{"stage": ids, "weights": [w]}``
+from the scheduler; ``{"staged": ids, "failed": ids, "weights": [w]}`` and
+``{"weights": [w]}`` from a worker. Orders and answers carry the weights
+version they were made under, so none crosses a weight update.
 
 Frames are JSON (never pickle), and the socket lives in a directory only this
 user can enter. Where a rank cannot be reached (another node, a bind refused),
@@ -53,11 +60,14 @@ def socket_path(engine_id: str, dp_rank: int, tp_rank: int) -> str:
     return os.path.join(runtime_dir(), f"{safe}-dp{dp_rank}-tp{tp_rank}.sock")
 
 
-def _encode(message: dict[str, list[str]]) -> bytes:
+Message = dict[str, list[str]]
+
+
+def _encode(message: Message) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode()
 
 
-def _decode(frame: bytes) -> dict[str, list[str]]:
+def _decode(frame: bytes) -> Message:
     message = json.loads(frame)
     if not isinstance(message, dict):
         raise ValueError("stage channel: frame is not an object")
@@ -74,21 +84,32 @@ class StageLink:
         self._conn = conn
         self._lock = threading.Lock()
 
-    def answer(self, staged: Iterable[str], failed: Iterable[str]) -> None:
-        frame = _encode({"staged": list(staged), "failed": list(failed)})
+    def answer(self, staged: Iterable[str], failed: Iterable[str], weights: str) -> None:
+        self.send({"staged": list(staged), "failed": list(failed), "weights": [weights]})
+
+    def send(self, message: Message) -> None:
+        frame = _encode(message)
         try:
             with self._lock:
                 self._conn.send_bytes(frame)
         except OSError as exc:  # the scheduler went away: nothing waits for the answer
-            logger.debug("Stage answer not delivered: %s", exc)
+            logger.debug("Stage message not delivered: %s", exc)
 
 
 class StageListener:
     """Worker side: accept the scheduler's connection and pass its orders on."""
 
-    def __init__(self, path: str, on_order: Callable[[list[str], StageLink], None]) -> None:
+    def __init__(
+        self,
+        path: str,
+        on_order: Callable[[list[str], str, StageLink], None],
+        hello: Callable[[], Message | None] = lambda: None,
+    ) -> None:
         self.path = path
         self._on_order = on_order
+        self._hello = hello
+        self._links: list[StageLink] = []
+        self._links_lock = threading.Lock()
         _remove_stale(path)
         self._listener = Listener(path, family="AF_UNIX")
         os.chmod(path, 0o600)
@@ -116,19 +137,40 @@ class StageListener:
             self._threads.append(thread)
             thread.start()
 
+    def broadcast(self, message: Message) -> None:
+        """Send ``message`` to every connected scheduler, before returning.
+
+        Under the same lock as a new link's hello: whichever comes last on a
+        link is the newest state.
+        """
+        with self._links_lock:
+            for link in self._links:
+                link.send(message)
+
     def _serve(self, conn: Connection) -> None:
         link = StageLink(conn)
+        with self._links_lock:
+            self._links.append(link)
+            hello = self._hello()
+            if hello is not None:
+                link.send(hello)
         with contextlib.closing(conn):
-            while True:
-                try:
-                    message = _decode(conn.recv_bytes())
-                except (EOFError, OSError):
-                    return
-                except ValueError as exc:
-                    logger.warning("Dropping a malformed stage order: %s", exc)
-                    continue
-                if message.get("stage"):
-                    self._on_order(message["stage"], link)
+            self._read_orders(conn, link)
+        with self._links_lock:
+            self._links.remove(link)
+
+    def _read_orders(self, conn: Connection, link: StageLink) -> None:
+        while True:
+            try:
+                message = _decode(conn.recv_bytes())
+            except (EOFError, OSError):
+                return
+            except ValueError as exc:
+                logger.warning("Dropping a malformed stage order: %s", exc)
+                continue
+            if message.get("stage"):
+                weights = message.get("weights") or [""]
+                self._on_order(message["stage"], weights[0], link)
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop accepting and serving; a blocked accept or read is woken, not waited out."""
@@ -200,11 +242,14 @@ class StageClient:
     def connected(self) -> bool:
         return self._conns is not None
 
-    def send(self, identifiers: list[str]) -> bool:
-        """Order every rank to stage ``identifiers``; False if the channel broke."""
+    def send(self, identifiers: list[str], weights: str = "") -> bool:
+        """Order every rank to stage ``identifiers`` (keyed under ``weights``).
+
+        False if the channel is not connected or broke.
+        """
         if self._conns is None:
             return False
-        frame = _encode({"stage": identifiers})
+        frame = _encode({"stage": identifiers, "weights": [weights]})
         try:
             for conn in self._conns:
                 conn.send_bytes(frame)
@@ -214,8 +259,8 @@ class StageClient:
             return False
         return True
 
-    def receive(self, timeout: float = 0.0) -> list[tuple[list[str], list[str]]]:
-        """Answers ``(staged, failed)`` that arrived, one per rank and order.
+    def receive(self, timeout: float = 0.0) -> list[Message]:
+        """Messages that arrived from any rank, in order per rank.
 
         Waits up to ``timeout`` seconds for the first one; never blocks after it.
         """
@@ -234,7 +279,7 @@ class StageClient:
                 except ValueError as exc:
                     logger.warning("Dropping a malformed stage answer: %s", exc)
                     continue
-                answers.append((message.get("staged", []), message.get("failed", [])))
+                answers.append(message)
             ready = self._ready_now()
         return answers
 

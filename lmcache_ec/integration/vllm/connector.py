@@ -16,6 +16,8 @@ Options: see ``settings.py``.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,8 +27,9 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorWorkerMetadata,
 )
 
-from ...config import load_config
+from ...config import ConfigError, load_config
 from ...engine import ECCache
+from . import seams
 from .channel import StageClient, StageListener, socket_path
 from .identity import identity_from_vllm, is_content_identifier
 from .index import TierIndex
@@ -34,6 +37,7 @@ from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .scheduler import TierScheduler
 from .settings import ConnectorSettings
 from .stats import ECTierConnectorStats, ECTierPromMetrics
+from .weights import tp_gather, weights_fingerprint
 from .worker import TierWorker
 
 if TYPE_CHECKING:
@@ -116,10 +120,9 @@ class LMCacheECTierConnector(ECConnectorBase):
         self.worker: TierWorker | None = None
         self._listener: StageListener | None = None
         tp_size = vllm_config.parallel_config.tensor_parallel_size
+        fingerprint = self.settings.weights_fingerprint
         if role == ECConnectorRole.SCHEDULER:
-            channel = None
-            if self.is_consumer:
-                channel = StageClient([_stage_socket(vllm_config, r) for r in range(tp_size)])
+            channel = StageClient([_stage_socket(vllm_config, r) for r in range(tp_size)])
             index = TierIndex(
                 self.identity,
                 disk_dir=config.values.get("local_disk"),
@@ -135,8 +138,14 @@ class LMCacheECTierConnector(ECConnectorBase):
                 deliver_on_idle=bool(getattr(vllm_config, "use_v2_model_runner", False)),
                 bytes_per_embed=_bytes_per_embed(vllm_config),
                 channel=channel,
+                weights_from_workers=fingerprint,
             )
         else:
+            if fingerprint:
+                try:
+                    seams.install()
+                except seams.SeamError as exc:
+                    raise ConfigError(str(exc)) from None
             cache = ECCache(config, self.identity)
             tp_rank, tp_size, pp_rank = _parallel_position()
             self.worker = TierWorker(
@@ -148,17 +157,55 @@ class LMCacheECTierConnector(ECConnectorBase):
                 tp_rank=tp_rank,
                 tp_size=tp_size,
                 device=getattr(vllm_config.device_config, "device", None) or "cpu",
+                weights_known=not fingerprint,
             )
-            if self.is_consumer and pp_rank == 0:  # only the first stage runs the encoder
+            if pp_rank == 0:  # only the first pipeline stage runs the encoder
                 try:
                     self._listener = StageListener(
-                        _stage_socket(vllm_config, tp_rank), self.worker.stage
+                        _stage_socket(vllm_config, tp_rank), self._on_stage_order, self._hello
                     )
                 except OSError as exc:
                     logger.warning("No stage channel (%s); orders go with step metadata", exc)
 
     def _persistable(self, identifier: str) -> bool:
         return self.settings.persist_non_content_ids or is_content_identifier(identifier)
+
+    # -- worker side: weights and the stage channel ---------------------------
+
+    def _weights_version(self, fingerprint: str | None) -> str | None:
+        """``ec.weights_version`` and the fingerprint, as keys carry them."""
+        if fingerprint is None:
+            return None
+        return "/".join(part for part in (self.identity.weights, fingerprint) if part)
+
+    def weights_changed(self, model: Callable[[], torch.nn.Module]) -> None:
+        """Worker: the weights may have changed (``seams.py``); re-key if they did.
+
+        The new version reaches the scheduler over the stage channel before
+        this returns. A failed fingerprint makes the weights unknown: nothing
+        is loaded or saved until the next one succeeds.
+        """
+        if self.worker is None or not self.settings.weights_fingerprint:
+            return
+        started = time.perf_counter()
+        try:
+            version = self._weights_version(weights_fingerprint(model(), tp_gather()))
+        except Exception as exc:
+            logger.error("Encoder weights fingerprint failed (%s); loads and saves paused", exc)
+            version = None
+        seconds = time.perf_counter() - started
+        self.worker.record("fingerprint_seconds", seconds)
+        if self.worker.set_weights(version) and self._listener is not None:
+            self._listener.broadcast({"weights": [version] if version is not None else []})
+        logger.info("Encoder weights fingerprint %s (%.3f s)", version, seconds)
+
+    def _hello(self) -> dict[str, list[str]] | None:
+        weights = self.worker.weights if self.worker is not None else None
+        return {"weights": [weights] if weights is not None else []}
+
+    def _on_stage_order(self, identifiers: list[str], weights: str, link: Any) -> None:
+        assert self.worker is not None
+        self.worker.stage(identifiers, weights, link)
 
     # -- worker side ---------------------------------------------------------
 

@@ -68,6 +68,7 @@ class TierIndex:
         self._known: _LRU = _LRU()  # identifier -> (tier, noted_at)
         self._remote: _LRU = _LRU()  # identifier -> (present, answered_at)
         self._pending: set[str] = set()
+        self._generation = 0  # bumped by set_identity: older remote answers are dropped
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -79,6 +80,14 @@ class TierIndex:
 
     def storage_name(self, identifier: str) -> str:
         return self.identity.key(identifier).storage_name
+
+    def set_identity(self, identity: EncoderIdentity) -> None:
+        """Answer for ``identity`` from now on (new encoder weights): forget the rest."""
+        with self._lock:
+            self.identity = identity
+            self._generation += 1
+            self._known.clear()
+            self._remote.clear()
 
     def lookup(self, identifier: str) -> str | None:
         now = time.monotonic()
@@ -137,13 +146,18 @@ class TierIndex:
         try:
             while (batch := self._next_batch()) is not None:
                 answers: list[bool | None] = [None] * len(batch)
+                with self._lock:
+                    identity, generation = self.identity, self._generation
                 if catalog is not None and time.monotonic() >= self._remote_down_until:
                     try:  # one round trip for everything asked meanwhile
-                        names = [self.storage_name(identifier) for identifier in batch]
+                        names = [identity.key(identifier).storage_name for identifier in batch]
                         answers = catalog.lookup_many(names)
                     except Exception as exc:  # the catalog should not raise; be sure
                         logger.debug("Remote existence check failed: %s", exc)
                 with self._lock:
+                    if generation != self._generation:  # asked for other weights: ask again
+                        self._pending.difference_update(batch)
+                        continue
                     for identifier, present in zip(batch, answers, strict=True):
                         self._pending.discard(identifier)
                         if present is not None:

@@ -10,7 +10,9 @@ ranks by vLLM before ``update_connector_output``):
   ``saved``    items this worker stored (the scheduler may now offer them);
   ``staged``   per item, how many ranks hold it staged (summed over ranks);
   ``failed``   items some rank could not stage (the encoder runs instead);
-  ``stats``    counter deltas since the last report (summed over ranks).
+  ``stats``    counter deltas since the last report (summed over ranks);
+  ``weights``  the weights version ``saved`` items were keyed under (None if
+               unknown or if ranks disagree mid-update: then ``saved`` is ignored).
 
 Plain sets, dicts and numbers: vLLM serializes these between processes.
 """
@@ -38,6 +40,7 @@ class ECTierWorkerMetadata(ECConnectorWorkerMetadata):
     staged: dict[str, int] = field(default_factory=dict)
     failed: set[str] = field(default_factory=set)
     stats: dict[str, float] = field(default_factory=dict)
+    weights: str | None = None
 
     def aggregate(self, other: ECConnectorWorkerMetadata) -> ECTierWorkerMetadata:
         assert isinstance(other, ECTierWorkerMetadata)
@@ -52,6 +55,7 @@ class ECTierWorkerMetadata(ECConnectorWorkerMetadata):
             staged=staged,
             failed=self.failed | other.failed,
             stats=stats,
+            weights=self.weights if self.weights == other.weights else None,
         )
 
     def is_empty(self) -> bool:

@@ -54,6 +54,10 @@ class PrefetchQueue:
     def enqueue(self, identifier: str, deadline: float, nbytes: int) -> None:
         self._queued[identifier] = _Queued(deadline, nbytes)
 
+    def queued(self) -> list[str]:
+        """Identifiers waiting for room, in arrival order."""
+        return list(self._queued)
+
     def is_queued(self, identifier: str) -> bool:
         return identifier in self._queued
 

@@ -23,13 +23,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-PutFn = Callable[[str, torch.Tensor], bool]
-DoneFn = Callable[[str, bool, float], None]  # identifier, stored, put seconds
+PutFn = Callable[[str, torch.Tensor, Any], bool]  # identifier, tensor, the submit's tag
+DoneFn = Callable[[str, bool, float, Any], None]  # identifier, stored, put seconds, tag
 
 
 class SaveQueue:
@@ -43,8 +44,12 @@ class SaveQueue:
         self._thread = threading.Thread(target=self._loop, name="ec-save", daemon=True)
         self._thread.start()
 
-    def submit(self, identifier: str, tensor: torch.Tensor) -> bool:
-        """Queue a save of ``tensor``; False when the queue is full."""
+    def submit(self, identifier: str, tensor: torch.Tensor, tag: Any = None) -> bool:
+        """Queue a save of ``tensor``; False when the queue is full.
+
+        ``tag`` goes back to ``put`` and ``done`` with the item (the identity
+        the tensor was computed under).
+        """
         with self._lock:
             if self._pending >= self.max_pending:
                 return False
@@ -59,22 +64,22 @@ class SaveQueue:
             host = tensor.to("cpu")  # other accelerators: a synchronous copy
         else:
             host = tensor
-        self._queue.put((identifier, host, event))
+        self._queue.put((identifier, host, event, tag))
         return True
 
     def _loop(self) -> None:
         while (item := self._queue.get()) is not None:
-            identifier, host, event = item
+            identifier, host, event, tag = item
             started = time.perf_counter()
             stored = False
             try:
                 if event is not None:
                     event.synchronize()
-                stored = self._put(identifier, host)
+                stored = self._put(identifier, host, tag)
             except Exception as exc:
                 logger.warning("Saving encoder output %.24s failed: %s", identifier, exc)
             finally:
-                self._done(identifier, stored, time.perf_counter() - started)
+                self._done(identifier, stored, time.perf_counter() - started, tag)
                 with self._lock:
                     self._pending -= 1
                     self._lock.notify_all()

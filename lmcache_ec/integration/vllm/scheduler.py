@@ -30,6 +30,14 @@ Call order per engine step (vLLM's scheduler):
 5. after the step: ``update_connector_output`` learns saves, staging results
    and worker stats.
 
+Weights: with ``weights_fingerprint`` on, the index keys items under the
+encoder-weights fingerprint the workers announce over the stage channel —
+on connect, and after every weight update before the call that made it
+returns, so the next step already knows. Until one is known, nothing is
+looked up (every item is encoded). On a change, every prefetch queued,
+staging or staged is given up (those items are computed) and answers made
+under the old weights are ignored.
+
 Why staging: a load placed into vLLM's encoder cache cannot fail later —
 the tensor is already in worker memory. A direct tier read at the last moment
 could fail after the scheduler committed to skipping the encoder; vLLM's
@@ -39,6 +47,7 @@ be reused by later requests. A failed staging simply means the encoder runs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -65,6 +74,7 @@ class TierScheduler:
         deliver_on_idle: bool,
         bytes_per_embed: int = 0,
         channel: StageClient | None = None,
+        weights_from_workers: bool = False,
     ) -> None:
         self.settings = settings
         self.index = index
@@ -99,6 +109,10 @@ class TierScheduler:
         self._channel_retry_at = 0.0
         self._active: set[str] = set()  # requests scheduled and not finished
         self._waited = 0.0  # seconds this step spent waiting for staging answers
+        self._polled = False  # the channel was read this step
+        self._base_identity = index.identity
+        # The weights version keys use; None until the workers announce one.
+        self.weights: str | None = None if weights_from_workers else index.identity.weights
         self.stats: dict[str, float] = {}
         self.worker_stats: dict[str, float] = {}
 
@@ -110,9 +124,18 @@ class TierScheduler:
 
     # -- before scheduling ---------------------------------------------------
 
+    def _begin_step(self) -> None:
+        """Once per step: read what the workers said (a weight update first of all)."""
+        if self._polled:
+            return
+        self._polled = True
+        if self._channel_ready():
+            self._poll_channel(0.0)
+
     def ensure_cache_available(self, request: Any, num_computed_tokens: int) -> bool:
         if not self.is_consumer:
             return True
+        self._begin_step()
         if request.request_id in self._failing:
             return False
         now = time.monotonic()
@@ -167,7 +190,7 @@ class TierScheduler:
             if now < retry_after:
                 return True
             del self._failed[identifier]
-        if not self.persistable(identifier):
+        if self.weights is None or not self.persistable(identifier):
             return True
         tier = self.index.lookup(identifier)
         if tier == PENDING:
@@ -211,7 +234,7 @@ class TierScheduler:
         if not dispatched:
             return
         deadline = time.monotonic() + self.settings.stage_timeout_s
-        direct = self._channel_ready() and self.channel.send(dispatched)
+        direct = self._channel_ready() and self.channel.send(dispatched, self.weights or "")
         for identifier in dispatched:
             self._staging[identifier] = deadline
             self._staged_ranks[identifier] = 0
@@ -232,23 +255,45 @@ class TierScheduler:
             return False
         if self.channel.connect():
             logger.info("Stage orders go over the stage channel")
+            # Workers announce their weights on connect; take it before deciding anything.
+            self._poll_channel(self.settings.idle_stage_wait_s)
             return True
         self._channel_retry_at = now + 10.0
         return False
 
     def _poll_channel(self, timeout: float) -> None:
-        """Apply the workers' staging answers that arrived (waiting up to ``timeout``)."""
-        if not self._direct or self.channel is None:
+        """Apply what the workers said (waiting up to ``timeout`` for the first message)."""
+        if self.channel is None:
             return
         now = time.monotonic()
-        for staged, failed in self.channel.receive(timeout):
-            for identifier in staged:
+        for message in self.channel.receive(timeout):
+            weights = (message.get("weights") or [None])[0]
+            if "staged" not in message and "failed" not in message:
+                self._set_weights(weights, now)
+                continue
+            if weights != self.weights:
+                continue  # ordered under weights since replaced
+            for identifier in message.get("staged", ()):
                 self._note_staged(identifier, 1, now)
-            for identifier in failed:
+            for identifier in message.get("failed", ()):
                 self._note_failed(identifier, now)
         if not self.channel.connected:  # broke: nothing more will answer these
             for identifier in list(self._direct):
                 self._give_up(identifier, now, "the stage channel broke")
+
+    def _set_weights(self, weights: str | None, now: float) -> None:
+        """The workers' encoder weights are now ``weights`` (None: unknown)."""
+        if weights == self.weights:
+            return
+        logger.info("Encoder weights %s -> %s", self.weights, weights)
+        self.weights = weights
+        self.index.set_identity(dataclasses.replace(self._base_identity, weights=weights or ""))
+        doomed = {*self._staging, *self._ready, *self.prefetch.queued()}
+        for identifier in doomed:
+            self._give_up(identifier, now, "the encoder weights changed", fetch_failed=False)
+        self._failed.clear()  # failures under the old weights say nothing now
+        self._lookup_deadline.clear()
+        self._count("weights_changes")
 
     def _give_up(self, identifier: str, now: float, why: str, *, fetch_failed: bool = True) -> None:
         """Stop waiting for ``identifier``: compute it, or fail its requests on a consumer."""
@@ -286,13 +331,15 @@ class TierScheduler:
 
     def has_cache_item(self, identifier: str) -> bool:
         self._count("lookups")
+        self._begin_step()
         if self.is_consumer:
             hit = identifier in self._ready
         else:
             # Encode-only producer: what the tiers hold need not be encoded again.
-            hit = self.persistable(identifier) and self.index.lookup(identifier) not in (
-                None,
-                PENDING,
+            hit = (
+                self.weights is not None
+                and self.persistable(identifier)
+                and self.index.lookup(identifier) not in (None, PENDING)
             )
         if hit:
             self._hits.add(identifier)
@@ -326,6 +373,7 @@ class TierScheduler:
         for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
             self._active.add(new.req_id)
         self._waited = 0.0
+        self._polled = False
         now = time.monotonic()
         for identifier, deadline in list(self._ready_deadline.items()):
             if now >= deadline:  # staged for a request that never came back
@@ -351,8 +399,9 @@ class TierScheduler:
         if meta is None:
             return
         now = time.monotonic()
-        for identifier in meta.saved:
-            self.index.note_present(identifier, "worker")
+        if meta.weights is not None and meta.weights == self.weights:
+            for identifier in meta.saved:
+                self.index.note_present(identifier, "worker")
         for identifier in meta.failed:
             self._note_failed(identifier, now)
         for identifier, ranks in meta.staged.items():

@@ -18,6 +18,10 @@ Keys (all optional)::
                               (queueing included) before its encoder runs
                               instead, or, on an ec_consumer, before the
                               request is reported unavailable (5.0)
+    weights_fingerprint       key outputs by a fingerprint of the loaded encoder
+                              weights, retaken after every weight update
+                              (``seams.py``); false: only ``ec.weights_version``
+                              (true)
     idle_stage_wait_s         with no request running, how long the scheduler
                               waits for a prefetch to land before deferring the
                               request by a step; nobody is stalled (1.0)
@@ -51,6 +55,7 @@ class ConnectorSettings:
     lmcache_config: Any = None
     model: str | None = None
     persist_non_content_ids: bool = False
+    weights_fingerprint: bool = True
     stage_timeout_s: float = 5.0
     idle_stage_wait_s: float = 1.0
     busy_stage_wait_s: float = 0.01

@@ -6,6 +6,12 @@ step's loads in one batch, then new staging orders handed to a thread) →
 encoder → ``save_caches`` per new output (hand-off, returns at once) →
 ``build_connector_worker_meta`` (saves, staging results, stats).
 
+Weights: with ``weights_fingerprint`` on, keys carry a fingerprint of the
+encoder weights (``set_weights``, called once the model is resident and after
+every update). Until it is known nothing is staged or saved; when it changes,
+staged items are dropped, in-flight stagings answer "failed", and saves
+queued before the change still land under the weights that computed them.
+
 Staging reads the tiers with one ``get_many`` per order batch in a
 background thread into worker memory (CPU tensors, ``max_staged_mb``); a
 load only moves a staged tensor into vLLM's encoder cache (``.to(device)``),
@@ -17,6 +23,7 @@ writes its own.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import queue
@@ -29,6 +36,7 @@ from typing import Any
 import torch
 
 from ...engine import ECCache
+from ...key import EncoderIdentity
 from .channel import StageLink
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .saver import SaveQueue
@@ -71,8 +79,13 @@ class TierWorker:
         tp_rank: int = 0,
         tp_size: int = 1,
         device: str | torch.device = "cpu",
+        weights_known: bool = True,
     ) -> None:
         self.cache = cache
+        self.base_identity = cache.identity
+        # The identity's weights version; None until a fingerprint is taken.
+        self.weights: str | None = cache.identity.weights if weights_known else None
+        self._generation = 0  # bumped on every weights change
         self.settings = settings
         self.persistable = persistable
         self.is_producer = is_producer
@@ -95,16 +108,47 @@ class TierWorker:
         self._cache_stats = _flatten(cache.stats.snapshot())
         # Orders from step metadata (answered in worker metadata) or from the
         # stage channel (answered on its link).
-        self._stage_queue: queue.SimpleQueue[tuple[list[str], StageLink | None] | None] = (
-            queue.SimpleQueue()
-        )
+        self._stage_queue: queue.SimpleQueue[
+            tuple[list[str], StageLink | None, int, str | None] | None
+        ] = queue.SimpleQueue()
         self._stager = threading.Thread(target=self._stage_loop, name="ec-stage", daemon=True)
         self._stager.start()
-        self._saver = SaveQueue(cache.put, self._save_done, settings.max_pending_saves)
+        self._saver = SaveQueue(self._put, self._save_done, settings.max_pending_saves)
+
+    def record(self, name: str, amount: float) -> None:
+        """Add ``amount`` to counter ``name`` (reported with the next step)."""
+        self._count(name, amount)
 
     def _count(self, name: str, amount: float = 1) -> None:
         with self._lock:
             self._counters[name] = self._counters.get(name, 0) + amount
+
+    def set_weights(self, weights: str | None) -> bool:
+        """Key everything under encoder weights ``weights`` (None: unknown).
+
+        Returns True if that changed anything. Staged tensors of the old
+        weights are dropped; stagings in flight will answer "failed".
+        """
+        with self._lock:
+            if weights == self.weights:
+                return False
+            self.weights = weights
+            self._generation += 1
+            identity = dataclasses.replace(self.base_identity, weights=weights or "")
+            self.cache.set_identity(identity)
+            dropped = len(self._staged)
+            self._staged.clear()
+            self._staged_bytes = 0
+            self._failed.update(self._wanted)
+            self._wanted.clear()
+            self._staged_report.clear()
+            self._stored.clear()
+            self._counters["weights_changes"] = self._counters.get("weights_changes", 0) + 1
+        logger.info("Encoder weights now %s; %d staged outputs dropped", weights, dropped)
+        return True
+
+    def _put(self, identifier: str, tensor: torch.Tensor, identity: EncoderIdentity) -> bool:
+        return self.cache.put(identifier, tensor, identity=identity)
 
     def _remember_stored(self, identifier: str) -> None:
         with self._lock:
@@ -151,17 +195,37 @@ class TierWorker:
             self._count("loads", placed)
             self._count("load_seconds", time.perf_counter() - started)
         if meta.stage:
-            self.stage(list(meta.stage), None)
+            self.stage(list(meta.stage), None, None)
 
-    def stage(self, identifiers: list[str], link: StageLink | None) -> None:
+    def stage(self, identifiers: list[str], weights: str | None, link: StageLink | None) -> None:
         """Fetch ``identifiers`` into worker memory in the background.
 
-        The answer goes back on ``link`` (an order from the stage channel), or
-        in the next worker metadata (an order from step metadata).
+        ``weights``: the weights version the order was made under (None: not
+        said, as in step metadata). The answer goes back on ``link`` (an order
+        from the stage channel), or in the next worker metadata.
         """
         with self._lock:
-            self._wanted.update(identifiers)
-        self._stage_queue.put((identifiers, link))
+            current = self.weights
+            stale = current is None or (weights is not None and weights != current)
+            if not stale:
+                self._wanted.update(identifiers)
+                generation = self._generation
+        if stale:  # ordered under other weights, or none known yet: nothing to load
+            self._count("stage_refused_weights", len(identifiers))
+            self._answer(link, [], identifiers, weights)
+            return
+        self._stage_queue.put((identifiers, link, generation, current))
+
+    def _answer(
+        self, link: StageLink | None, staged: list[str], failed: list[str], weights: str | None
+    ) -> None:
+        """Report a staging; ``weights``: what the order was made under."""
+        if link is not None:
+            link.answer(staged, failed, weights or "")
+            return
+        with self._lock:
+            self._staged_report.update(staged)
+            self._failed.update(failed)
 
     def _take_staged(self, identifier: str) -> torch.Tensor | None:
         with self._lock:
@@ -177,7 +241,7 @@ class TierWorker:
     def _stage_loop(self) -> None:
         limit = int(self.settings.max_staged_mb * 1024 * 1024)
         while (order := self._stage_queue.get()) is not None:
-            batch, link = order
+            batch, link, generation, weights = order
             started = time.perf_counter()
             try:
                 tensors = self.cache.get_many(batch, "cpu", pin_memory=self.device.type == "cuda")
@@ -186,8 +250,10 @@ class TierWorker:
                 tensors = [None] * len(batch)
             staged, failed = [], []
             with self._lock:
+                if generation != self._generation:  # read under weights since replaced
+                    tensors = [None] * len(batch)
                 for identifier, tensor in zip(batch, tensors, strict=True):
-                    if identifier not in self._wanted:
+                    if identifier not in self._wanted and generation == self._generation:
                         continue  # released while in flight
                     nbytes = 0 if tensor is None else tensor.numel() * tensor.element_size()
                     if tensor is None or self._staged_bytes + nbytes > limit:
@@ -197,14 +263,10 @@ class TierWorker:
                     self._staged[identifier] = tensor
                     self._staged_bytes += nbytes
                     staged.append(identifier)
-                if link is None:
-                    self._staged_report.update(staged)
-                    self._failed.update(failed)
                 self._counters["stage_seconds"] = (
                     self._counters.get("stage_seconds", 0) + time.perf_counter() - started
                 )
-            if link is not None:
-                link.answer(staged, failed)
+            self._answer(link, staged, failed, weights)
 
     # -- saves ---------------------------------------------------------------
 
@@ -214,7 +276,11 @@ class TierWorker:
         started = time.perf_counter()
         with self._lock:
             already = mm_hash in self._stored
+            identity = self.cache.identity if self.weights is not None else None
         if already:
+            return
+        if identity is None:  # weights not fingerprinted yet: no key can be trusted
+            self._count("saves_skipped_weights_unknown")
             return
         if not self.persistable(mm_hash):
             self._count("saves_skipped_identifier")
@@ -230,15 +296,19 @@ class TierWorker:
         tensor = encoder_cache.get(mm_hash)
         if tensor is None:
             return
-        if self._saver.submit(mm_hash, tensor.detach()):
+        if self._saver.submit(mm_hash, tensor.detach(), identity):
             self._remember_stored(mm_hash)
             self._count("saves_submitted")
         else:
             self._count("saves_dropped")
         self._count("save_handoff_seconds", time.perf_counter() - started)
 
-    def _save_done(self, identifier: str, stored: bool, seconds: float) -> None:
+    def _save_done(
+        self, identifier: str, stored: bool, seconds: float, identity: EncoderIdentity
+    ) -> None:
         with self._lock:
+            if identity != self.cache.identity:
+                return  # saved under weights since replaced: not news for the scheduler
             if stored:
                 self._saved.add(identifier)
             else:
@@ -263,6 +333,7 @@ class TierWorker:
             for name, value in self._counters.items():
                 stats[name] = stats.get(name, 0) + value
             meta = ECTierWorkerMetadata(
+                weights=self.weights,
                 saved=self._saved,
                 staged={identifier: 1 for identifier in self._staged_report},
                 failed=self._failed,

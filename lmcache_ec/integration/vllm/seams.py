@@ -1,0 +1,103 @@
+"""Where vLLM changes a worker's weights, and the one place that listens.
+
+``ECConnectorBase`` has no hook for weight updates: vLLM 0.32 resets only its
+own encoder cache (``reset_encoder_cache``) after ``reload_weights`` or a
+``pause_generation(clear_cache=True)``, and a weight-transfer update
+(``finish_weight_update``) resets nothing. These methods are wrapped, at the
+class level, so that after each of them the worker's EC connector takes a
+new fingerprint of the encoder weights (``weights.py``):
+
+- ``Worker.load_model`` — the model is resident (the initial fingerprint;
+  ``start_worker_services`` runs there too but is not handed the model);
+- ``Worker.finish_weight_update`` — a weight-transfer session ended;
+- ``reset_encoder_cache`` of the V1 and V2 model runners — called by
+  ``reload_weights`` and by the engine's ``reset_encoder_cache`` (pause with
+  ``clear_cache``, the dev endpoint, RL frameworks after a weight sync).
+
+A missing seam (vLLM moved a method) is an error at start-up, not a silent
+loss of weight tracking; ``tests/upstream`` pins each one.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# (module, class, method, how to reach the model from ``self``)
+SEAMS: tuple[tuple[str, str, str, str], ...] = (
+    ("vllm.v1.worker.gpu_worker", "Worker", "load_model", "worker"),
+    ("vllm.v1.worker.gpu_worker", "Worker", "finish_weight_update", "worker"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "reset_encoder_cache", "runner"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "reset_encoder_cache", "runner"),
+)
+_MARK = "__lmcache_ec_seam__"
+
+
+class SeamError(RuntimeError):
+    """A vLLM method this package listens on is gone."""
+
+
+def _model_of(owner: Any, kind: str) -> Any:
+    runner = owner.model_runner if kind == "worker" else owner
+    return runner.get_model()
+
+
+def _notify(owner: Any, kind: str) -> None:
+    """Tell this process's EC connector that the weights may have changed."""
+    from vllm.distributed.ec_transfer import get_ec_transfer, has_ec_transfer
+
+    if not has_ec_transfer():
+        return
+    connector = get_ec_transfer()
+    weights_changed = getattr(connector, "weights_changed", None)
+    if weights_changed is None:
+        return  # another EC connector
+    weights_changed(lambda: _model_of(owner, kind))
+
+
+def _wrap(method: Callable[..., Any], kind: str) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = method(self, *args, **kwargs)
+        _notify(self, kind)
+        return result
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
+def missing() -> list[str]:
+    """The seams vLLM no longer has, as ``module.Class.method``."""
+    gone = []
+    for module_name, class_name, method, _ in SEAMS:
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):
+            gone.append(f"{module_name}.{class_name}")
+            continue
+        if not callable(getattr(cls, method, None)):
+            gone.append(f"{module_name}.{class_name}.{method}")
+    return gone
+
+
+def install() -> None:
+    """Wrap every seam once per process; ``SeamError`` names any that are gone."""
+    gone = missing()
+    if gone:
+        raise SeamError(
+            "vLLM changed where weights are loaded or reset; lmcache-ec cannot see "
+            f"weight updates without {', '.join(gone)}. Set ec_connector_extra_config "
+            "weights_fingerprint: false and give ec.weights_version instead."
+        )
+    for module_name, class_name, method, kind in SEAMS:
+        cls = getattr(importlib.import_module(module_name), class_name)
+        current = cls.__dict__.get(method)
+        if current is None or getattr(current, _MARK, False):
+            continue  # inherited (wrapped on its base) or already wrapped
+        setattr(cls, method, _wrap(current, kind))
+        logger.debug("Watching %s.%s.%s for weight changes", module_name, class_name, method)
