@@ -27,7 +27,7 @@ from typing import Any
 from . import codec
 from .config import ECConfig
 from .key import KEY_FORMAT_VERSION, ECKey, slug
-from .tiers.local_disk import SUFFIX, TMP_MARKER
+from .tiers.local_disk import entry_stem
 
 
 class RemoteUnavailable(RuntimeError):
@@ -102,10 +102,8 @@ def scan_disk(directory: str, selector: Selector = Selector()) -> list[Entry]:
     with scan:
         for item in scan:
             name = item.name
-            if TMP_MARKER in name or not name.endswith(SUFFIX):
-                continue
-            stem = name[: -len(SUFFIX)]
-            if not selector.matches_name(stem):
+            stem = entry_stem(name)
+            if stem is None or not selector.matches_name(stem):
                 continue
             try:
                 stat = item.stat()

@@ -46,7 +46,19 @@ from .writer import BackgroundWriter
 logger = init_logger(__name__)
 
 SUFFIX = ".pt"  # upstream's; the storage name before it identifies the entry
-TMP_MARKER = ".tmp-"
+TMP_MARKER = ".tmp-"  # a write in progress: <name>.pt.tmp-<pid>-<thread>
+
+
+def is_temp_file(name: str) -> bool:
+    """A file name of a write in progress (storage names may contain ``.tmp-``)."""
+    return SUFFIX + TMP_MARKER in name
+
+
+def entry_stem(name: str) -> str | None:
+    """The storage name of an entry's file name, or None for any other file."""
+    if is_temp_file(name) or not name.endswith(SUFFIX):
+        return None
+    return name[: -len(SUFFIX)]
 STALE_TMP_SECONDS = 3600
 
 
@@ -85,14 +97,12 @@ class ECLocalDiskBackend(LocalDiskBackend):
             for entry in scan:
                 name = entry.name
                 try:
-                    if TMP_MARKER in name:
+                    if is_temp_file(name):
                         if now - entry.stat().st_mtime > STALE_TMP_SECONDS:
                             os.remove(entry.path)
                         continue
-                    if not name.endswith(SUFFIX):
-                        continue
-                    stem = name[: -len(SUFFIX)]
-                    if not ECKey.is_storage_name(stem):
+                    stem = entry_stem(name)
+                    if stem is None or not ECKey.is_storage_name(stem):
                         continue
                     stat = entry.stat()
                 except OSError:

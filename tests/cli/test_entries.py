@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+import torch
+
 from lmcache_ec import ECCache
 
 from .conftest import populate
@@ -127,3 +129,26 @@ def test_stats_counts_disk_entries(config_file, disk_dir, invoke, invoke_json):
 def test_missing_config_file_is_a_usage_error(tmp_path, invoke):
     result = invoke("ls", "--config", str(tmp_path / "nope.yaml"), expect=2)
     assert "config file not found" in result.output
+
+
+def test_model_served_from_a_tmp_path_is_listed_indexed_and_kept(
+    config_file, disk_dir, invoke_json
+):
+    """A model path like /tmp/models/x puts ``.tmp-`` into storage names."""
+    model = "/tmp/models/x"
+    tensor = torch.ones(4, 8, dtype=torch.bfloat16)
+    with ECCache.from_config(config_file, model=model) as cache:
+        assert cache.put("image", tensor)
+        assert cache.flush(10)
+    [name] = os.listdir(disk_dir)
+    assert ".tmp-" in name  # the slug of the model path
+    old = time.time() - 7200  # older than any temp file is allowed to live
+    os.utime(disk_dir / name, (old, old))
+
+    listed = invoke_json("ls", "--config", config_file, "--model", model)
+    assert [row["mm_hash"] for row in listed] == ["image"]
+    assert invoke_json("stats", "--config", config_file)["tiers"]["disk"]["entries"] == 1
+    with ECCache.from_config(config_file, model=model) as restarted:  # indexed, not deleted
+        assert restarted.contains("image") == "disk"
+        assert torch.equal(restarted.get("image"), tensor)
+    assert os.listdir(disk_dir) == [name]
