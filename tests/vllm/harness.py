@@ -273,6 +273,8 @@ class Engine:
         )
         result.ec_connector_worker_meta = connector.build_connector_worker_meta()
         connector.clear_connector_metadata()
+        if self.runner == "v1" and not connector.is_consumer:
+            return None  # V1's encode-only output (make_empty_encoder_model_runner_output)
         return result
 
     def run_until_finished(self, request_ids: list[str], max_steps: int = 1000) -> int:

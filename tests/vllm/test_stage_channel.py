@@ -193,3 +193,18 @@ def test_client_without_listeners_is_not_connected():
     assert not client.connect()
     assert not client.send(["a"])
     assert client.receive(0.0) == []
+
+
+def test_encode_only_instance_reports_its_saves_on_v1(model_config, extra):
+    """V1 drops an encode-only step's worker metadata; the report takes the channel."""
+    images = [image_hash(f"producer-{i}.png") for i in range(3)]
+    engine = Engine(make_vllm_config(model_config, "ec_producer", extra), runner="v1")
+    try:
+        engine.run_until_finished([engine.add_request([image]) for image in images[:2]])
+        engine.flush()
+        # Saves finish in the background: their puts are reported with the next step.
+        engine.run_until_finished([engine.add_request([images[2]])])
+        assert engine.ec_stats["saves_submitted"] == 3
+        assert engine.ec_stats["puts"] >= 2
+    finally:
+        engine.shutdown()

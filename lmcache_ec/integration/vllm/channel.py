@@ -15,10 +15,19 @@ one Unix socket per tensor-parallel rank, independent of the runner's steps.
 - Scheduler: ``StageClient`` connects to every rank, sends orders without
   blocking on the answer, and polls (or briefly waits for) messages.
 
-Messages (JSON objects of string lists): ``{"stage": ids, "weights": [w]}``
-from the scheduler; ``{"staged": ids, "failed": ids, "weights": [w]}`` and
-``{"weights": [w]}`` from a worker. Orders and answers carry the weights
-version they were made under, so none crosses a weight update.
+Messages are JSON objects whose values are lists of strings (``stats``: names
+to numbers):
+
+- scheduler → worker: ``{"stage": ids, "weights": [w]}``;
+- worker → scheduler: ``{"staged": ids, "failed": ids, "weights": [w]}``
+  answers an order; ``{"weights": [w]}`` (``[]``: unknown) announces the
+  weights; ``{"report": [], "saved": ids, "staged": ids, "failed": ids,
+  "stats": {...}, "weights": [w]}`` is the step's worker report, sent here
+  instead of in worker metadata, which vLLM drops in some steps (V1 idle
+  steps, and every step of an encode-only instance).
+
+Orders and answers carry the weights version they were made under, so none
+crosses a weight update.
 
 Frames are JSON (never pickle), and the socket lives in a directory only this
 user can enter. Where a rank cannot be reached (another node, a bind refused),
@@ -30,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import stat
@@ -37,6 +47,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Client, Connection, Listener, wait
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +71,7 @@ def socket_path(engine_id: str, dp_rank: int, tp_rank: int) -> str:
     return os.path.join(runtime_dir(), f"{safe}-dp{dp_rank}-tp{tp_rank}.sock")
 
 
-Message = dict[str, list[str]]
+Message = dict[str, Any]
 
 
 def _encode(message: Message) -> bytes:
@@ -72,7 +83,14 @@ def _decode(frame: bytes) -> Message:
     if not isinstance(message, dict):
         raise ValueError("stage channel: frame is not an object")
     for key, value in message.items():
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        if key == "stats":
+            numbers = isinstance(value, dict) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                for v in value.values()
+            )
+            if not numbers:
+                raise ValueError("stage channel: 'stats' is not a mapping of numbers")
+        elif not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"stage channel: '{key}' is not a list of strings")
     return message
 
@@ -136,6 +154,12 @@ class StageListener:
             )
             self._threads.append(thread)
             thread.start()
+
+    @property
+    def connected(self) -> bool:
+        """True while a scheduler is connected."""
+        with self._links_lock:
+            return bool(self._links)
 
     def broadcast(self, message: Message) -> None:
         """Send ``message`` to every connected scheduler, before returning.

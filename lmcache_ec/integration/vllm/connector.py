@@ -224,8 +224,16 @@ class LMCacheECTierConnector(ECConnectorBase):
         self.worker.save_caches(encoder_cache, mm_hash)
 
     def build_connector_worker_meta(self) -> ECConnectorWorkerMetadata | None:
-        """Worker: saves, staging results and counter deltas of this step."""
-        return self.worker.build_worker_meta() if self.worker is not None else None
+        """Worker: saves, staging results and counter deltas of this step.
+
+        Sent over the stage channel when a scheduler is connected: vLLM drops
+        worker metadata in an encode-only instance's steps (V1).
+        """
+        meta = self.worker.build_worker_meta() if self.worker is not None else None
+        if meta is not None and self._listener is not None and self._listener.connected:
+            self._listener.broadcast(meta.to_message())
+            return None
+        return meta
 
     # -- scheduler side ------------------------------------------------------
 

@@ -268,6 +268,9 @@ class TierScheduler:
         now = time.monotonic()
         for message in self.channel.receive(timeout):
             weights = (message.get("weights") or [None])[0]
+            if "report" in message:
+                self.update_connector_output(ECTierWorkerMetadata.from_message(message))
+                continue
             if "staged" not in message and "failed" not in message:
                 self._set_weights(weights, now)
                 continue
@@ -368,6 +371,8 @@ class TierScheduler:
         return unavailable
 
     def build_connector_meta(self, scheduler_output: Any) -> ECTierConnectorMetadata:
+        if self._channel_ready():  # worker reports of the last step
+            self._poll_channel(0.0)
         for identifier in getattr(scheduler_output, "free_encoder_mm_hashes", None) or ():
             self._resident.discard(identifier)
         for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
@@ -425,7 +430,13 @@ class TierScheduler:
             self._give_up(identifier, now, "a worker could not fetch it")
 
     def take_stats(self) -> dict[str, float]:
-        """Scheduler and worker counters since the last call, then reset."""
+        """Scheduler and worker counters since the last call, then reset.
+
+        vLLM asks right after each step; the workers' reports of that step are
+        already on the stage channel.
+        """
+        if self.channel is not None and self.channel.connected:
+            self._poll_channel(0.0)
         merged = {f"scheduler_{k}": v for k, v in self.stats.items()}
         merged.update(self.worker_stats)
         self.stats, self.worker_stats = {}, {}
