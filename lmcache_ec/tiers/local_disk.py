@@ -59,6 +59,8 @@ def entry_stem(name: str) -> str | None:
     if is_temp_file(name) or not name.endswith(SUFFIX):
         return None
     return name[: -len(SUFFIX)]
+
+
 STALE_TMP_SECONDS = 3600
 
 

@@ -85,7 +85,14 @@ def make_vllm_config(
 class Engine:
     """Scheduler + one worker connector per tensor-parallel rank."""
 
-    def __init__(self, vllm_config: VllmConfig, *, runner: str = "v2", tp_size: int = 1) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        *,
+        runner: str = "v2",
+        tp_size: int = 1,
+        announce_weights: bool = True,
+    ) -> None:
         self.vllm_config = vllm_config
         self.runner = runner
         kv = KVCacheConfig(
@@ -118,8 +125,8 @@ class Engine:
                 worker = ECConnectorFactory.create_connector(vllm_config, ECConnectorRole.WORKER)
             finally:
                 connector_module._parallel_position = position
-            # What the Worker.load_model seam does once the model is resident.
-            worker.weights_changed(lambda: self.model)
+            if announce_weights:  # what the Worker.load_model seam does
+                worker.weights_changed(lambda: self.model)
             self.workers.append(worker)
         self.encoder_caches: list[dict[str, torch.Tensor]] = [{} for _ in range(tp_size)]
         self.encoded: list[str] = []  # identifiers the encoder computed (rank 0)

@@ -1,0 +1,164 @@
+"""Encoder weights change in place: never a stale tensor, through vLLM's real Scheduler.
+
+The harness's encoder output is a function of the item and of the encoder
+weights, and the connectors learn of a change the way vLLM's seams tell them
+(``Worker.load_model``, the runners' ``reset_encoder_cache``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from lmcache_ec.integration.vllm.weights import weights_fingerprint
+from tests.conftest import bit_equal
+
+from .harness import Engine, TinyVLM, encoder_output, image_hash, make_vllm_config
+
+W1, W2 = 1, 2
+
+
+def _engine(model_config, extra, weights_seed: int, role: str = "ec_both") -> Engine:
+    engine = Engine(make_vllm_config(model_config, role, extra), runner="v1")
+    if weights_seed != engine.weights_seed:
+        engine.update_weights(weights_seed)
+    return engine
+
+
+def _serve(engine: Engine, image: str) -> None:
+    engine.run_until_finished([engine.add_request([image])])
+
+
+def test_the_weights_matter():
+    image = image_hash("cat.png")
+    assert not bit_equal(encoder_output(image, W1), encoder_output(image, W2))
+    assert weights_fingerprint(TinyVLM(W1)) != weights_fingerprint(TinyVLM(W2))
+
+
+def test_weight_update_re_encodes_and_old_weights_keep_their_entries(model_config, extra):
+    image = image_hash("cat.png")
+    first = _engine(model_config, extra, W1)
+    try:
+        _serve(first, image)  # computed and saved under W1
+        assert first.encoded == [image]
+        first.flush()
+
+        first.update_weights(W2)  # in place, e.g. reload_weights after an RL step
+        _serve(first, image)
+        assert first.encoded == [image, image]  # encoded again, not loaded
+        assert bit_equal(first.gathered[image], encoder_output(image, W2))
+        first.flush()
+    finally:
+        first.shutdown()
+    entries = [name for name in os.listdir(extra["lmcache_config"]["local_disk"])]
+    assert len(entries) == 2  # one per weights version
+
+    for weights in (W1, W2):  # each instance loads its own weights' output, bit-exact
+        reader = _engine(model_config, extra, weights)
+        try:
+            _serve(reader, image)
+            assert reader.encoded == []
+            assert bit_equal(reader.gathered[image], encoder_output(image, weights))
+        finally:
+            reader.shutdown()
+
+
+def test_staged_items_never_cross_an_update(model_config, extra):
+    """An item staged under W1 for a deferred request is computed under W2 instead."""
+    image = image_hash("dog.png")
+    writer = _engine(model_config, extra, W1)
+    try:
+        _serve(writer, image)
+        writer.flush()
+    finally:
+        writer.shutdown()
+
+    # No wait inside a busy step: the request is deferred while its item stages.
+    engine = _engine(model_config, {**extra, "busy_stage_wait_s": 0.0}, W1)
+    try:
+        busy = engine.add_request([], max_tokens=50)
+        engine.step()
+        request = engine.add_request([image])
+        engine.step()  # the stage order goes out; the request is deferred
+        assert request not in engine.scheduled[-1]
+        deadline = 100
+        while not engine.workers[0].worker._staged and deadline:  # staged under W1
+            engine.step()
+            deadline -= 1
+        changes = engine.ec_stats.get("scheduler_weights_changes", 0)
+        engine.update_weights(W2)
+        engine.run_until_finished([request, busy])
+        assert engine.encoded == [image]  # computed under W2 ...
+        assert bit_equal(engine.gathered[image], encoder_output(image, W2))  # ... never W1's
+        assert engine.ec_stats["scheduler_weights_changes"] == changes + 1
+        assert engine.ec_stats.get("load_direct_reads", 0) == 0
+    finally:
+        engine.shutdown()
+
+
+def test_saves_queued_before_an_update_keep_their_weights(model_config, extra):
+    image = image_hash("bird.png")
+    engine = _engine(model_config, extra, W1)
+    try:
+        _serve(engine, image)
+        engine.update_weights(W2)  # possibly before the W1 save reached the disk
+        engine.flush()
+    finally:
+        engine.shutdown()
+    for weights, expect_hit in ((W1, True), (W2, False)):
+        reader = _engine(model_config, extra, weights)
+        try:
+            _serve(reader, image)
+            assert (reader.encoded == []) is expect_hit
+            assert bit_equal(reader.gathered[image], encoder_output(image, weights))
+        finally:
+            reader.shutdown()
+
+
+def test_without_a_fingerprint_nothing_is_saved_or_loaded(model_config, extra):
+    """Until the worker has fingerprinted the weights no key can be trusted."""
+    image = image_hash("unknown.png")
+    writer = _engine(model_config, extra, W1)
+    try:
+        _serve(writer, image)
+        writer.flush()
+    finally:
+        writer.shutdown()
+    config = make_vllm_config(model_config, "ec_both", extra)
+    engine = Engine(config, runner="v1", announce_weights=False)  # the seam never fired
+    try:
+        _serve(engine, image)
+        assert engine.encoded == [image]  # not loaded
+        assert engine.ec_stats.get("saves_skipped_weights_unknown", 0) == 1
+    finally:
+        engine.shutdown()
+
+
+def test_fingerprint_sees_the_encoder_only():
+    model = TinyVLM(W1)
+    before = weights_fingerprint(model)
+    assert weights_fingerprint(TinyVLM(W1)) == before  # same weights, another load
+    with torch.no_grad():
+        model.language_model.weight.add_(1.0)
+    assert weights_fingerprint(model) == before  # the language model is not the encoder
+    with torch.no_grad():
+        model.vision_tower.weight[3, 5] += 1e-3
+    assert weights_fingerprint(model) != before  # one value of the tower changed
+    with torch.no_grad():
+        model.vision_tower.weight[3, 5] -= 1e-3
+        flat = model.vision_tower.weight.view(-1)
+        flat[[0, 1]] = flat[[1, 0]]  # same values, other places
+    assert weights_fingerprint(model) != before
+
+
+def test_fingerprint_gathers_over_tensor_parallel_ranks():
+    model = TinyVLM(W1)
+    shards = []
+
+    def gather(local: torch.Tensor) -> torch.Tensor:
+        shards.append(local)
+        return torch.cat([local, torch.zeros_like(local)])  # another rank's digest
+
+    assert weights_fingerprint(model, gather) != weights_fingerprint(model)
+    assert len(shards) == 1 and shards[0].dtype == torch.int64
