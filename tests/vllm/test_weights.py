@@ -162,3 +162,18 @@ def test_fingerprint_gathers_over_tensor_parallel_ranks():
 
     assert weights_fingerprint(model, gather) != weights_fingerprint(model)
     assert len(shards) == 1 and shards[0].dtype == torch.int64
+
+
+def test_device_sums_see_every_value_and_its_place():
+    """The reduction used for GPU-resident weights (run here on CPU tensors)."""
+    from lmcache_ec.integration.vllm.weights import _device_sums
+
+    weights = torch.randn(1000, dtype=torch.bfloat16)
+    base = _device_sums(weights)
+    changed = weights.clone()
+    changed[500] = changed[500] + 1
+    swapped = weights.clone()
+    swapped[[3, 4]] = swapped[[4, 3]]
+    assert not torch.equal(_device_sums(changed), base)
+    assert not torch.equal(_device_sums(swapped), base)
+    assert torch.equal(_device_sums(weights.clone()), base)
