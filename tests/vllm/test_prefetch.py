@@ -79,6 +79,7 @@ def test_remote_hit_defers_its_request_not_the_batch(
     _watch_loads(engine, staged_before_load)
     try:
         busy = engine.add_request([], max_tokens=400)  # local work: decodes every step
+        engine.step()  # running: a wait for the remote would now delay its steps
         local_image = image_hash("computed-here.png")
         local = engine.add_request([local_image], max_tokens=2)
         remote = engine.add_request([image])

@@ -11,6 +11,11 @@
    answer, or when too many lookups are queued, items are reported absent at
    once (the encoder runs) instead of queuing behind a dead server.
 
+A purge by another process (``lmcache-ec purge``, see ``purge_marker.py``)
+clears every remembered answer: the disk marker is ``stat``-ed by ``lookup``
+at most every ``purge_check_s``, the remote one read by the background thread
+at the same interval.
+
 No ECCache is built and no CPU pool is allocated in the scheduler process.
 """
 
@@ -25,7 +30,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from ...config import SCHEMA
 from ...key import EncoderIdentity
+from ...purge_marker import MarkerWatch, PurgeMarker
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +62,7 @@ class TierIndex:
         open_catalog: Callable[[], Any] | None,
         negative_ttl: float,
         positive_ttl: float = 60.0,
+        purge_check_s: float | None = None,
     ) -> None:
         self.identity = identity
         self.disk_dir = disk_dir
@@ -70,6 +78,11 @@ class TierIndex:
         self._pending: set[str] = set()
         self._generation = 0  # bumped by set_identity: older remote answers are dropped
         self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)  # a remote batch came back
+        self.purges_seen = 0
+        if purge_check_s is None:
+            purge_check_s = float(SCHEMA["purge_check_s"].default)
+        self._purges = MarkerWatch(disk_dir, purge_check_s, self._purged)
         self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         if open_catalog is not None:
@@ -89,8 +102,17 @@ class TierIndex:
             self._known.clear()
             self._remote.clear()
 
+    def _purged(self, marker: PurgeMarker, tier: str) -> None:
+        """Entries were purged elsewhere: forget every remembered answer."""
+        with self._lock:
+            self.purges_seen += 1
+            self._generation += 1  # answers in flight are dropped too
+            self._known.clear()
+            self._remote.clear()
+
     def lookup(self, identifier: str) -> str | None:
         now = time.monotonic()
+        self._purges.poll_disk(now)
         with self._lock:
             known = self._known.get(identifier)
             if known is not None:
@@ -127,6 +149,11 @@ class TierIndex:
         self._queue.put(identifier)
         return PENDING
 
+    def wait_answer(self, identifier: str, timeout: float) -> None:
+        """Wait up to ``timeout`` s for a pending remote lookup of ``identifier``."""
+        with self._answered:
+            self._answered.wait_for(lambda: identifier not in self._pending, timeout)
+
     def note_present(self, identifier: str, tier: str) -> None:
         with self._lock:
             self._known.remember(identifier, (tier, time.monotonic()))
@@ -143,8 +170,16 @@ class TierIndex:
         except Exception as exc:
             logger.warning("Remote catalog unavailable; remote tier not indexed: %s", exc)
             catalog = None
+        next_marker_check = 0.0
         try:
-            while (batch := self._next_batch()) is not None:
+            while (batch := self._next_batch(self._purges.interval)) is not None:
+                now = time.monotonic()
+                if catalog is not None and now >= next_marker_check:
+                    next_marker_check = now + self._purges.interval
+                    if now >= self._remote_down_until:
+                        self._purges.check_remote(catalog)
+                if not batch:
+                    continue
                 answers: list[bool | None] = [None] * len(batch)
                 with self._lock:
                     identity, generation = self.identity, self._generation
@@ -155,6 +190,7 @@ class TierIndex:
                     except Exception as exc:  # the catalog should not raise; be sure
                         logger.debug("Remote existence check failed: %s", exc)
                 with self._lock:
+                    self._answered.notify_all()
                     if generation != self._generation:  # asked for other weights: ask again
                         self._pending.difference_update(batch)
                         continue
@@ -179,9 +215,13 @@ class TierIndex:
                 except Exception as exc:
                     logger.debug("Closing the remote catalog: %s", exc)
 
-    def _next_batch(self) -> list[str] | None:
-        """Block for one identifier, then take whatever else is queued; None: stop."""
-        first = self._queue.get()
+    def _next_batch(self, timeout: float) -> list[str] | None:
+        """Wait up to ``timeout`` for one identifier, then take whatever else is
+        queued; [] if none came; None: stop."""
+        try:
+            first = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return []
         if first is None:
             return None
         batch = [first]

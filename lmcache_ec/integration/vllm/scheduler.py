@@ -145,7 +145,7 @@ class TierScheduler:
             if pos.offset + pos.length <= num_computed_tokens:
                 continue
             nbytes = pos.get_num_embeds() * self.bytes_per_embed
-            if not self._item_ready(feature.identifier, now, nbytes):
+            if not self._item_ready(feature.identifier, now, nbytes, request.request_id):
                 self.prefetch.wait(feature.identifier, request.request_id)
                 ready = False
         if request.request_id in self._failing:  # an item of it was just given up
@@ -154,7 +154,7 @@ class TierScheduler:
             self._count("deferred_steps")
         return ready
 
-    def _item_ready(self, identifier: str, now: float, nbytes: int) -> bool:
+    def _item_ready(self, identifier: str, now: float, nbytes: int, request_id: str) -> bool:
         """False while ``identifier`` is on its way into worker memory."""
         if identifier in self._ready or identifier in self._resident:
             return True
@@ -164,6 +164,8 @@ class TierScheduler:
                 return answer
         if identifier in self._staging:
             if identifier in self._direct:
+                # A waiter already: if the staging fails meanwhile, a consumer fails it.
+                self.prefetch.wait(identifier, request_id)
                 self._await_staging(identifier)
                 if identifier not in self._staging:
                     return True  # staged (a load), or given up (computed or failed)
@@ -197,7 +199,14 @@ class TierScheduler:
             deadline = self._lookup_deadline.setdefault(
                 identifier, now + self.settings.remote_lookup_timeout_s
             )
-            return now >= deadline
+            wait = min(self._wait_left(), deadline - now)
+            if wait > 0:  # within this step's budget: the answer is a round trip away
+                started = time.monotonic()
+                self.index.wait_answer(identifier, wait)
+                self._waited += time.monotonic() - started
+                tier = self.index.lookup(identifier)
+            if tier == PENDING:
+                return now >= deadline
         self._lookup_deadline.pop(identifier, None)
         if tier is None:
             return True
@@ -210,6 +219,14 @@ class TierScheduler:
         self._dispatch_prefetches()
         return None
 
+    def _budget(self) -> float:
+        """Seconds this step may wait on the tiers: long when nothing runs."""
+        busy = bool(self._active)
+        return self.settings.busy_stage_wait_s if busy else self.settings.idle_stage_wait_s
+
+    def _wait_left(self) -> float:
+        return self._budget() - self._waited
+
     def _await_staging(self, identifier: str) -> None:
         """Wait for the workers' answer about ``identifier``, within this step's budget.
 
@@ -217,11 +234,9 @@ class TierScheduler:
         otherwise it delays the running batch as a read inside the step would
         (``busy_stage_wait_s``).
         """
-        busy = bool(self._active)
-        budget = self.settings.busy_stage_wait_s if busy else self.settings.idle_stage_wait_s
         started = time.monotonic()
         # Never past the staging deadline: then the item is given up as before.
-        budget = min(budget, self._waited + self._staging[identifier] - started)
+        budget = min(self._budget(), self._waited + self._staging[identifier] - started)
         left = budget - self._waited
         self._poll_channel(0.0)
         while identifier in self._direct and left > 0:

@@ -24,7 +24,7 @@ Keys (all optional)::
                               (true)
     idle_stage_wait_s         with no request running, how long the scheduler
                               waits for a prefetch to land before deferring the
-                              request by a step; nobody is stalled (1.0)
+                              request by a step; nobody is stalled (0.5)
     busy_stage_wait_s         the same while requests run: the wait delays
                               their step as a read inside it would (0.01)
     remote_lookup_timeout_s   how long a request waits for the remote existence
@@ -57,7 +57,7 @@ class ConnectorSettings:
     persist_non_content_ids: bool = False
     weights_fingerprint: bool = True
     stage_timeout_s: float = 5.0
-    idle_stage_wait_s: float = 1.0
+    idle_stage_wait_s: float = 0.5
     busy_stage_wait_s: float = 0.01
     remote_lookup_timeout_s: float = 0.05
     negative_lookup_ttl_s: float = 5.0
