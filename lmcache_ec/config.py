@@ -262,6 +262,17 @@ SCHEMA: dict[str, Option] = {
             False,
         ),
         Option(
+            "purge_check_s",
+            "float",
+            2.0,
+            "Seconds between checks for a purge (lmcache-ec purge) by another process: a "
+            "running engine stops serving purged entries from memory within this long after "
+            "the purge (plus remote_timeout when the purge reached it only through the "
+            "remote tier).",
+            False,
+            _positive,
+        ),
+        Option(
             "close_timeout",
             "float",
             30.0,

@@ -11,6 +11,10 @@ Contract:
   tiers above it. A frame that fails verification is removed from every
   tier, counted, and reported as a miss. A tier that raises is skipped.
 - The returned tensor is a private copy on the requested device.
+- A purge by another process (``lmcache-ec purge``) is noticed through its
+  marker (``purge_marker.py``) within ``purge_check_s``: the CPU tier drops
+  the entries the purge selected and the engine forgets what it knew of them
+  (see ``_purged``).
 
 Why the walk is here rather than ``StorageManager.get``: that method promotes
 before anyone can verify, and does not say which tier answered.
@@ -30,10 +34,11 @@ from lmcache.v1.event_manager import EventManager
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.metadata import LMCacheMetadata
 
-from . import codec
+from . import codec, inventory
 from .config import ECConfig, load_config
 from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
 from .metrics import ECStats
+from .purge_marker import MarkerWatch, PurgeMarker
 from .reads import Prefetched, TierReader, remember_payload
 from .reads import frame_bytes as _frame_bytes
 from .replay import RemoteReplayer
@@ -117,6 +122,7 @@ class ECCache:
         self._keys: dict[str, ECKey] = {}
         self._replayer = RemoteReplayer(self._storage, _frame_bytes, lambda: self._closed)
         self._replayer.attach()
+        self._start_purge_watch()
 
     @classmethod
     def from_config(
@@ -224,6 +230,7 @@ class ECCache:
 
     def _put(self, key: ECKey, tensor: torch.Tensor, header: bytes | None = None) -> bool:
         self._check_open()
+        self._watch.poll_disk()
         started = time.perf_counter()
         if header is None:
             header = codec.encode_header(key, tensor)
@@ -267,6 +274,7 @@ class ECCache:
     def contains(self, mm_hash: str) -> str | None:
         """Name of the first tier holding ``mm_hash`` (``cpu``, ``disk``…), or None."""
         self._check_open()
+        self._watch.poll_disk()
         key = self.key(mm_hash)
         self._reader.settle(key)  # answer after a pending promotion of it
         for name, backend in self._storage.get_active_storage_backends():
@@ -286,6 +294,7 @@ class ECCache:
         so the caller's later copy to the GPU can be non-blocking.
         """
         self._check_open()
+        self._watch.poll_disk()
         key = self.key(mm_hash)
         device = _device(device)
         if device.type == "cpu":
@@ -301,6 +310,7 @@ class ECCache:
     ) -> list[torch.Tensor | None]:
         """``get`` for several entries; device copies are issued together."""
         self._check_open()
+        self._watch.poll_disk()
         keys = [self.key(mm_hash) for mm_hash in mm_hashes]
         return self._get_batch(keys, _device(device), pin_memory)
 
@@ -363,6 +373,108 @@ class ECCache:
     def _tier_failed(self, name: str, operation: str, exc: Exception) -> None:
         self._reader.tier_failed(name, operation, exc)
 
+    # -- purges by other processes --------------------------------------------
+
+    def _start_purge_watch(self) -> None:
+        """Watch the purge markers of the shared tiers (``purge_marker.py``).
+
+        The disk marker is ``stat``-ed by reads and writes, at most every
+        ``purge_check_s``; the remote one is read by the ``ec-purge-watch``
+        thread at the same interval (never by a read), which also checks the
+        disk marker for an engine that is idle.
+        """
+        interval = float(self.config.values.get("purge_check_s") or 2.0)
+        disk_dir = self.config.values.get("local_disk") if self._disk is not None else None
+        self._purge_lock = threading.Lock()
+        self._purge_stop = threading.Event()
+        self._reconcile_disk = threading.Event()
+        self._watch = MarkerWatch(disk_dir, interval, self._purged)
+        self._watch_thread: threading.Thread | None = None
+        if disk_dir is None and not inventory.remote_configured(self.config):
+            return
+        self._watch_thread = threading.Thread(
+            target=self._watch_loop, name="ec-purge-watch", daemon=True
+        )
+        self._watch_thread.start()
+
+    def _watch_loop(self) -> None:
+        catalog = None
+        if inventory.remote_configured(self.config):
+            try:
+                catalog = inventory.open_remote(self.config)
+            except Exception as exc:
+                logger.warning("Purges through the remote tier will not be noticed: %s", exc)
+        try:
+            while True:
+                if catalog is not None:
+                    self._watch.check_remote(catalog)
+                self._watch.poll_disk()
+                if self._reconcile_disk.is_set():
+                    self._reconcile_disk.clear()
+                    if self._disk is not None:
+                        self._disk.forget_missing()
+                if self._purge_stop.wait(self._watch.interval):
+                    return
+        except Exception as exc:  # never let the watch kill anything else
+            logger.warning("Purge watch stopped: %s", exc)
+        finally:
+            if catalog is not None:
+                catalog.close()
+
+    def _purged(self, marker: PurgeMarker, tier: str) -> None:
+        """Another process purged ``marker``'s selection from ``tier``.
+
+        - remote marker (on the watch thread): entries of this engine's own
+          disk directory that the purge selected and that were created before
+          it are deleted first — the purging process may not share it;
+        - the CPU tier drops every entry whose namespace and model (and, when
+          known from the key, weights version) the purge selected, whatever its
+          age: they are read again from a lower tier if still there;
+        - the remote tier forgets which keys it saw stored (a later put uploads
+          again), and the disk index forgets files that are gone (in the
+          background when noticed by a read).
+        """
+        with self._purge_lock:
+            self.stats.add("purges_seen")
+            selector = marker.selector()
+            if tier == "remote" and self._disk is not None:
+                self._purge_own_disk(selector)
+            self._drop_cpu(selector)
+            for backend in self._storage.storage_backends.values():
+                if hasattr(backend, "forget_stored"):
+                    backend.forget_stored()
+            if self._disk is not None:
+                if tier == "remote":
+                    self._disk.forget_missing()
+                else:
+                    self._reconcile_disk.set()
+
+    def _purge_own_disk(self, selector: inventory.Selector) -> None:
+        directory = self.config.values["local_disk"]
+        try:
+            entries = inventory.scan_disk(directory, selector)
+            inventory.read_headers(entries, None)
+            for entry in inventory.filter_headers(entries, selector):
+                inventory.delete_disk(entry)
+        except OSError as exc:
+            logger.warning("Applying a purge to %s failed: %s", directory, exc)
+
+    def _drop_cpu(self, selector: inventory.Selector) -> None:
+        dropped = 0
+        for key, _ in self._cpu.entries():
+            if not selector.matches_name(key.to_string()):
+                continue
+            identity = getattr(key, "identity", None)
+            known = selector.weights is not None and identity is not None
+            if known and identity.weights != selector.weights:
+                continue
+            if isinstance(key, ECKey):
+                self._reader.cancel(key)
+            if self._cpu.remove(key):
+                dropped += 1
+        if dropped:
+            logger.info("Purge: %d entries dropped from the CPU tier", dropped)
+
     # -- lifecycle -----------------------------------------------------------
 
     def pending_writes(self) -> int:
@@ -388,6 +500,7 @@ class ECCache:
             if self._closed:
                 return
             self._closed = True
+        self._purge_stop.set()
         if not self.flush():
             logger.warning(
                 "close(): %d writes still pending after %.0fs",
@@ -402,6 +515,8 @@ class ECCache:
             logger.warning("close(): storage backends did not stop in time; leaving them")
 
     def _close_storage(self) -> None:
+        if self._watch_thread is not None:
+            self._watch_thread.join(timeout=self.config.close_timeout)
         self._reader.close(self.config.close_timeout)
         self._storage.close()
         # LMCache stops its event loop but leaves the loop's to_thread pool

@@ -11,7 +11,8 @@ What can be seen from here:
   lists it for that process only.
 
 Selection by namespace and model uses the storage name alone (its slugs carry
-a hash of the exact strings, see ``key.py``), so filtering never reads a file.
+a hash of the exact strings, see ``key.py``), so filtering never reads a file;
+selection by age or weights version reads each named entry's frame header.
 Deleting a disk file under a running engine is safe: its next read of that
 entry is a miss and the stale index entry is dropped.
 """
@@ -65,6 +66,16 @@ class Selector:
     namespace: str | None = None
     model: str | None = None
     older_than: float | None = None  # seconds
+    weights: str | None = None  # the header's ``weights`` field ("" for none)
+    created_before: float | None = None  # epoch seconds (a purge applied later)
+
+    @property
+    def needs_headers(self) -> bool:
+        return (
+            self.older_than is not None
+            or self.weights is not None
+            or (self.created_before is not None)
+        )
 
     def name_prefix(self) -> str:
         """The longest storage-name prefix shared by every selected entry."""
@@ -87,6 +98,18 @@ class Selector:
             return True
         age = entry.age(now)
         return age is not None and age >= self.older_than
+
+    def matches_header(self, entry: Entry, now: float) -> bool:
+        """Age, weights and creation-time conditions (headers read where needed)."""
+        if not self.matches_age(entry, now):
+            return False
+        if self.created_before is not None:
+            created = entry.created
+            if created is None or created >= self.created_before:
+                return False
+        if self.weights is None:
+            return True
+        return entry.header is not None and str(entry.header.get("weights", "")) == self.weights
 
 
 # -- disk ----------------------------------------------------------------------
@@ -241,6 +264,14 @@ def filter_age(
 ) -> Iterator[Entry]:
     now = time.time() if now is None else now
     return (e for e in entries if selector.matches_age(e, now))
+
+
+def filter_headers(
+    entries: Iterable[Entry], selector: Selector, now: float | None = None
+) -> Iterator[Entry]:
+    """Entries whose headers (read already) meet the age/weights/creation conditions."""
+    now = time.time() if now is None else now
+    return (e for e in entries if selector.matches_header(e, now))
 
 
 def delete(entry: Entry, catalog: Any | None) -> bool:

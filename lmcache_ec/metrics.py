@@ -69,6 +69,7 @@ class ECStats:
         self.put_skipped_existing = 0
         self.put_rejected = 0  # no room in the CPU pool (full now, or entry larger than it)
         self.integrity_failures = 0
+        self.purges_seen = 0  # purge generations (lmcache-ec purge) acted on
         self.bytes_in = 0  # accepted by put
         self.bytes_out = 0  # returned by get
         self.get_seconds = 0.0
@@ -131,6 +132,7 @@ class ECStats:
                 "put_skipped_existing": self.put_skipped_existing,
                 "put_rejected": self.put_rejected,
                 "integrity_failures": self.integrity_failures,
+                "purges_seen": self.purges_seen,
                 "tier_errors": {tier: n for tier, n in tier_errors.items() if n},
                 "tiers": tiers,
                 "bytes_in": self.bytes_in,

@@ -40,6 +40,14 @@ AgeOption = Annotated[
     str | None,
     typer.Option("--older-than", help="Only entries created at least this long ago (15m, 2h, 7d)."),
 ]
+WeightsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--weights",
+        help="Only entries of this encoder weights version (the header's weights field; "
+        "'' for entries stored without one).",
+    ),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 PROGRESS_THRESHOLD = 200  # entries; below this the work is instant
@@ -95,6 +103,7 @@ def _row(entry: Entry, now: float) -> dict[str, Any]:
         "namespace": header.get("namespace"),
         "model": header.get("model"),
         "revision": header.get("revision"),
+        "weights": header.get("weights"),
         "mm_hash": header.get("mm_hash"),
         "shape": header.get("shape"),
         "dtype": header.get("tensor_dtype"),
@@ -111,12 +120,13 @@ def ls(
     namespace: NamespaceOption = None,
     tier: TierOption = "all",
     older_than: AgeOption = None,
+    weights: WeightsOption = None,
     limit: Annotated[int, typer.Option(help="Show at most this many entries (0: all).")] = 0,
     as_json: JsonOption = False,
 ) -> None:
     """List cached entries of the disk and remote tiers (from their frame headers)."""
     tiers = _tiers(tier)
-    selector = Selector(namespace, model, parse_duration(older_than))
+    selector = Selector(namespace, model, parse_duration(older_than), weights)
     session = _Session(load(config), tiers)
     try:
         entries = inventory.select(
@@ -130,7 +140,7 @@ def ls(
     finally:
         session.close()
     now = time.time()
-    entries = list(inventory.filter_age(entries, selector, now))
+    entries = list(inventory.filter_headers(entries, selector, now))
     shown = entries[:limit] if limit > 0 else entries
     if as_json:
         console.print_json(json.dumps([_row(e, now) for e in shown]))
@@ -172,6 +182,7 @@ def purge(
     namespace: NamespaceOption = None,
     tier: TierOption = "all",
     older_than: AgeOption = None,
+    weights: WeightsOption = None,
     everything: Annotated[
         bool, typer.Option("--all", help="Select every lmcache-ec entry of the tiers.")
     ] = False,
@@ -179,14 +190,19 @@ def purge(
         bool, typer.Option("--dry-run", help="Show what would be deleted; delete nothing.")
     ] = False,
 ) -> None:
-    """Delete entries from the disk and remote tiers by model, namespace, age, or all."""
-    if not (everything or model or namespace or older_than):
-        fail("say what to purge: --model, --namespace, --older-than, or --all", 2)
+    """Delete entries from the disk and remote tiers by model, namespace, weights, age, or all.
+
+    Running engines sharing a purged tier notice it through a purge marker
+    and stop serving the selected entries within their ``purge_check_s``.
+    """
+    if not (everything or model or namespace or older_than or weights is not None):
+        fail("say what to purge: --model, --namespace, --weights, --older-than, or --all", 2)
     tiers = _tiers(tier)
-    selector = Selector(namespace, model, parse_duration(older_than))
+    selector = Selector(namespace, model, parse_duration(older_than), weights)
     session = _Session(load(config), tiers)
     deleted: Counter[str] = Counter()
     freed: Counter[str] = Counter()
+    marked: list[str] = []
     try:
         entries = inventory.select(
             session.config,
@@ -195,9 +211,9 @@ def purge(
             catalog=session.catalog,
             problems=session.problems,
         )
-        if selector.older_than is not None:
+        if selector.needs_headers:
             _with_headers(entries, session.catalog, "reading headers")
-            entries = list(inventory.filter_age(entries, selector))
+            entries = list(inventory.filter_headers(entries, selector))
         if dry_run:
             for entry in entries:
                 deleted[entry.tier] += 1
@@ -213,15 +229,46 @@ def purge(
                     except Exception as exc:
                         session.problems.append(f"{entry.tier}: cannot delete {entry.name}: {exc}")
                     bar.advance(task)
+            marked = _mark_purged(session, tiers, selector)
     finally:
         session.close()
     verb = "would delete" if dry_run else "deleted"
     for name in sorted(set(deleted) | set(tiers)):
         if name in deleted or (name == "disk" and session.config.values.get("local_disk")):
             console.print(f"{name}: {verb} {deleted[name]} entries ({human_bytes(freed[name])})")
-    if not dry_run and deleted:
-        console.print("[dim]Running engines drop their CPU copies only on eviction or restart.[/]")
+    if not dry_run and marked:
+        interval = session.config.values.get("purge_check_s")
+        console.print(
+            f"[dim]Purge marker written to {' and '.join(marked)}: running engines sharing "
+            f"it stop serving the purged entries within purge_check_s ({interval:g}s).[/]"
+        )
     session.report()
+
+
+def _mark_purged(session: _Session, tiers: tuple[str, ...], selector: Selector) -> list[str]:
+    """Write a new purge generation to each purged tier (``purge_marker.py``)."""
+    from ..purge_marker import PurgeMarker, write_disk, write_remote
+
+    marker = PurgeMarker.new(selector)
+    marked = []
+    directory = session.config.values.get("local_disk")
+    if "disk" in tiers and directory:
+        try:
+            write_disk(directory, marker)
+            marked.append("disk")
+        except OSError as exc:
+            if not isinstance(exc, FileNotFoundError):  # no directory: nobody to tell
+                session.problems.append(f"disk: cannot write the purge marker: {exc}")
+    if "remote" in tiers and session.catalog is not None:
+        try:
+            write_remote(session.catalog, marker)
+            marked.append("remote")
+        except Exception as exc:
+            session.problems.append(
+                f"remote: cannot write the purge marker (running engines keep serving "
+                f"their cached copies): {exc}"
+            )
+    return marked
 
 
 def stats(

@@ -171,6 +171,10 @@ class ECRemoteBackend(RemoteBackend):
             while len(self._missed) > MISSED_LIMIT:
                 self._missed.popitem(last=False)
 
+    def forget_stored(self) -> None:
+        """Forget which keys the store holds (entries were purged elsewhere)."""
+        self._known.clear()
+
     def take_missed(self) -> list[CacheEngineKey]:
         with self._missed_lock:
             keys = list(self._missed)

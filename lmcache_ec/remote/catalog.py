@@ -83,6 +83,14 @@ class RemoteCatalog(abc.ABC):
         """Remove the entry; True if it existed, False if absent or on error."""
 
     @abc.abstractmethod
+    def read_object(self, name: str) -> bytes | None:
+        """A small non-entry object (the purge marker); None if absent, raises on failure."""
+
+    @abc.abstractmethod
+    def write_object(self, name: str, data: bytes) -> None:
+        """Store a small non-entry object under ``name``; raises on failure."""
+
+    @abc.abstractmethod
     def close(self) -> None: ...
 
     def read_header(self, storage_name: str) -> dict[str, Any] | None:
@@ -204,6 +212,13 @@ class RedisCatalog(RemoteCatalog):
             logger.warning("Remote delete(%s) failed: %s", storage_name, exc)
             return False
 
+    def read_object(self, name: str) -> bytes | None:
+        data = self._client.get(name)
+        return None if data is None else bytes(data)
+
+    def write_object(self, name: str, data: bytes) -> None:
+        self._client.set(name, data)
+
     def close(self) -> None:
         try:
             self._client.close()
@@ -279,6 +294,23 @@ class S3Catalog(RemoteCatalog):
         except Exception as exc:
             logger.warning("Remote delete(%s) failed: %s", storage_name, exc)
             return False
+
+    def read_object(self, name: str) -> bytes | None:
+        try:
+            response = self._client.get_object(
+                Bucket=self._location.bucket, Key=self._location.object_key(name)
+            )
+        except Exception as exc:
+            if is_not_found(exc):
+                return None
+            raise
+        with response["Body"] as body:
+            return body.read()
+
+    def write_object(self, name: str, data: bytes) -> None:
+        self._client.put_object(
+            Bucket=self._location.bucket, Key=self._location.object_key(name), Body=data
+        )
 
     def close(self) -> None:
         if self._pool is not None:

@@ -122,6 +122,10 @@ class RecentKeys:
             while len(self._keys) > self._limit:
                 self._keys.popitem(last=False)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._keys.clear()
+
     def discard(self, key: CacheEngineKey) -> None:
         with self._lock:
             self._keys.pop(key, None)

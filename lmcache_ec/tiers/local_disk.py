@@ -152,6 +152,19 @@ class ECLocalDiskBackend(LocalDiskBackend):
             return True
         return self._adopt(key) and super().contains(key, pin)
 
+    def forget_missing(self) -> int:
+        """Unindex entries whose file is gone (removed by another process, e.g.
+        ``lmcache-ec purge``), so ``contains`` and writes stop trusting them."""
+        gone = [(key, path) for key, _, path in self.entries() if not os.path.exists(path)]
+        with self.disk_lock:
+            for key, path in gone:
+                meta = self.dict.get(key)
+                if meta is not None and meta.path == path:
+                    del self.dict[key]
+                    self.current_cache_size -= meta.size
+                    self.usage -= meta.size
+        return len(gone)
+
     def entries(self) -> list[tuple[CacheEngineKey, int, str]]:
         """(key, bytes, path) of every indexed entry, least recently used first."""
         with self.disk_lock:

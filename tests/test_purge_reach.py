@@ -1,0 +1,259 @@
+"""``lmcache-ec purge`` reaches engines that keep running (purge markers).
+
+A serving engine runs in a child process and holds entries in its CPU tier;
+``lmcache-ec purge`` runs as a third process. The bounds asserted are the
+documented ones (docs/operations.md, "Purge"), computed from the configured
+``purge_check_s`` and ``remote_timeout``: the test waits that long, then
+expects a miss; it never asserts how fast anything was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from lmcache_ec import ECCache, inventory
+from lmcache_ec.config import load_config
+from lmcache_ec.purge_marker import (
+    MARKER_NAME,
+    PurgeMarker,
+    read_disk,
+    write_disk,
+    write_remote,
+)
+from lmcache_ec.remote.catalog import open_catalog
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = str(Path(sys.executable).parent / "lmcache-ec")
+INTERVAL = 0.5  # purge_check_s of the serving engine
+REMOTE_TIMEOUT = 1.0
+MODEL = "org/served"
+
+SERVER = textwrap.dedent(
+    """
+    import json, sys, torch
+    from lmcache_ec import ECCache
+    config = json.loads(sys.argv[1])
+    with ECCache.from_config(config, model=sys.argv[2], dtype=torch.bfloat16) as cache:
+        for i in range(3):
+            assert cache.put(f"image-{i}", torch.full((4, 8), float(i), dtype=torch.bfloat16))
+        assert cache.flush(30)
+        print("ready", flush=True)
+        for line in sys.stdin:
+            command, _, arg = line.strip().partition(" ")
+            if command == "get":
+                before = dict(cache.stats.snapshot()["hits"])
+                found = cache.get(arg) is not None
+                after = cache.stats.snapshot()["hits"]
+                tier = next((t for t in after if after[t] != before.get(t, 0)), None)
+                print(json.dumps({"hit": found, "tier": tier}), flush=True)
+            elif command == "contains":
+                print(json.dumps({"tier": cache.contains(arg)}), flush=True)
+            elif command == "stats":
+                seen = cache.stats.snapshot()["purges_seen"]
+                print(json.dumps({"purges_seen": seen}), flush=True)
+            else:
+                break
+    """
+)
+
+
+class Server:
+    """A running ECCache in a child process, asked over stdin/stdout."""
+
+    def __init__(self, config: dict, model: str = MODEL) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SERVER, json.dumps(config), model],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "LMCACHE_LOG_LEVEL": "ERROR"},
+        )
+        assert self.proc.stdout.readline().strip() == "ready"
+
+    def ask(self, command: str) -> dict:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def get(self, mm_hash: str) -> str | None:
+        """The tier that served ``mm_hash``, or None on a miss."""
+        answer = self.ask(f"get {mm_hash}")
+        return answer["tier"] if answer["hit"] else None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def purge(config_path: str, *args: str) -> str:
+    """Run ``lmcache-ec purge`` as its own process; returns its output."""
+    result = subprocess.run(
+        [CLI, "purge", "--config", config_path, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "LMCACHE_LOG_LEVEL": "ERROR", "COLUMNS": "200"},
+        timeout=120,
+    )
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    return result.stdout
+
+
+def write_config(path: Path, **ec) -> str:
+    path.write_text(yaml.safe_dump({"ec": ec}))
+    return str(path)
+
+
+@pytest.fixture
+def server_factory():
+    servers: list[Server] = []
+
+    def start(config: dict, model: str = MODEL) -> Server:
+        servers.append(Server(config, model))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def test_purge_on_a_shared_disk_reaches_a_running_engine(tmp_path, disk_dir, server_factory):
+    ec = {
+        "local_cpu": True,
+        "max_local_cpu_size": 0.05,
+        "local_disk": str(disk_dir),
+        "max_local_disk_size": 0.5,
+        "purge_check_s": INTERVAL,
+    }
+    server = server_factory(ec)
+    config = write_config(tmp_path / "purger.yaml", **ec)
+    assert server.get("image-0") == "cpu"
+
+    # A purge of another model: its marker is noticed, nothing of ours is dropped.
+    out = purge(config, "--model", "org/other")
+    assert "Purge marker written to disk" in out
+    time.sleep(INTERVAL)  # the documented bound for a disk marker
+    assert server.get("image-0") == "cpu"
+    assert server.ask("stats")["purges_seen"] == 1
+
+    out = purge(config, "--model", MODEL)
+    assert "disk: deleted 3 entries" in out
+    time.sleep(INTERVAL)
+    # Any read starting purge_check_s after the purge misses: the CPU copy is gone.
+    assert server.get("image-1") is None
+    assert server.ask("contains image-2") == {"tier": None}
+    assert server.get("image-2") is None
+    assert server.ask("stats")["purges_seen"] == 2
+    assert not [n for n in os.listdir(disk_dir) if n.endswith(".pt")]
+
+
+def test_purge_through_redis_reaches_an_engine_with_its_own_disk(
+    tmp_path, redis_url, server_factory
+):
+    served_disk = tmp_path / "served-disk"
+    purger_disk = tmp_path / "purger-disk"
+    served_disk.mkdir()
+    purger_disk.mkdir()
+    common = {
+        "local_cpu": True,
+        "max_local_cpu_size": 0.05,
+        "max_local_disk_size": 0.5,
+        "remote_url": redis_url,
+        "remote_timeout": REMOTE_TIMEOUT,
+        "purge_check_s": INTERVAL,
+    }
+    server = server_factory({**common, "local_disk": str(served_disk)})
+    config = write_config(tmp_path / "purger.yaml", **common, local_disk=str(purger_disk))
+    assert server.get("image-0") == "cpu"
+    assert len([n for n in os.listdir(served_disk) if n.endswith(".pt")]) == 3
+
+    out = purge(config, "--model", MODEL)
+    assert "remote: deleted 3 entries" in out and "remote" in out.split("marker written to")[1]
+    # Remote marker: read by the engine's watch thread every purge_check_s, each
+    # read bounded by remote_timeout; then the engine's own disk is purged too.
+    time.sleep(INTERVAL + REMOTE_TIMEOUT)
+    deadline = time.monotonic() + 5  # grace for the child to finish applying it
+    while server.ask("stats")["purges_seen"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    for i in range(3):
+        assert server.get(f"image-{i}") is None
+    assert not [n for n in os.listdir(served_disk) if n.endswith(".pt")]
+
+
+def test_entries_written_after_a_purge_are_kept(tmp_path, redis_url):
+    """A purge an engine applies late selects only entries created before it."""
+    served_disk = tmp_path / "served-disk"
+    served_disk.mkdir()
+    config = {
+        "local_cpu": True,
+        "max_local_cpu_size": 0.05,
+        "local_disk": str(served_disk),
+        "max_local_disk_size": 0.5,
+        "remote_url": redis_url,
+        "remote_timeout": REMOTE_TIMEOUT,
+        "purge_check_s": INTERVAL,
+    }
+    with ECCache.from_config(config, model=MODEL) as cache:
+        assert cache.put("old", torch.ones(4, 8, dtype=torch.bfloat16))
+        time.sleep(0.05)
+        purged_at = time.time()
+        time.sleep(0.05)
+        assert cache.put("new", torch.ones(4, 8, dtype=torch.bfloat16))
+        assert cache.flush(30)
+        marker = PurgeMarker("f" * 32, purged_at, {"model": MODEL})
+        with open_catalog(load_config(config)) as catalog:
+            write_remote(catalog, marker)  # only the marker: the store keeps both
+        deadline = time.monotonic() + INTERVAL + REMOTE_TIMEOUT + 5
+        while cache.stats.snapshot()["purges_seen"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        files = {n.removesuffix(".pt") for n in os.listdir(served_disk) if n.endswith(".pt")}
+        assert files == {cache.key("new").storage_name}
+        assert inventory.scan_cpu(cache) == []  # the CPU tier keeps no creation time
+
+
+def test_marker_is_never_an_entry(tmp_path, disk_dir, local_config):
+    write_disk(str(disk_dir), PurgeMarker.new(inventory.Selector(model="m")))
+    with ECCache.from_config(local_config, model="m") as cache:
+        assert cache.put("x", torch.ones(2, 8))
+        assert cache.flush(30)
+        assert [key for key, *_ in cache._disk.entries()] == [cache.key("x")]
+        assert cache.stats.snapshot()["purges_seen"] == 0  # written before it started
+    with ECCache.from_config(local_config, model="m"):
+        pass  # a restart indexes and sweeps the directory
+    assert [e.name for e in inventory.scan_disk(str(disk_dir))] == [cache.key("x").storage_name]
+    assert read_disk(str(disk_dir)) is not None
+    assert (disk_dir / MARKER_NAME).exists()
+    assert sorted(os.listdir(disk_dir)) == sorted(
+        [MARKER_NAME, cache.key("x").storage_name + ".pt"]
+    )
+
+
+def test_marker_round_trip_and_garbage():
+    marker = PurgeMarker.new(inventory.Selector(namespace="ns", weights="v2", older_than=60))
+    again = PurgeMarker.from_bytes(marker.to_bytes())
+    assert again == marker
+    selector = again.selector()
+    assert (selector.namespace, selector.model, selector.weights) == ("ns", None, "v2")
+    assert selector.created_before == pytest.approx(marker.time - 60)
+    assert PurgeMarker.from_bytes(b"\xff not json") is None
+    odd = PurgeMarker.from_bytes(b'{"generation": 1, "time": 5, "select": {"model": 7}}')
+    assert odd is not None and odd.selector().model is None  # unknown: selects more
