@@ -152,3 +152,17 @@ def test_model_served_from_a_tmp_path_is_listed_indexed_and_kept(
         assert restarted.contains("image") == "disk"
         assert torch.equal(restarted.get("image"), tensor)
     assert os.listdir(disk_dir) == [name]
+
+
+def test_purge_and_ls_by_weights_version(config_file, disk_dir, invoke, invoke_json):
+    for weights in ("v1", "v2", None):
+        with ECCache.from_config(config_file, model="org/model-a", weights=weights) as cache:
+            assert cache.put("image", torch.ones(4, 8, dtype=torch.bfloat16))
+    rows = invoke_json("ls", "--config", config_file, "--weights", "v1")
+    assert [r["weights"] for r in rows] == ["v1"]
+    out = invoke("purge", "--config", config_file, "--weights", "v1").stdout
+    assert "deleted 1 entries" in out and "Purge marker written to disk" in out
+    left = invoke_json("ls", "--config", config_file)
+    assert sorted(r["weights"] for r in left) == ["", "v2"]
+    assert os.path.exists(disk_dir / "ec-purge-generation.json")
+    assert len(_files(disk_dir)) == 2
