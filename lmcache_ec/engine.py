@@ -387,7 +387,6 @@ class ECCache:
         disk_dir = self.config.values.get("local_disk") if self._disk is not None else None
         self._purge_lock = threading.Lock()
         self._purge_stop = threading.Event()
-        self._reconcile_disk = threading.Event()
         self._watch = MarkerWatch(disk_dir, interval, self._purged)
         self._watch_thread: threading.Thread | None = None
         if disk_dir is None and not inventory.remote_configured(self.config):
@@ -409,10 +408,6 @@ class ECCache:
                 if catalog is not None:
                     self._watch.check_remote(catalog)
                 self._watch.poll_disk()
-                if self._reconcile_disk.is_set():
-                    self._reconcile_disk.clear()
-                    if self._disk is not None:
-                        self._disk.forget_missing()
                 if self._purge_stop.wait(self._watch.interval):
                     return
         except Exception as exc:  # never let the watch kill anything else
@@ -431,8 +426,7 @@ class ECCache:
           known from the key, weights version) the purge selected, whatever its
           age: they are read again from a lower tier if still there;
         - the remote tier forgets which keys it saw stored (a later put uploads
-          again), and the disk index forgets files that are gone (in the
-          background when noticed by a read).
+          again), and the disk index forgets files that are gone.
         """
         with self._purge_lock:
             self.stats.add("purges_seen")
@@ -444,10 +438,7 @@ class ECCache:
                 if hasattr(backend, "forget_stored"):
                     backend.forget_stored()
             if self._disk is not None:
-                if tier == "remote":
-                    self._disk.forget_missing()
-                else:
-                    self._reconcile_disk.set()
+                self._disk.forget_missing()  # one stat per indexed file, once per purge
 
     def _purge_own_disk(self, selector: inventory.Selector) -> None:
         directory = self.config.values["local_disk"]
