@@ -45,7 +45,8 @@ from lmcache_ec.bench.vllm_server import (
 BUSY_IMAGES = (101, 102)
 LONE_IMAGES = (103, 104)
 CLI_IMAGES = (105,)
-IMAGES = BUSY_IMAGES + LONE_IMAGES + CLI_IMAGES
+WEIGHT_IMAGES = (106,)
+IMAGES = BUSY_IMAGES + LONE_IMAGES + CLI_IMAGES + WEIGHT_IMAGES
 MAX_TOKENS = 6
 # Long enough for a background decode that outlasts a test's requests (a
 # decode step of the tiny model takes a few ms).
@@ -104,6 +105,7 @@ def settled_counters(server: VLLMServer, before: dict[str, float], requests: int
 @dataclass
 class Fleet:
     model: Path
+    model_w2: Path  # the same model with other vision-tower weights
     disk_a: Path
     reference: dict[int, ChatResult]
     servers: dict[str, VLLMServer] = field(default_factory=dict)
@@ -160,6 +162,7 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
     # (keeping 3), which would delete the servers' disk tiers mid-session.
     root = Path(tempfile.mkdtemp(prefix="lmcache-ec-e2e-"))
     model = build_tiny_blip2(root / "models", seed=0)
+    model_w2 = build_tiny_blip2(root / "models", seed=0, vision_seed=1)
     logs = root / "logs"
     bucket = s3_server.new_bucket()
     redis = {"remote_url": redis_server.url}
@@ -170,12 +173,17 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
     env = {name: None for name in os.environ if name.startswith("LMCACHE_EC_")}
     env.update({"XDG_CACHE_HOME": str(root / "xdg"), **S3_ENV})
 
-    def server(name: str, ec: dict) -> VLLMServer:
+    def server(name: str, ec: dict, **more_env: str) -> VLLMServer:
         return VLLMServer(
-            model, logs / f"{name}.log", ec_config=ec, env=env, extra_args=ARGS, ready_timeout=600
+            model,
+            logs / f"{name}.log",
+            ec_config=ec,
+            env={**env, **more_env},
+            extra_args=ARGS,
+            ready_timeout=600,
         )
 
-    fleet = Fleet(model=model, disk_a=root / "disk-a", reference={})
+    fleet = Fleet(model=model, model_w2=model_w2, disk_a=root / "disk-a", reference={})
     writers = {
         "a": server("a", _ec("ec_both", root / "disk-a", redis)),
         "a_s3": server("a_s3", _ec("ec_both", root / "disk-a-s3", s3)),
@@ -200,6 +208,8 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
         "redis": server("redis", _ec("ec_both", root / "disk-b-redis", redis, **patient)),
         "s3": server("s3", _ec("ec_both", root / "disk-b-s3", s3, **patient)),
         "consumer": server("consumer", _ec("ec_consumer", root / "disk-c", epd, **patient)),
+        # On D beside "disk"; its weights are reloaded in place (dev endpoints).
+        "weights": server("weights", _ec("ec_both", root / "disk-a"), VLLM_SERVER_DEV_MODE="1"),
     }
     fleet.servers = readers
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,8 +49,11 @@ def test_stats_reads_the_counters_vllm_exports(fleet, disk_config):
     with BackgroundDecode(server.base_url, server.served_model, max_tokens=BACKGROUND_TOKENS):
         for image in CLI_IMAGES:
             ask(server, image)
-    page = _page_hits(server.metrics_url)
-    assert page.get("disk", 0) > 0, f"no disk hits on the page to read back: {page}"
+    deadline = time.monotonic() + 15  # counters reach the page with a later step's stats
+    while (page := _page_hits(server.metrics_url)).get("disk", 0) == 0:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no disk hits on the page to read back: {page}")
+        time.sleep(0.2)
 
     data = json.loads(
         cli("stats", "--config", disk_config, "--metrics-url", server.metrics_url, "--json").stdout
