@@ -235,6 +235,38 @@ MUTATIONS: list[Mutation] = [
         # waited for staging (tests/vllm/test_prefetch.py), so ask it directly.
         ("tests/test_scheduler_promise.py::test_consumer_promises_only_staged_items",),
     ),
+    # -- weights: nothing staged under old weights is loaded after an update
+    Mutation(
+        "weight-update-keeps-stagings",
+        "a weight update gives up every prefetch made for the old weights",
+        "lmcache_ec/integration/vllm/scheduler.py",
+        "doomed = {*self._staging, *self._ready, *self.prefetch.queued()}",
+        "doomed: set[str] = set()",
+        ("tests/vllm/test_weights.py::test_staged_items_never_cross_an_update",),
+    ),
+    Mutation(
+        "weights-not-fingerprinted",
+        "the encoder weights' content is in the fingerprint",
+        "lmcache_ec/integration/vllm/weights.py",
+        "hasher.update(xxhash.xxh3_128_digest(",
+        "(xxhash.xxh3_128_digest(",
+        (
+            "tests/vllm/test_weights.py::test_fingerprint_sees_the_encoder_only",
+            "tests/vllm/test_weights.py::test_the_weights_matter",
+        ),
+    ),
+    # -- Model Runner V1: a lone request on an idle engine loads, never re-encodes
+    Mutation(
+        "stage-orders-only-in-step-metadata",
+        "stage orders reach the workers in steps V1 skips (the stage channel)",
+        "lmcache_ec/integration/vllm/scheduler.py",
+        'direct = self._channel_ready() and self.channel.send(dispatched, self.weights or "")',
+        "direct = False",
+        (
+            "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_disk_on_v1",
+            "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_redis_on_v1[ec_consumer]",
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
