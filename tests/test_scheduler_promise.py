@@ -11,22 +11,9 @@ from __future__ import annotations
 
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
 from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
-from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
-from vllm.sampling_params import SamplingParams
-from vllm.v1.request import Request
 
 from tests.vllm.conftest import _registered, extra, model_config  # noqa: F401  (fixtures)
-from tests.vllm.harness import Engine, image_hash, make_vllm_config
-
-
-def _request(identifier: str) -> Request:
-    feature = MultiModalFeatureSpec(
-        data=None,
-        modality="image",
-        identifier=identifier,
-        mm_position=PlaceholderRange(offset=0, length=4),
-    )
-    return Request("r", [4, 4, 4, 4, 5], SamplingParams(max_tokens=1), None, mm_features=[feature])
+from tests.vllm.harness import Engine, image_hash, lone_request, make_vllm_config
 
 
 def test_consumer_promises_only_staged_items(model_config, extra):  # noqa: F811
@@ -47,7 +34,7 @@ def test_consumer_promises_only_staged_items(model_config, extra):  # noqa: F811
         assert not connector.has_cache_item(image)  # ... but no worker has staged it
         # Asked to make it available, the scheduler orders a prefetch and defers:
         # still not a promise until the workers report it staged.
-        assert not connector.ensure_cache_available(_request(image), 0)
+        assert not connector.ensure_cache_available(lone_request(image), 0)
         assert not connector.has_cache_item(image)
     finally:
         connector.shutdown()

@@ -184,7 +184,7 @@ def _in_step_scheduler(connector: Any) -> None:
     # Reading in the step is what this mode measures, not an error to log.
     logging.getLogger(worker_module.__name__).setLevel(logging.CRITICAL)
 
-    def item_ready(identifier: str, now: float, nbytes: int) -> bool:
+    def item_ready(identifier: str, now: float, nbytes: int, request_id: str) -> bool:
         if identifier in scheduler._ready or identifier in scheduler._resident:
             return True
         tier = scheduler.index.lookup(identifier)

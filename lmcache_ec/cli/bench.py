@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .common import console, fail
+from .common import console, fail, write_report
 
 bench_app = typer.Typer(
     help="Benchmarks: lmcache-ec next to its baselines and the hardware, same run. "
@@ -159,22 +159,22 @@ def bench_all(
     from ..bench.report import markdown as to_markdown
     from ..bench.report import print_table
 
-    print_table(result, console)
-    if json_path is not None:
-        json_path.write_text(json.dumps(result, indent=2))
-        console.print(f"wrote {json_path}")
-    if markdown is not None:
-        markdown.write_text(to_markdown(result))
-        console.print(f"wrote {markdown}")
-    if not no_chart:
-        png = chart or (json_path.with_suffix(".png") if json_path else Path("bench.png"))
-        try:
-            from ..bench.chart import draw_chart
+    def draw_chart(result: dict[str, Any], path: str) -> None:
+        from ..bench.chart import draw_chart  # matplotlib: ImportError when absent
 
-            draw_chart(result, str(png))
-            console.print(f"wrote {png}")
-        except ImportError:
-            console.print("chart skipped: matplotlib is not installed (pip install matplotlib)")
+        draw_chart(result, path)
+
+    write_report(
+        result,
+        print_table=print_table,
+        to_markdown=to_markdown,
+        draw_chart=draw_chart,
+        json_path=json_path,
+        markdown=markdown,
+        chart=chart,
+        no_chart=no_chart,
+        default_chart="bench.png",
+    )
 
 
 @bench_app.command("local")

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from .common import console, fail
+from .common import console, fail, write_report
 
 
 def _numbers(text: str, name: str) -> tuple[int, ...]:
@@ -124,17 +123,14 @@ def serve(
         fail(str(exc), 1)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    print_table(result, console)
-    if json_path is not None:
-        json_path.write_text(json.dumps(result, indent=2))
-        console.print(f"wrote {json_path}")
-    if markdown is not None:
-        markdown.write_text(to_markdown(result))
-        console.print(f"wrote {markdown}")
-    if not no_chart:
-        png = chart or (json_path.with_suffix(".png") if json_path else Path("bench-serve.png"))
-        try:
-            draw_chart(result, str(png))
-            console.print(f"wrote {png}")
-        except ImportError:
-            console.print("chart skipped: matplotlib is not installed (pip install matplotlib)")
+    write_report(
+        result,
+        print_table=print_table,
+        to_markdown=to_markdown,
+        draw_chart=draw_chart,
+        json_path=json_path,
+        markdown=markdown,
+        chart=chart,
+        no_chart=no_chart,
+        default_chart="bench-serve.png",
+    )

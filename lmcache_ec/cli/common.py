@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -82,3 +85,32 @@ def parse_duration(text: str | None) -> float | None:
 def short(text: Any, width: int = 16) -> str:
     text = str(text)
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def write_report(
+    result: dict[str, Any],
+    *,
+    print_table: Callable[[dict[str, Any], Console], None],
+    to_markdown: Callable[[dict[str, Any]], str],
+    draw_chart: Callable[[dict[str, Any], str], None],
+    json_path: Path | None,
+    markdown: Path | None,
+    chart: Path | None,
+    no_chart: bool,
+    default_chart: str,
+) -> None:
+    """A benchmark's table on the console, then its JSON, Markdown and chart files."""
+    print_table(result, console)
+    if json_path is not None:
+        json_path.write_text(json.dumps(result, indent=2))
+        console.print(f"wrote {json_path}")
+    if markdown is not None:
+        markdown.write_text(to_markdown(result))
+        console.print(f"wrote {markdown}")
+    if not no_chart:
+        png = chart or (json_path.with_suffix(".png") if json_path else Path(default_chart))
+        try:
+            draw_chart(result, str(png))
+            console.print(f"wrote {png}")
+        except ImportError:
+            console.print("chart skipped: matplotlib is not installed (pip install matplotlib)")

@@ -61,6 +61,23 @@ class TinyVLM(torch.nn.Module):
         return self.language_model
 
 
+def lone_request(identifier: str) -> Request:
+    """A request with one image at offset 0, for a scheduler side used alone."""
+    feature = MultiModalFeatureSpec(
+        data=None,
+        modality="image",
+        identifier=identifier,
+        mm_position=PlaceholderRange(offset=0, length=NUM_EMBEDS),
+    )
+    return Request(
+        "r",
+        [IMAGE_TOKEN] * NUM_EMBEDS + [5],
+        SamplingParams(max_tokens=1),
+        None,
+        mm_features=[feature],
+    )
+
+
 def make_vllm_config(
     model_config, role: str, extra: dict, tp_size: int = 1, kv_transfer_config=None
 ) -> VllmConfig:

@@ -7,23 +7,10 @@ import time
 import redis
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
 from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
-from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
-from vllm.sampling_params import SamplingParams
-from vllm.v1.request import Request
 
 from lmcache_ec.bench.proxy import SlowProxy
 
-from .harness import image_hash, make_vllm_config
-
-
-def _request(identifier: str) -> Request:
-    feature = MultiModalFeatureSpec(
-        data=None,
-        modality="image",
-        identifier=identifier,
-        mm_position=PlaceholderRange(offset=0, length=4),
-    )
-    return Request("r", [4, 4, 4, 4, 5], SamplingParams(max_tokens=1), None, mm_features=[feature])
+from .harness import image_hash, lone_request, make_vllm_config
 
 
 def _exists_calls(client: redis.Redis) -> int:
@@ -50,7 +37,7 @@ def test_has_cache_item_sends_no_command_to_redis(model_config, redis_url):
             assert not connector.has_cache_item(identifier)
         assert _exists_calls(client) == before  # has_cache_item: memory only
 
-        request = _request(identifier)
+        request = lone_request(identifier)
         deadline = time.monotonic() + 10
         while not connector.ensure_cache_available(request, 0):
             assert time.monotonic() < deadline
@@ -65,7 +52,7 @@ def test_has_cache_item_sends_no_command_to_redis(model_config, redis_url):
 def test_unresponsive_remote_never_blocks_scheduling(model_config, black_hole):
     connector = _scheduler_connector(model_config, f"redis://127.0.0.1:{black_hole.port}")
     try:
-        request = _request(image_hash("slow.png"))
+        request = lone_request(image_hash("slow.png"))
         started = time.monotonic()
         calls = 0
         while not connector.ensure_cache_available(request, 0):

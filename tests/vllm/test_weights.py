@@ -30,6 +30,30 @@ def _serve(engine: Engine, image: str) -> None:
     engine.run_until_finished([engine.add_request([image])])
 
 
+def _store(model_config, extra, image: str, weights_seed: int) -> None:
+    """An instance on ``weights_seed`` encodes ``image`` and saves it."""
+    writer = _engine(model_config, extra, weights_seed)
+    try:
+        _serve(writer, image)
+        writer.flush()
+    finally:
+        writer.shutdown()
+
+
+def _read(model_config, extra, image: str, weights_seed: int) -> bool:
+    """A fresh instance on ``weights_seed`` serves ``image``: True if it loaded it.
+
+    Whatever it did, the output is the one of its own weights, bit for bit.
+    """
+    reader = _engine(model_config, extra, weights_seed)
+    try:
+        _serve(reader, image)
+        assert bit_equal(reader.gathered[image], encoder_output(image, weights_seed))
+        return reader.encoded == []
+    finally:
+        reader.shutdown()
+
+
 def test_the_weights_matter():
     image = image_hash("cat.png")
     assert not bit_equal(encoder_output(image, W1), encoder_output(image, W2))
@@ -55,24 +79,13 @@ def test_weight_update_re_encodes_and_old_weights_keep_their_entries(model_confi
     assert len(entries) == 2  # one per weights version
 
     for weights in (W1, W2):  # each instance loads its own weights' output, bit-exact
-        reader = _engine(model_config, extra, weights)
-        try:
-            _serve(reader, image)
-            assert reader.encoded == []
-            assert bit_equal(reader.gathered[image], encoder_output(image, weights))
-        finally:
-            reader.shutdown()
+        assert _read(model_config, extra, image, weights)
 
 
 def test_staged_items_never_cross_an_update(model_config, extra):
     """An item staged under W1 for a deferred request is computed under W2 instead."""
     image = image_hash("dog.png")
-    writer = _engine(model_config, extra, W1)
-    try:
-        _serve(writer, image)
-        writer.flush()
-    finally:
-        writer.shutdown()
+    _store(model_config, extra, image, W1)
 
     # No wait inside a busy step: the request is deferred while its item stages.
     engine = _engine(model_config, {**extra, "busy_stage_wait_s": 0.0}, W1)
@@ -106,25 +119,14 @@ def test_saves_queued_before_an_update_keep_their_weights(model_config, extra):
         engine.flush()
     finally:
         engine.shutdown()
-    for weights, expect_hit in ((W1, True), (W2, False)):
-        reader = _engine(model_config, extra, weights)
-        try:
-            _serve(reader, image)
-            assert (reader.encoded == []) is expect_hit
-            assert bit_equal(reader.gathered[image], encoder_output(image, weights))
-        finally:
-            reader.shutdown()
+    assert _read(model_config, extra, image, W1)  # the W1 output, under W1's key
+    assert not _read(model_config, extra, image, W2)
 
 
 def test_without_a_fingerprint_nothing_is_saved_or_loaded(model_config, extra):
     """Until the worker has fingerprinted the weights no key can be trusted."""
     image = image_hash("unknown.png")
-    writer = _engine(model_config, extra, W1)
-    try:
-        _serve(writer, image)
-        writer.flush()
-    finally:
-        writer.shutdown()
+    _store(model_config, extra, image, W1)
     config = make_vllm_config(model_config, "ec_both", extra)
     engine = Engine(config, runner="v1", announce_weights=False)  # the seam never fired
     try:

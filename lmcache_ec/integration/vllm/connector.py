@@ -128,6 +128,7 @@ class LMCacheECTierConnector(ECConnectorBase):
                 disk_dir=config.values.get("local_disk"),
                 open_catalog=_open_catalog_factory(config),
                 negative_ttl=self.settings.negative_lookup_ttl_s,
+                purge_check_s=config.values.get("purge_check_s"),
             )
             self.scheduler = TierScheduler(
                 self.settings,
