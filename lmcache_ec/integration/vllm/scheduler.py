@@ -103,8 +103,8 @@ class TierScheduler:
         self._to_release: list[str] = []
         self._loads: dict[str, int] = {}
         self._undelivered = False  # last step's orders never reached workers
-        # Stage orders sent over the channel (not in step metadata), still staging.
         self.channel = channel
+        # Stage orders sent over the channel (not in step metadata), still staging.
         self._direct: set[str] = set()
         self._channel_retry_at = 0.0
         self._active: set[str] = set()  # requests scheduled and not finished
