@@ -61,3 +61,9 @@ def local_config(disk_dir):
 def cache(local_config):
     with ECCache.from_config(local_config, model="test/model") as engine:
         yield engine
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Real-server tests last: their session-wide ``vllm serve`` processes then never
+    run beside the timing-sensitive fault tests."""
+    items.sort(key=lambda item: item.nodeid.startswith("tests/e2e/"))  # stable: order kept

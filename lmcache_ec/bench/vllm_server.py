@@ -30,6 +30,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,8 @@ class VLLMServer:
     process: subprocess.Popen | None = field(default=None, init=False, repr=False)
     started_s: float | None = field(default=None, init=False)  # seconds to ready
     _launched: float = field(default=0.0, init=False, repr=False)
+    # A name of this process's own: requests to any other server on the port fail.
+    _name: str = field(default_factory=lambda: f"ec-{uuid.uuid4().hex[:12]}", repr=False)
 
     @property
     def base_url(self) -> str:
@@ -107,11 +110,12 @@ class VLLMServer:
 
     @property
     def served_model(self) -> str:
-        return str(self.model)
+        return self._name
 
     def command(self) -> list[str]:
         vllm = self.vllm_bin or _vllm_executable()
         cmd = [vllm, "serve", str(self.model), "--host", HOST, "--port", str(self.port)]
+        cmd += ["--served-model-name", self._name]
         if self.ec_config is not None:
             cmd += ["--ec-transfer-config", json.dumps(dict(self.ec_config))]
         return cmd + list(self.extra_args)
@@ -172,8 +176,12 @@ class VLLMServer:
                 raise ServerError(self._failure(f"vllm serve exited with code {code}"))
             try:
                 with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
+                    healthy = response.status == 200
+                if healthy:
+                    with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=5) as models:
+                        if self._name in models.read().decode():
+                            return
+                    raise ServerError(self._failure(f"another server answers on port {self.port}"))
             except (OSError, urllib.error.URLError):
                 pass
             if time.monotonic() > deadline:

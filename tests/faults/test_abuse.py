@@ -87,7 +87,8 @@ def test_hostile_mm_hashes_stay_inside_the_cache_dir(tmp_path, local_config, dis
 
 def test_hostile_mm_hashes_through_the_remote(remote, fault_table):
     tensors = {h: make_tensor((4, 8), torch.bfloat16, seed=i) for i, h in enumerate(CORPUS)}
-    config = remote_config(**remote)
+    # Hostile names, not a slow store: a timeout a loaded machine never reaches.
+    config = remote_config(**remote, remote_timeout=5.0)
     with ECCache.from_config(config, model="../../model", namespace="$(id)") as writer:
         for mm_hash, tensor in tensors.items():
             assert put_checked(writer, mm_hash, tensor)
