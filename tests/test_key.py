@@ -44,18 +44,19 @@ def test_storage_name_is_deterministic(identity):
     assert hash(identity.key("abc")) == hash(again.key("abc"))
 
 
-@pytest.mark.parametrize(
-    "field", ["model", "revision", "fingerprint", "dtype", "namespace", "weights"]
-)
+BASE = {
+    "model": "m",
+    "revision": "r",
+    "fingerprint": "f",
+    "dtype": "float16",
+    "namespace": "ns",
+    "weights": "w1",
+}
+
+
+@pytest.mark.parametrize("field", list(BASE))
 def test_every_identity_field_changes_the_key(field):
-    base = {
-        "model": "m",
-        "revision": "r",
-        "fingerprint": "f",
-        "dtype": "float16",
-        "namespace": "ns",
-        "weights": "w1",
-    }
+    base = BASE
     changed = dict(base, **{field: "float32" if field == "dtype" else base[field] + "x"})
     assert EncoderIdentity(**base).key("h") != EncoderIdentity(**changed).key("h")
 
@@ -68,21 +69,12 @@ COLLIDING = {
 }
 
 
-@pytest.mark.parametrize(
-    "field", ["model", "revision", "fingerprint", "dtype", "namespace", "weights"]
-)
+@pytest.mark.parametrize("field", list(BASE))
 def test_every_identity_field_is_in_the_digest(field):
     # The storage name's prefix carries slugs of the namespace and model; a
     # field left out of the SHA-256 would still change the name through them.
     # Compare the digests alone, on inputs whose slugs are equal.
-    base = {
-        "model": "m",
-        "revision": "r",
-        "fingerprint": "f",
-        "dtype": "float16",
-        "namespace": "ns",
-        "weights": "w1",
-    }
+    base = BASE
     if field in COLLIDING:
         first, second = COLLIDING[field]
         a = EncoderIdentity(**dict(base, **{field: first}))

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .common import console, fail, write_report
+from .common import console, fail, run_with_status, write_report
 
 bench_app = typer.Typer(
     help="Benchmarks: lmcache-ec next to its baselines and the hardware, same run. "
@@ -33,10 +33,6 @@ def _shapes(text: str) -> list[tuple[int, int]]:
 
 def _ms(value: Any) -> str:
     return "-" if value is None else f"{value:.3f}"
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 @bench_app.callback(invoke_without_command=True)
@@ -104,9 +100,6 @@ def bench_all(
     connector and the physical limit; prints one table, writes JSON and a PNG chart."""
     if ctx.invoked_subcommand is not None:
         return
-    import shlex
-    import signal
-    import sys
 
     from ..bench.run import TIERS, BenchSettings, run_bench
     from ..key import SUPPORTED_DTYPES
@@ -142,20 +135,9 @@ def bench_all(
         settings = BenchSettings(**{k: v for k, v in options.items() if v is not None}, **common)
     if settings.batch > settings.iterations:
         fail("--batch must not exceed --iterations", 2)
-    from ..bench.servers import redact
-
-    # The command goes into the JSON: never with a password in it.
-    argv = [redact(arg) if "://" in arg else arg for arg in sys.argv[1:]]
-    command = shlex.join(["lmcache-ec", *argv]) if argv[:1] == ["bench"] else ""
-    # A terminated run still stops the servers and jobs it started.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        with console.status("lmcache-ec bench: starting") as status:
-            result = run_bench(
-                settings, lambda text: status.update(f"lmcache-ec bench: {text}"), command
-            )
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    result = run_with_status(
+        "lmcache-ec bench", lambda progress, command: run_bench(settings, progress, command)
+    )
     from ..bench.report import markdown as to_markdown
     from ..bench.report import print_table
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib.util
 import shutil
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from .common import console, fail, write_report
+from .common import fail, run_with_status, write_report
 
 
 def _numbers(text: str, name: str) -> tuple[int, ...]:
@@ -20,10 +20,6 @@ def _numbers(text: str, name: str) -> tuple[int, ...]:
     if not values or any(not 0 <= v <= 100 for v in values):
         fail(f"invalid {name} {text!r}: percentages between 0 and 100", 2)
     return values
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def serve(
@@ -67,9 +63,6 @@ def serve(
     """Real `vllm serve` with no connector, ECExampleConnector and lmcache-ec (disk, Redis):
     TTFT of a multimodal chat workload at 0/50/80/100 % reuse, a cold restart and a second
     instance, against a text-only floor; prints one table, writes JSON, Markdown and a chart."""
-    import shlex
-    import signal
-    import sys
 
     from ..bench.serve import SUBJECTS, ServeSettings, draw_chart, print_table, run_serve
     from ..bench.serve import markdown as to_markdown
@@ -109,20 +102,13 @@ def serve(
     )
     if not settings.lone and not settings.concurrent:
         fail("--lone and --concurrent are both 0: nothing to measure", 2)
-    from ..bench.servers import redact
-
-    argv = [redact(arg) if "://" in arg else arg for arg in sys.argv[1:]]
-    command = shlex.join(["lmcache-ec", *argv]) if argv[:1] == ["bench"] else ""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with console.status("lmcache-ec bench serve: starting") as status:
-            result = run_serve(
-                settings, lambda text: status.update(f"lmcache-ec bench serve: {text}"), command
-            )
+        result = run_with_status(
+            "lmcache-ec bench serve",
+            lambda progress, command: run_serve(settings, progress, command),
+        )
     except (ServerError, RuntimeError) as exc:
         fail(str(exc), 1)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     write_report(
         result,
         print_table=print_table,

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -114,3 +117,23 @@ def write_report(
             console.print(f"wrote {png}")
         except ImportError:
             console.print("chart skipped: matplotlib is not installed (pip install matplotlib)")
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def run_with_status(label: str, run: Callable[[Callable[[str], None], str], Any]) -> Any:
+    """Run a benchmark: progress on the console, the command line (passwords
+    redacted) for its report, and SIGTERM turned into KeyboardInterrupt so the
+    servers and jobs it started are stopped."""
+    from ..bench.servers import redact
+
+    argv = [redact(arg) if "://" in arg else arg for arg in sys.argv[1:]]
+    command = shlex.join(["lmcache-ec", *argv]) if argv[:1] == ["bench"] else ""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with console.status(f"{label}: starting") as status:
+            return run(lambda text: status.update(f"{label}: {text}"), command)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
