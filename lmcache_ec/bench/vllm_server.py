@@ -124,6 +124,9 @@ class VLLMServer:
         env = dict(os.environ)
         env.update(CPU_ENV)
         env.pop("LMCACHE_CONFIG_FILE", None)
+        # LMCache's PrometheusLogger sets this to a fixed /tmp directory in any process
+        # that builds one; inherited, every server would report every server's counters.
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         if self.lmcache_config_file is not None:
             env["LMCACHE_CONFIG_FILE"] = str(self.lmcache_config_file)
         for name, value in self.env.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 
 import pytest
 
@@ -54,3 +55,17 @@ def test_bench_serve_smallest_run(invoke, tmp_path):
         assert rows[("none", "reuse 100 %", mode)]["hits"] == 0
     assert data["targets"] and all(t["pass"] in (True, False, None) for t in data["targets"])
     assert "| subject |" in (tmp_path / "serve.md").read_text()
+
+
+def test_servers_never_share_a_prometheus_directory(monkeypatch, tmp_path):
+    """LMCache's PrometheusLogger sets PROMETHEUS_MULTIPROC_DIR process-wide; a
+    server inheriting it would export the counters of every other server too."""
+    from lmcache.observability import PrometheusLogger
+
+    from lmcache_ec.bench.vllm_server import VLLMServer
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    PrometheusLogger._ensure_multiprocess_dir()  # what building one does
+    assert os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    server = VLLMServer(tmp_path / "model", tmp_path / "log")
+    assert "PROMETHEUS_MULTIPROC_DIR" not in server.environment()
