@@ -383,7 +383,7 @@ class ECCache:
         thread at the same interval (never by a read), which also checks the
         disk marker for an engine that is idle.
         """
-        interval = float(self.config.values.get("purge_check_s") or 2.0)
+        interval = float(self.config.values["purge_check_s"])  # schema default applied
         disk_dir = self.config.values.get("local_disk") if self._disk is not None else None
         self._purge_lock = threading.Lock()
         self._purge_stop = threading.Event()
