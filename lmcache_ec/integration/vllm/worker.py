@@ -139,7 +139,9 @@ class TierWorker:
             dropped = len(self._staged)
             self._staged.clear()
             self._staged_bytes = 0
-            self._failed.update(self._wanted)
+            # No "failed" reports for them: the scheduler gives every old-weights
+            # item up on hearing the change, and a late report could fail a new
+            # order of the same item under the new weights.
             self._wanted.clear()
             self._staged_report.clear()
             self._stored.clear()
