@@ -1,0 +1,174 @@
+"""``bench serve`` results rendered: the console table, Markdown and the chart.
+
+The rows come from ``serve.run_serve``; nothing here measures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .serve import SUBJECTS
+
+
+def verdict_text(row: dict[str, Any]) -> str:
+    marks = {True: "PASS", False: "FAIL", None: "n/a"}
+    return "; ".join(
+        f"{marks[t['pass']]} {t['value'] if t['value'] is not None else '-'}x: {t['text']}"
+        for t in row.get("targets", [])
+    )
+
+
+COLUMNS = (
+    ("subject", "label"),
+    ("pattern", "pattern"),
+    ("mode", "mode"),
+    ("n", "requests"),
+    ("hits/repeats", None),
+    ("TTFT p50 ms", "ttft_p50_ms"),
+    ("p99 ms", "ttft_p99_ms"),
+    ("hit p50 ms", "hit_ttft_p50_ms"),
+    ("miss p50 ms", "miss_ttft_p50_ms"),
+    ("floor ms", "floor_ttft_p50_ms"),
+    ("hit/floor", "hit_over_floor"),
+    ("req/s", "requests_per_s"),
+    ("enc s saved", "encoder_s_saved"),
+    ("targets", None),
+)
+
+
+def table_cells(row: dict[str, Any]) -> list[str]:
+    cells = []
+    for header, key in COLUMNS:
+        if header == "hits/repeats":
+            mark = "" if row["hits_source"] == "counter" or not row["hits"] else "*"
+            cells.append(f"{row['hits']}{mark}/{row['repeats']}")
+        elif header == "targets":
+            cells.append(verdict_text(row))
+        else:
+            value = row[key]
+            cells.append(
+                "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+            )
+    return cells
+
+
+NOTES = (
+    "TTFT: streamed, temperature 0, request sent -> first token; p50/p99 over the row's requests.",
+    "hit p50: requests for an image sent before; floor: p50 of a text-only prompt of the same "
+    "token count, interleaved with the image requests on the subject's servers, same mode.",
+    "hits: lmcache-ec's loads counter (vllm:lmcache_ec_loads_total); * ECExampleConnector has "
+    "no counter: every repeat assumed a hit.",
+    "req/s: lone = requests / summed request time; concurrent = requests / batch wall time.",
+    "enc s saved: (miss TTFT p50 at reuse 0 % - hit TTFT p50) x hits, same subject and mode.",
+    "cold restart: a fresh server on the first one's store; 2nd instance: a second lmcache-ec "
+    "server on the same Redis while the first runs (compared with ECExampleConnector's cold "
+    "restart). No restart for 'no connector': it has nothing to load.",
+)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    headers = [h for h, _ in COLUMNS]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for row in result["rows"]:
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in table_cells(row)) + " |")
+    lines.append("")
+    lines += [f"- {note}" for note in NOTES]
+    lines.append(f"- {summary_line(result)}")
+    return "\n".join(lines) + "\n"
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    verdicts = [t["pass"] for t in result["targets"]]
+    return (
+        f"targets: {verdicts.count(True)} pass, {verdicts.count(False)} fail, "
+        f"{verdicts.count(None)} n/a — {result['elapsed_s']} s on {result['machine']['cpus']} CPUs"
+    )
+
+
+def print_table(result: dict[str, Any], console: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if not console.is_terminal:
+        console = Console(width=220, highlight=False)
+    table = Table(title="bench serve: TTFT per subject and pattern", title_justify="left")
+    for header, _ in COLUMNS:
+        table.add_column(
+            header, justify="left" if header in ("subject", "pattern", "mode") else "right"
+        )
+    for row in result["rows"]:
+        cells = table_cells(row)
+        verdicts = [t["pass"] for t in row.get("targets", [])]
+        color = "red" if False in verdicts else "green" if True in verdicts else None
+        cells[-1] = f"[{color}]{cells[-1]}[/]" if color and cells[-1] else cells[-1]
+        table.add_row(*cells)
+    console.print(table)
+    for note in NOTES:
+        console.print(f"- {note}", markup=False)
+    console.print(summary_line(result))
+
+
+def draw_chart(result: dict[str, Any], path: str) -> str:
+    """TTFT p50 per pattern (x) and subject (bars), one panel per mode; floor dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in ("lone", "concurrent") if any(r["mode"] == m for r in result["rows"])]
+    figure, axes = plt.subplots(len(modes), 1, figsize=(11, 3.6 * len(modes)), squeeze=False)
+    subjects = [s for s in SUBJECTS if any(r["subject"] == s for r in result["rows"])]
+    colors = dict(zip(SUBJECTS, ("#7f7f7f", "#2ca02c", "#1f77b4", "#9467bd"), strict=True))
+    for ax, mode in zip(axes[:, 0], modes, strict=True):
+        rows = [r for r in result["rows"] if r["mode"] == mode]
+        patterns = list(dict.fromkeys(r["pattern"] for r in rows))
+        width = 0.8 / len(subjects)
+        for k, subject in enumerate(subjects):
+            for i, pattern in enumerate(patterns):
+                row = next(
+                    (r for r in rows if r["subject"] == subject and r["pattern"] == pattern), None
+                )
+                if row is None or not row["ttft_p50_ms"]:
+                    continue
+                verdicts = [t["pass"] for t in row.get("targets", [])]
+                edge = "red" if False in verdicts else "green" if True in verdicts else "none"
+                x = i + (k - (len(subjects) - 1) / 2) * width
+                ax.bar(
+                    x,
+                    row["ttft_p50_ms"],
+                    width,
+                    color=colors[subject],
+                    edgecolor=edge,
+                    linewidth=1.6,
+                    label=SUBJECTS[subject] if i == 0 else None,
+                )
+                if row["floor_ttft_p50_ms"]:
+                    ax.hlines(
+                        row["floor_ttft_p50_ms"],
+                        x - width / 2,
+                        x + width / 2,
+                        colors="black",
+                        linestyles="dashed",
+                        linewidth=1,
+                    )
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(patterns)))
+        ax.set_xticklabels(patterns, fontsize=8)
+        ax.set_ylabel("TTFT p50, ms (log)")
+        ax.set_title(
+            f"{mode} requests (dashed: text-only floor on the same server)", fontsize=10, loc="left"
+        )
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    figure.suptitle(
+        "lmcache-ec bench serve: TTFT p50, lower is better "
+        "(outline: green = targets met, red = a target missed)",
+        fontsize=10,
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=72)
+    plt.close(figure)
+    return path
+
+
+__all__ = ["draw_chart", "markdown", "print_table"]
