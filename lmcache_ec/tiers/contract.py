@@ -1,0 +1,78 @@
+"""The tier contract: what the engine, the reader and the replayer may ask of a tier.
+
+Every lmcache-ec tier (cpu, node, disk, each remote) implements ``Tier``; the
+engine walks ``ECStorageManager.tiers()`` in order and never sniffs for
+capabilities. Storage plugins that LMCache adds after our tiers are wrapped
+in an adapter that implements the same contract from LMCache's public
+``StorageBackendInterface`` (``get_blocking``/``contains``/``remove``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from lmcache.v1.memory_management import MemoryObj
+
+    from ..codec import FrameParts
+    from ..key import ECKey
+
+
+class TierKind(enum.Enum):
+    """The kind of a tier; its ``value`` is the name users see for built-in tiers."""
+
+    CPU = "cpu"  # this process's pool
+    NODE = "node"  # one shared-memory copy per node
+    DISK = "disk"
+    REMOTE = "remote"
+    PLUGIN = "plugin"  # an LMCache storage plugin, through the adapter
+
+    @property
+    def local(self) -> bool:
+        """Held on this machine: a read never waits on a network."""
+        return self in (TierKind.CPU, TierKind.NODE, TierKind.DISK)
+
+
+@runtime_checkable
+class Tier(Protocol):
+    """One level of the hierarchy, as the engine uses it."""
+
+    kind: TierKind
+    name: str  # user-facing: "cpu", "disk", "remote", "remote-<plugin>", …
+    backend_name: str  # the key in LMCache's ``StorageManager.storage_backends``
+    batched_reads: bool  # ``read_many`` is one round trip, not a loop
+    # Called by a tier that comes back up (remote); the replayer sets it.
+    on_recovered: Callable[[], None] | None
+
+    def contains(self, key: ECKey, pin: bool = False) -> bool: ...
+
+    def read(self, key: ECKey) -> bytes | FrameParts | MemoryObj | None:
+        """The stored frame, unverified, or ``None`` on a miss; raises on I/O failure.
+
+        Whole ``bytes`` (remote), parts read from a file (disk), or a pool
+        buffer (cpu, plugins)."""
+
+    def read_many(self, keys: Sequence[ECKey]) -> list[bytes | None]:
+        """``read`` for several keys; a tier without batching loops."""
+
+    def read_into_pool(
+        self, key: ECKey, allocate: Callable[[int], MemoryObj | None]
+    ) -> MemoryObj | None:
+        """The frame copied into a buffer from ``allocate`` (promotion), or ``None``."""
+
+    def remove(self, key: ECKey, force: bool = True) -> bool: ...
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """Health and counters for ``stats``; ``None`` when the tier keeps none."""
+
+    def pending_writes(self) -> int: ...
+
+    def take_missed(self) -> list[ECKey]:
+        """Keys whose writes were lost while the tier was down (replayed on recovery)."""
+
+    def forget_stored(self) -> None:
+        """Drop any memory of what the tier already holds (after a purge)."""
+
+    def close(self) -> None: ...
