@@ -118,7 +118,7 @@ class ECStats:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             sources = dict(self._tier_sources)
-        tiers = {tier: source() for tier, source in sources.items()}
+        tiers = {tier: state for tier, source in sources.items() if (state := source()) is not None}
         with self._lock:
             lookups = sum(self.hits.values()) + self.misses
             tier_errors = self.tier_errors.copy()

@@ -43,6 +43,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
+from ..tiers.contract import TierDefaults, TierKind
 from .health import RecentKeys, RemoteHealth
 from .naming import (
     REDIS_SCHEMES,
@@ -95,7 +96,9 @@ def _unwrapped(connection: RemoteConnector) -> RemoteConnector:
     return connection
 
 
-class ECRemoteBackend(RemoteBackend):
+class ECRemoteBackend(TierDefaults, RemoteBackend):
+    kind = TierKind.REMOTE
+
     def __init__(
         self,
         config: LMCacheEngineConfig,
@@ -115,6 +118,9 @@ class ECRemoteBackend(RemoteBackend):
         self._missed: OrderedDict[CacheEngineKey, None] = OrderedDict()
         self._missed_lock = threading.Lock()
         self.on_recovered: Callable[[], None] | None = None
+        # The primary remote; create_remote_backends renames the others.
+        self.backend_name = "RemoteBackend"
+        self.name = "remote"
         self.health = RemoteHealth(
             loop,
             self._where,
@@ -290,6 +296,18 @@ class ECRemoteBackend(RemoteBackend):
                 self._known.add(key)
         return frames
 
+    @property
+    def batched_reads(self) -> bool:
+        return self.reads_frame_batches
+
+    def read(self, key: CacheEngineKey) -> bytes | MemoryObj | None:
+        return self.get_frame(key) if self.reads_frames else self.get_blocking(key)
+
+    def read_many(self, keys: Sequence[CacheEngineKey]) -> list[Any]:
+        if self.reads_frame_batches:
+            return self.get_frames(list(keys))
+        return [self.read(key) for key in keys]
+
     def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
         if self.local_cpu_backend is None:
             return None  # scheduler role: nowhere to put the bytes
@@ -460,7 +478,9 @@ def create_remote_backends(
         )
     }
     for plugin in plugins:
-        backends[f"RemoteBackend-{plugin}"] = ECRemoteBackend(
+        backend = ECRemoteBackend(
             config, metadata, loop, local_cpu_backend, dst_device, plugin_name=plugin
         )
+        backend.backend_name, backend.name = f"RemoteBackend-{plugin}", plugin
+        backends[backend.backend_name] = backend
     return backends

@@ -54,8 +54,8 @@ class Tier(Protocol):
         Whole ``bytes`` (remote), parts read from a file (disk), or a pool
         buffer (cpu, plugins)."""
 
-    def read_many(self, keys: Sequence[ECKey]) -> list[bytes | None]:
-        """``read`` for several keys; a tier without batching loops."""
+    def read_many(self, keys: Sequence[ECKey]) -> list[bytes | FrameParts | MemoryObj | None]:
+        """``read`` for several keys; one request where ``batched_reads``."""
 
     def read_into_pool(
         self, key: ECKey, allocate: Callable[[int], MemoryObj | None]
@@ -76,3 +76,30 @@ class Tier(Protocol):
         """Drop any memory of what the tier already holds (after a purge)."""
 
     def close(self) -> None: ...
+
+
+class TierDefaults:
+    """What a tier that keeps no health, replay or promotion state answers."""
+
+    batched_reads = False
+    on_recovered: Callable[[], None] | None = None
+
+    def read_many(self, keys: Sequence[ECKey]) -> list[Any]:
+        return [self.read(key) for key in keys]  # type: ignore[attr-defined]
+
+    def read_into_pool(
+        self, key: ECKey, allocate: Callable[[int], MemoryObj | None]
+    ) -> MemoryObj | None:
+        return None
+
+    def snapshot(self) -> dict[str, Any] | None:
+        return None
+
+    def pending_writes(self) -> int:
+        return 0
+
+    def take_missed(self) -> list[ECKey]:
+        return []
+
+    def forget_stored(self) -> None:
+        return None

@@ -16,9 +16,13 @@ from lmcache.v1.storage_backend.cache_policy.lru import LRUCachePolicy
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
 from .allocator import HostPoolAllocator
+from .contract import TierDefaults, TierKind
 
 
-class ECLocalCPUBackend(LocalCPUBackend):
+class ECLocalCPUBackend(TierDefaults, LocalCPUBackend):
+    kind = TierKind.CPU
+    name = "cpu"
+    backend_name = "LocalCPUBackend"
     _lru: bool | None = None  # is the policy plain LRU (decided on first use)
     # Use order: every hit and put takes the next tick (see allocate_after).
     _clock = 0
@@ -53,6 +57,9 @@ class ECLocalCPUBackend(LocalCPUBackend):
             else:
                 self.cache_policy.update_on_hit(key, self.hot_cache)
             return memory_obj
+
+    def read(self, key: CacheEngineKey) -> MemoryObj | None:
+        return self.get_blocking(key)
 
     def submit_put_task(self, key: CacheEngineKey, memory_obj: MemoryObj, *args: Any, **kw: Any):
         with self.cpu_lock:

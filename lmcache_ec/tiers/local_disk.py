@@ -41,6 +41,7 @@ from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
 
 from ..codec import PREFIX_SIZE, FrameParts, read_frame_parts
 from ..key import ECKey
+from .contract import TierDefaults, TierKind
 from .writer import BackgroundWriter
 
 logger = init_logger(__name__)
@@ -64,7 +65,10 @@ def entry_stem(name: str) -> str | None:
 STALE_TMP_SECONDS = 3600
 
 
-class ECLocalDiskBackend(LocalDiskBackend):
+class ECLocalDiskBackend(TierDefaults, LocalDiskBackend):
+    kind = TierKind.DISK
+    name = "disk"
+    backend_name = "LocalDiskBackend"
     _lru: bool | None = None  # is the policy plain LRU (decided on first use)
 
     def __init__(self, *args, **kwargs) -> None:
@@ -201,6 +205,9 @@ class ECLocalDiskBackend(LocalDiskBackend):
     # Reads for the caller go through get_frame (fresh memory, no CPU-pool
     # buffer); get_blocking (into the pool) serves promotion and LMCache.
     reads_frames = True
+
+    def read(self, key: CacheEngineKey) -> FrameParts | None:
+        return self.get_frame(key)
 
     def get_frame(self, key: CacheEngineKey) -> FrameParts | None:
         """The entry read into fresh memory: prefix and header, then the payload
