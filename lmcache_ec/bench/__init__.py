@@ -7,33 +7,14 @@ process (``worker``), against upstream ``ECCacheEngine``, vLLM's
 ``ECExampleConnector`` and the physical limit (``subjects``). ``targets``
 adds ratios and pass/fail, ``report`` and ``chart`` render the result.
 
-Focused subcommands keep their own modules: ``local`` (CPU and disk vs
-upstream), ``remote`` (Redis/S3 vs the raw client), ``connector``
-(``has_cache_item``/``save_caches``), ``steps`` (engine step time with
-prefetch).
+The focused subcommands ``local``, ``remote`` and ``connector`` run the same
+jobs and show them as flat rows (``focused``); ``steps`` measures engine step
+time with prefetch, ``fleet`` several engine processes sharing one store,
+``serve`` real ``vllm serve`` processes.
+
+lmcache-ec is measured through its public API; the baselines' private parts
+are reached in ``seams`` only. Test-only packages (moto) are imported when a
+run needs them, with an error naming the extra that provides them.
 
 Each module returns plain dicts (JSON-ready); the CLI renders them.
 """
-
-from __future__ import annotations
-
-import statistics
-from typing import Any
-
-
-def result_row(
-    tier: str, op: str, engine: str, shape: Any, dtype: str, times: list[float], **extra: Any
-) -> dict[str, Any]:
-    """One measured row: median and p99 milliseconds of ``times`` (seconds)."""
-    ms = sorted(t * 1000 for t in times)
-    return {
-        "tier": tier,
-        "op": op,
-        "engine": engine,
-        "shape": list(shape),
-        "dtype": dtype,
-        "n": len(ms),
-        "median_ms": statistics.median(ms) if ms else None,
-        "p99_ms": ms[min(len(ms) - 1, int(len(ms) * 0.99))] if ms else None,
-        **extra,
-    }

@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
-from .measure import summary, wait_until
+from .measure import summary
 from .rows import OURS, make_row, pool_gb, sample_tensors
+from .seams import mark_staged
 from .subjects import (
     NO_MODEL,
     TINY_MODEL_DIR,
@@ -74,6 +75,7 @@ def run_connector(
     *,
     remote: dict[str, Any] | None,
     remote_note: str,
+    model_dir: str = TINY_MODEL_DIR,
 ) -> list[dict[str, Any]]:
     """Rows for the scheduler lookups and ``save_caches``.
 
@@ -94,9 +96,7 @@ def run_connector(
         "max_local_disk_size": max(1.0, 2 * saves * nbytes / 1024**3),
         **(remote or {}),
     }
-    config = vllm_config(
-        TINY_MODEL_DIR, "LMCacheECTierConnector", {"lmcache_config": tier, **NO_MODEL}
-    )
+    config = vllm_config(model_dir, "LMCacheECTierConnector", {"lmcache_config": tier, **NO_MODEL})
     up_tier = {k: v for k, v in tier.items() if k in ("max_local_cpu_size", "max_local_disk_size")}
     up_tier.update(local_cpu=True, local_disk=os.path.join(workdir, "upstream"))
     if remote and str(remote.get("remote_url", "")).startswith("redis"):
@@ -110,11 +110,11 @@ def run_connector(
     example = ExampleConnector(example_dir)
     rows: list[dict[str, Any]] = []
     scheduler = LMCacheECTierConnector(config, ECConnectorRole.SCHEDULER)
-    example_scheduler = _example_scheduler(example_dir)
+    example_scheduler = _example_scheduler(example_dir, model_dir)
     try:
         progress("has_cache_item")
         ready, unknown, fresh = _ids("ready", items), _ids("unknown", items), _ids("fresh", items)
-        scheduler.scheduler._ready.update(ready)  # as after the workers' staging reports
+        mark_staged(scheduler, ready)
         small = tensors[0][:1].clone()
         for identifier in ready:  # the baselines hold these items too
             upstream.put(identifier, small)
@@ -143,7 +143,9 @@ def run_connector(
                 }
             ),
         }
-        wait_until(lambda: not index._pending, 60)
+        deadline = time.monotonic() + 60
+        for identifier in fresh:
+            index.wait_answer(identifier, max(0.0, deadline - time.monotonic()))
         measured["tier lookup, answered"] = _chunks(
             {
                 OURS: (index.lookup, fresh),
@@ -242,9 +244,9 @@ def run_connector(
     return rows
 
 
-def _example_scheduler(directory: str) -> Any:
+def _example_scheduler(directory: str, model_dir: str) -> Any:
     from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
     from vllm.distributed.ec_transfer.ec_connector.example_connector import ECExampleConnector
 
-    config = vllm_config(TINY_MODEL_DIR, "ECExampleConnector", {"shared_storage_path": directory})
+    config = vllm_config(model_dir, "ECExampleConnector", {"shared_storage_path": directory})
     return ECExampleConnector(config, ECConnectorRole.SCHEDULER)

@@ -36,18 +36,17 @@ import torch
 
 from .measure import alternate, interleave, summary, wait_until
 from .rows import OURS, make_row, pool_gb, sample_tensors
+from .seams import upstream_disk_idle, upstream_drop_cpu, upstream_remove, upstream_walk
 from .subjects import (
     ExampleConnector,
     RawFile,
     close_bounded,
+    cold_cpu,
     disk_path,
-    drop_cpu_copies,
     open_ours,
     open_upstream,
     same,
     timed_put,
-    upstream_disk_idle,
-    upstream_walk,
     warm_pool,
 )
 
@@ -127,7 +126,7 @@ def run_cpu(
         )
         for mm_hash in cold:
             ours.remove(mm_hash)
-            upstream._storage_manager.remove(upstream._make_cache_key(mm_hash))
+            upstream_remove(upstream, mm_hash)
         progress("put")
         add(
             "put",
@@ -217,7 +216,7 @@ def run_disk(
     walk_label = WALK_LABEL
     try:
         progress("warming up")
-        _warm_up(ours, upstream, example, raw, x(0), tokens)
+        ours = _warm_up(ours, upstream, example, raw, x(0), tokens)
         warm_pool(ours, x(0), n)
         warm_pool(ours_cpu, x(0), n)
         progress("put")
@@ -246,7 +245,8 @@ def run_disk(
         paths = [disk_path(ours, h) for h in hashes]
 
         progress("get, CPU tier cold")
-        drop_cpu_copies(ours, upstream, hashes)
+        ours = cold_cpu(ours)
+        upstream_drop_cpu(upstream, hashes)
         # Upstream's own get() first: it misses and promotes nothing.
         up_get = interleave(
             {UP: lambda i: upstream.get(hashes[i], "cpu")},
@@ -268,12 +268,16 @@ def run_disk(
             check=lambda i, out: same(out, x(i)),
             checked=(OURS, UP, EX),
         )
-        rows.append(
-            _read_row("get", shape, dtype, nbytes, series, 1, walk_label, walk_note, "one item")
+        row = _read_row("get", shape, dtype, nbytes, series, 1, walk_label, walk_note, "one item")
+        # Upstream's own get(), apart: the table shows its walk, ``bench local`` both.
+        row["upstream_get"] = summary(
+            UP_LABEL + ".get", up_get.times, nbytes, hits=up_get.hits, note="CPU tier only"
         )
+        rows.append(row)
 
         progress("get_many, CPU tier cold")
-        drop_cpu_copies(ours, upstream, hashes)
+        ours = cold_cpu(ours)
+        upstream_drop_cpu(upstream, hashes)
         batches = [list(range(j, j + batch)) for j in range(0, n - batch + 1, batch)]
         series = interleave(
             {
@@ -379,8 +383,9 @@ def _read_row(
     return row
 
 
-def _warm_up(ours: Any, upstream: Any, example: Any, raw: RawFile, tensor: Any, tokens: int):
-    """One unmeasured round trip each: first-call costs (imports, first files) are not data."""
+def _warm_up(ours: Any, upstream: Any, example: Any, raw: RawFile, tensor: Any, tokens: int) -> Any:
+    """One unmeasured round trip each: first-call costs (imports, first files) are not
+    data. Returns ``ours`` reopened (its CPU tier emptied)."""
     for name in ("warm-0", "warm-1"):
         ours.put(name, tensor)
         upstream.put(name, tensor)
@@ -388,12 +393,14 @@ def _warm_up(ours: Any, upstream: Any, example: Any, raw: RawFile, tensor: Any, 
         raw.write(name, tensor.view(torch.uint8).numpy())
     ours.flush(60)
     wait_until(lambda: upstream_disk_idle(upstream), 60)
-    drop_cpu_copies(ours, upstream, ["warm-0", "warm-1"])
+    ours = cold_cpu(ours)
+    upstream_drop_cpu(upstream, ["warm-0", "warm-1"])
     for name in ("warm-0", "warm-1"):
         ours.get(name)
         upstream_walk(upstream, name, tensor)
         example.load([name], tokens)
         RawFile.read(os.path.join(raw.directory, name))
+    return ours
 
 
 def _disk_puts(

@@ -30,16 +30,15 @@ import torch
 from .local_tiers import ours_put_columns
 from .measure import alternate, interleave, not_available, summary
 from .rows import OURS, make_row, pool_gb, sample_tensors
+from .seams import upstream_drop_cpu, upstream_remote_names, upstream_walk
 from .subjects import (
     RawRedis,
     RawS3,
     close_bounded,
-    drop_cpu_copies,
     open_ours,
     open_upstream,
     same,
     timed_put,
-    upstream_walk,
     warm_pool,
 )
 
@@ -146,7 +145,8 @@ def run_remote(
             )
         for op, per in (("get", 1), ("get_many", batch)):
             progress(op)
-            drop_cpu_copies(None, upstream, hashes)
+            if upstream is not None:
+                upstream_drop_cpu(upstream, hashes)
             steps = [list(range(j, j + per)) for j in range(0, n - per + 1, per)]
             calls = _read_calls(ours, upstream, raw, hashes, names, steps, x)
 
@@ -154,7 +154,11 @@ def run_remote(
                 outs = out if isinstance(out, list) else [out]
                 return sum(same(o, x(i)) for o, i in zip(outs, steps[j], strict=True))
 
+            before = ours.stats.snapshot()["hits"]
             series = interleave(calls, len(steps), check=check, checked=(OURS, UP))
+            after = ours.stats.snapshot()["hits"]
+            # Which tier answered: a read served from anywhere but the store would show.
+            tier_hits = {t: c - before.get(t, 0) for t, c in after.items() if c - before.get(t, 0)}
             label = "ECCache.get" if per == 1 else "ECCache.get_many"
             row = make_row(
                 kind,
@@ -163,7 +167,12 @@ def run_remote(
                 dtype,
                 nbytes,
                 ours=summary(
-                    label, series[OURS].times, nbytes, per_call_items=per, hits=series[OURS].hits
+                    label,
+                    series[OURS].times,
+                    nbytes,
+                    per_call_items=per,
+                    hits=series[OURS].hits,
+                    tier_hits=tier_hits,
                 ),
                 upstream=(
                     not_available(UP_LABEL, S3_UPSTREAM)
@@ -237,13 +246,8 @@ def _warm_up(ours: Any, upstream: Any, raw: RawRedis | RawS3, tensor: torch.Tens
     return frame
 
 
-def _upstream_names(upstream: Any, mm_hash: str) -> list[str]:
-    name = upstream._make_cache_key(mm_hash).to_string()
-    return [name + "kv_bytes", name + "metadata"]
-
-
 def _wait_upstream_stored(upstream: Any, raw: Any, mm_hash: str) -> bool:
-    names = _upstream_names(upstream, mm_hash)
+    names = upstream_remote_names(upstream, mm_hash)
     deadline = time.monotonic() + 60
     while raw.client.exists(*names) < len(names):
         if time.monotonic() > deadline:
@@ -316,7 +320,7 @@ def _cleanup(ours: Any, upstream: Any, raw: RawRedis | RawS3, hashes: list[str])
                 names = [
                     name
                     for mm_hash in [*hashes[start : start + 50], "warm-0", "warm-1"]
-                    for name in _upstream_names(upstream, mm_hash)
+                    for name in upstream_remote_names(upstream, mm_hash)
                 ]
                 raw.client.delete(*names)
         close_bounded(upstream, 0.5)

@@ -167,7 +167,7 @@ def _stores(settings: BenchSettings, progress: Progress) -> Iterator[_Stores]:
         yield stores
 
 
-def _run_job(
+def run_in_worker(
     job: dict[str, Any], env: dict[str, str], timeout: float, progress: Progress
 ) -> list[dict[str, Any]]:
     """Rows from one worker process; RuntimeError with its last error lines on failure."""
@@ -319,7 +319,7 @@ def run_bench(
 
             report("starting")
             try:
-                rows += _run_job(job, stores.env, settings.job_timeout, report)
+                rows += run_in_worker(job, stores.env, settings.job_timeout, report)
             except Exception as exc:
                 tier = "scheduler" if label == "connector" else label
                 tier = "cpu" if label == "startup" else tier

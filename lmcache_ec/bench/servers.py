@@ -79,26 +79,14 @@ def _create_bucket(endpoint: str, bucket: str) -> None:
 
 
 @contextlib.contextmanager
-def local_s3(bucket: str = "lmcache-ec-bench") -> Iterator[str]:
-    """A moto S3 server with ``bucket``; yields its endpoint URL."""
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        _create_bucket(endpoint, bucket)
-        yield endpoint
-    finally:
-        server.stop()
-
-
-@contextlib.contextmanager
 def moto_process(bucket: str = "lmcache-ec-bench") -> Iterator[str]:
     """moto's S3 server in its own process (not a thread of the process being
-    measured, which would share its GIL); yields its endpoint URL."""
+    measured, which would share its GIL); yields its endpoint URL.
 
+    moto is a test dependency: ``MissingDependency`` names the extra when absent."""
+    reason = moto_missing()
+    if reason is not None:
+        raise MissingDependency(reason)
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -119,6 +107,13 @@ def moto_process(bucket: str = "lmcache-ec-bench") -> Iterator[str]:
             process.wait()
 
 
+class MissingDependency(RuntimeError):
+    """A benchmark needs a package of an extra that is not installed."""
+
+
+TEST_EXTRA = "pip install 'lmcache-ec[test]'"
+
+
 def moto_missing() -> str | None:
     """Why a local S3 server cannot start (None when it can)."""
     for module in ("moto.server", "flask"):
@@ -126,7 +121,10 @@ def moto_missing() -> str | None:
             if importlib.util.find_spec(module) is None:
                 raise ImportError(module)
         except ImportError:
-            return f"{module} is not installed (pip install 'moto[server]') and no --s3-endpoint"
+            return (
+                f"{module} is not installed: a local S3 server needs moto, a test "
+                f"dependency ({TEST_EXTRA}); or give an S3 endpoint"
+            )
     return None
 
 

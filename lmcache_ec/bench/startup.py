@@ -8,13 +8,46 @@ between the two engines.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from .local import measure_startup
 from .measure import summary
 from .rows import make_row
+
+_STARTUP = r"""
+import json, os, sys, time, torch
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+which, config = sys.argv[1], json.loads(sys.argv[2])
+from lmcache_ec.bench.subjects import open_ours, open_upstream
+before = rss(); started = time.perf_counter()
+engine = (open_ours if which == "ours" else open_upstream)(config, torch.bfloat16)
+seconds = time.perf_counter() - started
+print(json.dumps({"seconds": seconds, "rss_bytes": rss() - before}))
+engine.close()
+"""
+
+
+def measure_startup(which: str, config: dict[str, Any]) -> dict[str, Any]:
+    """Construction time and RSS growth of one engine (``ours``/``upstream``), in a
+    fresh process; ``{"error": [...]}`` if it failed."""
+    env = {**os.environ, "LMCACHE_LOG_LEVEL": "WARNING"}
+    done = subprocess.run(
+        [sys.executable, "-c", _STARTUP, which, json.dumps(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1:] or ["failed"]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def run_startup(

@@ -65,7 +65,7 @@ def _image_hash(tag: str) -> str:
     return hashlib.sha256(tag.encode()).hexdigest()
 
 
-class _SimEngine:
+class SimEngine:
     """vLLM's Scheduler plus one worker-side connector, with sleeps for compute."""
 
     def __init__(self, vllm_config: Any, settings: StepBenchSettings, item: torch.Tensor) -> None:
@@ -95,6 +95,7 @@ class _SimEngine:
         self.features: dict[str, list[Any]] = {}
         self.finished: dict[str, float] = {}
         self.encoded: set[str] = set()
+        self.encode_requests: list[str] = []  # one entry per encoder run, by request
         self.stats: dict[str, float] = {}
 
     def add(self, request_id: str, images: list[str], max_tokens: int) -> None:
@@ -142,6 +143,7 @@ class _SimEngine:
                 time.sleep(self.settings.encode_ms / 1000)
                 compute += self.settings.encode_ms / 1000
                 self.encoded.add(identifier)
+                self.encode_requests.append(req_id)
                 self.encoder_cache[identifier] = self.item
                 self.worker.save_caches(encoder_cache=self.encoder_cache, mm_hash=identifier)
         if output.total_num_scheduled_tokens:
@@ -270,7 +272,7 @@ def _run_mode(mode: str, settings: StepBenchSettings, redis_url: str) -> dict[st
         seed.flush()
 
     with _v2_runner_hooks():
-        engine = _SimEngine(vllm_config, settings, item)
+        engine = SimEngine(vllm_config, settings, item)
     if mode == "in-step":
         _in_step_scheduler(engine.scheduler.ec_connector)
     arrived: dict[str, tuple[str, float]] = {}

@@ -1,17 +1,16 @@
 """What the benchmark measures: lmcache-ec, its baselines and the physical limits.
 
 - ``open_ours``: ``ECCache`` on a tier config.
-- ``open_upstream``: LMCache 0.5.6 ``ECCacheEngine`` on the same config, and
-  ``upstream_walk`` (its ``StorageManager.get``, which walks the tiers: its
-  ``get()`` reads only the first backend).
+- ``open_upstream``: LMCache 0.5.6 ``ECCacheEngine`` on the same config
+  (its private parts are reached through ``seams`` only).
 - ``ExampleConnector``: vLLM's ``ECExampleConnector`` (one safetensors file
   per item), driven through its worker API (``save_caches``,
   ``start_load_caches`` with bound metadata).
 - ``RawFile``, ``RawRedis``, ``RawS3``: the same bytes moved by the OS or
   the bare client (redis-py, boto3): the limit a tier could reach.
 
-The helpers that reach into private state (dropping CPU copies, disk paths)
-live here and nowhere else.
+``ECCache`` is driven through public calls only: ``cold_cpu`` empties its
+CPU tier by reopening it on the same tiers.
 """
 
 from __future__ import annotations
@@ -46,10 +45,10 @@ def open_upstream(config: dict[str, Any], dtype: torch.dtype) -> Any:
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.ec_engine import ECCacheEngine
 
-    from ..engine import _lmcache_metadata
+    from .seams import upstream_metadata
 
     return ECCacheEngine(
-        LMCacheEngineConfig.from_defaults(**config), _lmcache_metadata(MODEL), dtype
+        LMCacheEngineConfig.from_defaults(**config), upstream_metadata(MODEL), dtype
     )
 
 
@@ -66,42 +65,20 @@ def close_bounded(engine: Any, timeout: float = 5.0) -> bool:
     return not closer.is_alive()
 
 
-def upstream_walk(engine: Any, mm_hash: str, like: torch.Tensor) -> torch.Tensor | None:
-    """Upstream's tier walk (``StorageManager.get``) and a copy out, as its ``get`` does."""
-    memory_obj = engine._storage_manager.get(engine._make_cache_key(mm_hash))
-    if memory_obj is None:
-        return None
-    try:
-        return memory_obj.tensor.view(like.dtype).view(like.shape).clone()
-    finally:
-        memory_obj.ref_count_down()
+def cold_cpu(ours: Any) -> Any:
+    """``ours`` closed and opened again on the same tiers: its CPU tier starts
+    empty, so the next reads come from below (public calls only)."""
+    from ..engine import ECCache
 
-
-def upstream_disk_idle(engine: Any) -> bool:
-    disk = engine._storage_manager.storage_backends.get("LocalDiskBackend")
-    if disk is None:
-        return True
-    with disk.disk_worker.put_lock:
-        return not disk.disk_worker.put_tasks
-
-
-def drop_cpu_copies(ours: Any | None, upstream: Any | None, mm_hashes: list[str]) -> None:
-    """Remove entries from the CPU tier only, so the next read comes from below.
-
-    Upstream's tier walk promotes into its CPU backend even with ``local_cpu:
-    false``; its copies are dropped too, so both engines read from the store.
-    """
-    if ours is not None:
-        for mm_hash in mm_hashes:
-            ours._cpu.remove(ours.key(mm_hash), force=True)
-    if upstream is not None:
-        cpu = upstream._storage_manager.storage_backends["LocalCPUBackend"]
-        for mm_hash in mm_hashes:
-            cpu.remove(upstream._make_cache_key(mm_hash), force=True)
+    ours.close()
+    return ECCache(ours.config, ours.identity)
 
 
 def disk_path(ours: Any, mm_hash: str) -> str:
-    return ours._disk._key_to_path(ours.key(mm_hash))
+    """The file the disk tier keeps ``mm_hash`` in (storage name + upstream's suffix)."""
+    from ..tiers.local_disk import SUFFIX
+
+    return os.path.join(ours.config.values["local_disk"], ours.key(mm_hash).storage_name + SUFFIX)
 
 
 def timed_put(cache: Any, mm_hash: str, tensor: torch.Tensor) -> tuple[float, float, bool]:

@@ -75,7 +75,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 progress,
                 remote=job.get("remote"),
                 remote_note=job.get("remote_note", ""),
+                **({"model_dir": job["model_dir"]} if job.get("model_dir") else {}),
             )
+        elif kind == "fleet-node":
+            from .fleet import run_node
+
+            rows = [run_node(job, progress)]
         elif kind == "startup":
             from .startup import run_startup
 

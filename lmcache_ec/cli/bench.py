@@ -166,7 +166,9 @@ def local(
         str, typer.Option(help="Comma-separated: bfloat16, float16, float32.")
     ] = "bfloat16",
     iterations: Annotated[int, typer.Option(help="Entries per measurement.")] = 100,
-    cpu_gb: Annotated[float, typer.Option(help="CPU tier size of both engines (GB).")] = 1.0,
+    cpu_gb: Annotated[
+        float, typer.Option(help="Memory budget (GB): refuse a run whose CPU tiers need more.")
+    ] = 1.0,
     startup_cpu_gb: Annotated[
         float, typer.Option(help="CPU tier size for the start-up measurement (GB).")
     ] = 2.0,
@@ -182,7 +184,7 @@ def local(
     ] = None,
 ) -> None:
     """Put/get latency on the CPU and disk tiers: lmcache-ec vs LMCache's ECCacheEngine."""
-    from ..bench.local import LocalBenchSettings, run_local
+    from ..bench.focused import LocalBenchSettings, run_local
     from ..key import SUPPORTED_DTYPES
 
     names = [d.strip() for d in dtypes.split(",") if d.strip()]
@@ -195,7 +197,6 @@ def local(
         shapes=_shapes(shapes),
         dtypes=names,
         iterations=iterations,
-        cpu_gb=cpu_gb,
         startup_cpu_gb=startup_cpu_gb,
         startup=startup,
         threads=threads,
@@ -204,53 +205,11 @@ def local(
     needed = max(r * c for r, c in settings.shapes) * 4 * iterations * 1.2
     if needed > cpu_gb * 1024**3:
         fail(f"--cpu-gb {cpu_gb} cannot hold {iterations} entries of the largest shape", 2)
-    with console.status("benchmarking local tiers…"):
-        result = run_local(settings)
-    print_local(result)
-    if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=2))
-        console.print(f"wrote {json_path}")
-
-
-SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-LEGEND = {
-    "lmcache-ec": "ours",
-    "ECCacheEngine": "upstream",
-    "ECCacheEngine (StorageManager.get)": "upstream walk",
-    "floor": "floor",
-}
-
-
-def print_local(result: dict[str, Any]) -> None:
-    notes: dict[str, int] = {}
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for row in result["rows"]:
-        groups.setdefault(("x".join(map(str, row["shape"])), row["dtype"]), []).append(row)
-    for (shape, dtype), rows in groups.items():
-        table = Table(title=f"{shape} {dtype}: ms per op")
-        for column in ("tier", "op", "engine", "median", "p99", "hits"):
-            table.add_column(
-                column, justify="left" if column in ("tier", "op", "engine") else "right"
-            )
-        for row in rows:
-            hits = "" if row["hits"] is None else f"{row['hits']}/{row['n']}"
-            mark = ""
-            if row["note"]:
-                mark = f" [{notes.setdefault(row['note'], len(notes) + 1)}]"
-            table.add_row(
-                row["tier"],
-                row["op"],
-                LEGEND.get(row["engine"], row["engine"]) + mark,
-                _ms(row["median_ms"]),
-                _ms(row["p99_ms"]),
-                hits,
-                style="red" if row["hits"] == 0 else None,
-            )
-        console.print(table)
-    for note, number in notes.items():
-        console.print(f"  [{number}] {note}")
-    console.print("  ours = lmcache-ec ECCache; upstream = lmcache.v1.ec_engine.ECCacheEngine")
-    table = Table(title="Median ratios: >1 means lmcache-ec is faster")
+    result = run_with_status("bench local", lambda progress, _: run_local(settings, progress))
+    _print_flat(
+        "CPU and disk tiers: ms per item (hits = reads that returned the tensor)", result["rows"]
+    )
+    table = Table(title="Median ratios: baseline / lmcache-ec (>1: lmcache-ec is faster)")
     for column in ("shape", "tier", "op", "ours ms", "vs upstream", "vs upstream walk", "vs floor"):
         table.add_column(column)
     for entry in result["ratios"]:
@@ -263,7 +222,7 @@ def print_local(result: dict[str, Any]) -> None:
             return f"{entry[f'vs_{label}']:.2f}x"
 
         table.add_row(
-            "x".join(map(str, entry["shape"])) + " " + SHORT.get(entry["dtype"], entry["dtype"]),
+            f"{'x'.join(map(str, entry['shape']))} {entry['dtype']}",
             entry["tier"],
             entry["op"],
             _ms(entry["ours_ms"]),
@@ -272,13 +231,15 @@ def print_local(result: dict[str, Any]) -> None:
             ratio("floor"),
         )
     console.print(table)
-    startup = result.get("startup") or {}
-    if startup:
-        table = Table(title=f"Start-up with a {startup['cpu_gb']} GB CPU tier (fresh process)")
+    startup_result = result.get("startup") or {}
+    if startup_result:
+        table = Table(
+            title=f"Start-up with a {startup_result['cpu_gb']} GB CPU tier (fresh process)"
+        )
         for column in ("engine", "seconds", "RSS growth"):
             table.add_column(column)
         for engine in ("lmcache-ec", "ECCacheEngine"):
-            data = startup.get(engine, {})
+            data = startup_result.get(engine, {})
             if "error" in data:
                 table.add_row(engine, "[red]failed[/]", str(data["error"]))
             else:
@@ -286,6 +247,49 @@ def print_local(result: dict[str, Any]) -> None:
                     engine, f"{data['seconds']:.3f}", f"{data['rss_bytes'] / 1024**2:.0f} MB"
                 )
         console.print(table)
+    _write_json(json_path, result)
+
+
+LEGEND = {
+    "lmcache-ec": "ours",
+    "ECCacheEngine": "upstream",
+    "ECCacheEngine (StorageManager.get)": "upstream walk",
+}
+
+
+def _print_flat(title: str, rows: list[dict[str, Any]]) -> None:
+    """The focused subcommands' flat rows (see ``bench.focused``), a table per shape."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(f"{'x'.join(map(str, row['shape']))} {row['dtype']}", []).append(row)
+    for shape, group in groups.items():
+        table = Table(title=f"{shape}: {title}")
+        for column in ("tier", "op", "engine", "median", "p99", "hits", "ratio"):
+            table.add_column(column, justify="right" if column in ("median", "p99") else "left")
+        for row in group:
+            hits = row.get("hits")
+            if isinstance(hits, dict):
+                hits = " ".join(f"{tier} {n}" for tier, n in hits.items())
+            elif hits is not None:
+                hits = f"{hits}/{row['n']}"
+            table.add_row(
+                row["tier"],
+                row["op"],
+                LEGEND.get(row["engine"], row["engine"]),
+                _ms(row["median_ms"]),
+                _ms(row["p99_ms"]),
+                hits or "",
+                f"{row['ratio']:.2f}x" if "ratio" in row else "",
+                style="red" if row.get("hits") == 0 else None,
+            )
+        console.print(table)
+    console.print("  " + "; ".join(f"{short} = {name}" for name, short in LEGEND.items()))
+
+
+def _write_json(path: str | Path | None, data: Any) -> None:
+    if path is not None:
+        Path(path).write_text(json.dumps(data, indent=2))
+        console.print(f"wrote {path}")
 
 
 @bench_app.command()
@@ -299,52 +303,54 @@ def remote(
     ] = None,
     local_servers: Annotated[
         bool,
-        typer.Option(help="Start a redis-server and a moto S3 server on 127.0.0.1 and use them."),
+        typer.Option(
+            help="Start a redis-server and a moto S3 server (test extra) on 127.0.0.1 and use them."
+        ),
     ] = False,
     iterations: Annotated[int, typer.Option(min=1)] = 50,
     as_json: Annotated[Path | None, typer.Option("--json", help="Also write rows here.")] = None,
 ) -> None:
-    """ECCache on a remote store vs the raw client (redis-py, boto3), same bytes, same run."""
+    """ECCache on a remote store vs upstream and the raw client (redis-py, boto3), same run."""
     import contextlib
-    import os
 
-    from ..bench.remote import run_remote_bench
-    from ..bench.servers import local_redis, local_s3
+    from ..bench.focused import run_remote
+    from ..bench.run import LOCAL_S3_BUCKET, LOCAL_S3_CREDENTIALS
+    from ..bench.servers import MissingDependency, local_redis, moto_process
 
     if not (redis_url or s3_url or local_servers):
         fail("give --redis-url, --s3-url or --local-servers", 2)
-    rows: list[dict[str, Any]] = []
-    with contextlib.ExitStack() as stack:
-        if local_servers:
-            redis_url = redis_url or stack.enter_context(local_redis())
-            if s3_url is None:
-                s3_endpoint_url = stack.enter_context(local_s3())
-                s3_url = "s3://lmcache-ec-bench/bench"
-                for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-                    os.environ.setdefault(name, "bench")
-                os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-        if redis_url:
-            rows += run_remote_bench("redis", redis_url, iterations=iterations)
-        if s3_url:
-            rows += run_remote_bench(
-                "s3", s3_url, endpoint_url=s3_endpoint_url, iterations=iterations
-            )
-    table = Table(title="Remote tier: median (p99) ms per op; ratio = lmcache-ec / raw client")
-    for column in ("store", "op", "engine", "ms", "ratio", "hits"):
-        table.add_column(column)
-    for row in rows:
-        ratio = f"{row['ratio']:.2f}" if "ratio" in row else ""
-        table.add_row(
-            row["tier"],
-            row["op"],
-            row["engine"],
-            f"{_ms(row['median_ms'])} ({_ms(row['p99_ms'])})",
-            ratio,
-            str(row.get("hits", "")),
-        )
-    console.print(table)
-    if as_json is not None:
-        as_json.write_text(json.dumps(rows, indent=2))
+
+    def measure(progress: Any, _: str) -> list[dict[str, Any]]:
+        nonlocal redis_url, s3_url, s3_endpoint_url
+        rows: list[dict[str, Any]] = []
+        env: dict[str, str] = {}
+        with contextlib.ExitStack() as stack:
+            if local_servers:
+                redis_url = redis_url or stack.enter_context(local_redis())
+                if s3_url is None:
+                    s3_endpoint_url = stack.enter_context(moto_process(LOCAL_S3_BUCKET))
+                    s3_url = f"s3://{LOCAL_S3_BUCKET}/bench"
+                    env = dict(LOCAL_S3_CREDENTIALS)
+            if redis_url:
+                rows += run_remote("redis", redis_url, iterations=iterations, progress=progress)
+            if s3_url:
+                rows += run_remote(
+                    "s3",
+                    s3_url,
+                    endpoint_url=s3_endpoint_url,
+                    region=env.get("AWS_DEFAULT_REGION"),
+                    iterations=iterations,
+                    env=env,
+                    progress=progress,
+                )
+        return rows
+
+    try:
+        rows = run_with_status("bench remote", measure)
+    except MissingDependency as exc:
+        fail(str(exc), 2)
+    _print_flat("Remote tier: ms per item; ratio = raw client / lmcache-ec (>1: faster)", rows)
+    _write_json(as_json, rows)
 
 
 @bench_app.command()
@@ -355,15 +361,134 @@ def connector(
     as_json: Annotated[Path | None, typer.Option("--json", help="Also write results here.")] = None,
 ) -> None:
     """has_cache_item and save_caches cost of the vLLM connector (needs vllm)."""
-    import os
-
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not (model_dir / "config.json").exists():
         fail(f"{model_dir} has no config.json", 2)
-    from ..bench.connector import bench_connector
+    from ..bench.focused import run_connector
 
-    result = bench_connector(str(model_dir))
+    result = run_with_status(
+        "bench connector", lambda progress, _: run_connector(str(model_dir.resolve()), progress)
+    )
     console.print_json(data=result)
-    if as_json is not None:
-        as_json.write_text(json.dumps(result, indent=2))
+    _write_json(as_json, result)
+
+
+@bench_app.command()
+def fleet(
+    nodes: Annotated[int, typer.Option(min=1, help="Engine processes sharing the store.")] = 4,
+    requests: Annotated[int, typer.Option(min=1, help="Requests in the stream.")] = 400,
+    images: Annotated[int, typer.Option(min=1, help="Distinct images the stream draws.")] = 100,
+    zipf: Annotated[float, typer.Option(min=0.0, help="Zipf exponent of image popularity.")] = 1.1,
+    interval_ms: Annotated[
+        float, typer.Option(min=0.0, help="One request every this many ms, round-robin.")
+    ] = 10.0,
+    encode_ms: Annotated[float, typer.Option(min=0.0, help="Encoder time per image.")] = 30.0,
+    forward_ms: Annotated[float, typer.Option(min=0.0, help="Forward pass per step.")] = 2.0,
+    shape: Annotated[str, typer.Option(help="Encoder output ROWSxCOLS (bfloat16).")] = "256x2560",
+    store: Annotated[str, typer.Option(help="Shared remote tier: redis or s3.")] = "redis",
+    claims: Annotated[
+        str,
+        typer.Option(
+            help="Encode claims: auto (off, and on when the connector has them), off, on."
+        ),
+    ] = "auto",
+    claim_wait_s: Annotated[
+        float, typer.Option(min=0.0, help="How long a process waits for another's claimed encode.")
+    ] = 1.0,
+    baseline: Annotated[bool, typer.Option(help="Also run the stream on one process.")] = True,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Use this Redis (default: start a redis-server).")
+    ] = None,
+    s3_endpoint: Annotated[
+        str | None,
+        typer.Option(help="S3 endpoint with --store s3 (default: start moto, a test extra)."),
+    ] = None,
+    s3_url: Annotated[str, typer.Option(help="Bucket and prefix with --store s3.")] = (
+        "s3://lmcache-ec-bench/fleet"
+    ),
+    seed: Annotated[int, typer.Option(help="Seed of the image stream.")] = 0,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the full result (JSON) here.")
+    ] = None,
+) -> None:
+    """N engine processes (vLLM's scheduler + lmcache-ec's connector) on one store, one
+    Zipf image stream: encoder runs, hit rate, bytes per tier, memory per node."""
+    from ..bench.fleet import FleetSettings, claims_supported, run_fleet
+    from ..bench.servers import MissingDependency
+
+    if store not in ("redis", "s3"):
+        fail(f"unknown store {store!r}; choose redis or s3", 2)
+    if claims not in ("auto", "off", "on"):
+        fail(f"--claims must be auto, off or on, not {claims!r}", 2)
+    if claims == "on" and not claims_supported():
+        fail("--claims on: this connector has no claim_encodes setting", 2)
+    rows, cols = _shapes(shape)[0]
+    settings = FleetSettings(
+        nodes=nodes,
+        requests=requests,
+        images=images,
+        zipf=zipf,
+        interval_ms=interval_ms,
+        encode_ms=encode_ms,
+        forward_ms=forward_ms,
+        shape=(rows, cols),
+        store=store,
+        claims=claims,
+        claim_wait_s=claim_wait_s,
+        baseline=baseline,
+        redis_url=redis_url,
+        s3_endpoint=s3_endpoint,
+        s3_url=s3_url,
+        seed=seed,
+    )
+    try:
+        result = run_with_status(
+            "lmcache-ec bench fleet",
+            lambda progress, command: run_fleet(settings, progress, command),
+        )
+    except MissingDependency as exc:
+        fail(str(exc), 2)
+    except RuntimeError as exc:  # a process failed: its last error line, not a traceback
+        fail(str(exc))
+    print_fleet(result)
+    _write_json(json_path, result)
+
+
+def print_fleet(result: dict[str, Any]) -> None:
+    from .common import human_bytes
+
+    settings = result["settings"]
+    table = Table(
+        title=f"fleet: {settings['requests']} requests over {settings['images']} images "
+        f"(Zipf {settings['zipf']}), shared {settings['store']}"
+    )
+    for column in ("run", "encodes", "per image", "hits", "hit rate", "vs 1 process", "tier hits"):
+        table.add_column(column)
+    for run in result["runs"]:
+        vs = run["hit_rate_vs_one_process"]
+        table.add_row(
+            run["label"],
+            str(run["encodes"]),
+            f"{run['encodes_per_unique']:.2f}",
+            f"{run['hits']}/{run['requests']}",
+            f"{run['hit_rate']:.1%}",
+            "-" if vs is None else f"{vs:.2f}x",
+            " ".join(f"{t} {n}" for t, n in run["tier_hits"].items()) or "-",
+        )
+    console.print(table)
+    table = Table(title="bytes moved per tier (put / get) and CPU-tier copies at the end")
+    for column in ("run", *sorted({t for run in result["runs"] for t in run["bytes"]}), "copies"):
+        table.add_column(column)
+    for run in result["runs"]:
+        memory = run["memory"]
+        table.add_row(
+            run["label"],
+            *(
+                f"{human_bytes(b['put'])} / {human_bytes(b['get'])}" if b else "-"
+                for b in (run["bytes"].get(t) for t in [c.header for c in table.columns[1:-1]])
+            ),
+            f"{human_bytes(memory['per_process_bytes'])} (one copy each: "
+            f"{human_bytes(memory['one_copy_bytes'])})",
+        )
+    console.print(table)
+    if not result["claims_supported"]:
+        console.print("  encode claims: not in this connector; every run has them off")

@@ -179,3 +179,86 @@ def test_bench_reports_unreachable_stores_as_skipped(tmp_path, invoke):
 
 def test_bench_rejects_unknown_tier(invoke):
     assert "unknown tier" in invoke("bench", "--tiers", "cpu,tape", expect=2).output
+
+
+def test_local_s3_server_without_moto_names_the_extra():
+    """moto is a test dependency: without it, the error says which extra to install."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['moto'] = None\n"
+        "from lmcache_ec.bench.servers import MissingDependency, moto_process\n"
+        "try:\n"
+        "    with moto_process():\n"
+        "        pass\n"
+        "except MissingDependency as exc:\n"
+        "    print(exc)\n"
+        "else:\n"
+        "    raise SystemExit('started without moto')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "pip install 'lmcache-ec[test]'" in done.stdout
+    assert "moto.server is not installed" in done.stdout
+
+
+@pytest.mark.slow
+def test_bench_fleet_tiny_run_is_consistent(tmp_path, invoke, redis_url):
+    """Two engine processes on one real Redis: every request is either an encode or
+    a hit, every image is encoded somewhere, the bytes and copies add up."""
+    path = tmp_path / "fleet.json"
+    out = invoke(
+        "bench",
+        "fleet",
+        "--nodes",
+        "2",
+        "--requests",
+        "12",
+        "--images",
+        "4",
+        "--shape",
+        "8x16",
+        "--encode-ms",
+        "5",
+        "--redis-url",
+        redis_url,
+        "--json",
+        str(path),
+    ).stdout
+    result = json.loads(path.read_text())
+    assert "bytes moved per tier" in out
+
+    runs = {run["label"]: run for run in result["runs"]}
+    expected = {"one process", "2 processes, claims off"}
+    if result["claims_supported"]:
+        expected.add("2 processes, claims on")
+    assert set(runs) == expected
+    for label, run in runs.items():
+        unique = run["unique_images"]
+        assert 1 <= unique <= 4 and run["requests"] == run["finished"] == 12, label
+        assert run["hits"] + run["encodes"] == run["requests"], label
+        assert run["encodes"] >= unique, label  # nothing was stored before the run
+        assert sum(run["tier_hits"].values()) <= run["hits"], label
+        assert run["frame_bytes"] >= 8 * 16 * 2
+        moved = run["bytes"]
+        assert moved["cpu"]["put"] >= run["encodes"] * run["frame_bytes"] * 0.99, label
+        # Every image reached the shared store once at least.
+        assert moved["remote"]["put"] >= unique * run["frame_bytes"] * 0.99, label
+        assert moved["remote"]["get"] == round(
+            run["tier_hits"].get("remote", 0) * run["frame_bytes"]
+        )
+        memory = run["memory"]
+        assert memory["per_process_bytes"] >= memory["one_copy_bytes"] > 0, label
+        assert len(run["per_node"]) == run["nodes"]
+        assert sum(n["requests"] for n in run["per_node"]) == 12
+    single = runs["one process"]
+    assert single["nodes"] == 1 and single["hit_rate_vs_one_process"] == 1.0
+    assert single["memory"]["per_process_bytes"] == single["memory"]["one_copy_bytes"]
+    fleet = runs["2 processes, claims off"]
+    assert [n["requests"] for n in fleet["per_node"]] == [6, 6]  # round-robin
+
+
+def test_bench_fleet_rejects_unknown_store(invoke):
+    assert "unknown store" in invoke("bench", "fleet", "--store", "tape", expect=2).output

@@ -1,0 +1,381 @@
+"""``lmcache-ec bench fleet``: N engine processes sharing one store, one image stream.
+
+Every process (a fresh worker process, ``worker``) is vLLM's real ``Scheduler``
+with lmcache-ec's scheduler-side connector plus a worker-side connector that
+loads and saves (``steps.SimEngine``: the encoder and forward pass are sleeps).
+The processes share a remote tier (Redis, or S3 with ``store="s3"``); Redis
+also carries their start barrier.
+
+The stream: ``requests`` requests, each with one image drawn from ``images``
+distinct images by a Zipf law (exponent ``zipf``), one every ``interval_ms``,
+dealt round-robin over the processes; every process waits for its requests'
+times on a shared clock. The same stream runs three ways: one process
+(the baseline), the fleet with encode claims off, and with them on when the
+connector knows ``claim_encodes``.
+
+Reported per run (fleet-wide, and per process):
+
+- ``encodes``: encoder runs; ``encodes_per_unique`` over the distinct images
+  the stream holds. ``hits``: requests whose image was not encoded for them
+  (a tier load or vLLM's encoder cache); ``hits + encodes == requests``.
+- ``tier_hits``: reads answered by each tier (``ECCache.stats``).
+- ``bytes``: moved per tier: ``put`` (CPU: frames accepted; remote: uploads
+  times the frame size) and ``get`` (hits of that tier times the frame size).
+- ``memory``: CPU-tier copies resident at the end (``ECCache.contains`` of
+  every image): the bytes of the per-process copies next to one copy each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .run import LOCAL_S3_BUCKET, LOCAL_S3_CREDENTIALS, machine, run_in_worker
+
+Progress = Callable[[str], None]
+BARRIER_TIMEOUT = 300.0
+RUN_TIMEOUT = 900.0
+
+
+@dataclass
+class FleetSettings:
+    nodes: int = 4
+    requests: int = 400
+    images: int = 100
+    zipf: float = 1.1
+    interval_ms: float = 10.0
+    encode_ms: float = 30.0
+    forward_ms: float = 2.0
+    shape: tuple[int, int] = (256, 2560)
+    store: str = "redis"  # or "s3"
+    claims: str = "auto"  # auto (off, and on when the connector knows them), off, on
+    claim_wait_s: float = 1.0
+    baseline: bool = True  # also run the stream on one process
+    redis_url: str | None = None
+    s3_endpoint: str | None = None
+    s3_url: str = f"s3://{LOCAL_S3_BUCKET}/fleet"
+    s3_region: str | None = None
+    seed: int = 0
+
+
+def claims_supported() -> bool:
+    """Whether the connector has the encode-claim settings (``claim_encodes``)."""
+    from ..integration.vllm.settings import ConnectorSettings
+
+    return "claim_encodes" in {f.name for f in dataclasses.fields(ConnectorSettings)}
+
+
+def image_stream(settings: FleetSettings) -> list[str]:
+    """The image (a content hash) of each request, Zipf-distributed over ranks."""
+    import hashlib
+
+    rng = random.Random(settings.seed)
+    weights = [1.0 / (rank + 1) ** settings.zipf for rank in range(settings.images)]
+    ranks = rng.choices(range(settings.images), weights=weights, k=settings.requests)
+    return [hashlib.sha256(f"fleet-{settings.seed}-{r}".encode()).hexdigest() for r in ranks]
+
+
+# -- one process ---------------------------------------------------------------
+
+
+def run_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """One engine of the fleet: its share of the stream, on the shared clock."""
+    import redis
+    import torch
+    from vllm.config import CacheConfig, ECTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+
+    from ..integration.vllm.plugin import register
+    from .steps import BLOCK, SimEngine, StepBenchSettings
+    from .subjects import NO_MODEL, TINY_MODEL_DIR
+
+    register()  # what vLLM's plugin loading does in a served engine
+    node, nodes = int(job["node"]), int(job["nodes"])
+    model = ModelConfig(
+        model=TINY_MODEL_DIR, tokenizer=TINY_MODEL_DIR, max_model_len=256, dtype="bfloat16"
+    )
+    vllm_config = VllmConfig(
+        model_config=model,
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=64,
+            max_num_batched_tokens=512,
+            max_model_len=256,
+            is_encoder_decoder=False,
+        ),
+        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
+        ec_transfer_config=ECTransferConfig(
+            ec_connector="LMCacheECTierConnector",
+            ec_role="ec_both",
+            ec_connector_extra_config={
+                "lmcache_config": job["ec"],
+                "remote_lookup_timeout_s": 1.0,
+                **job.get("claims", {}),
+                **NO_MODEL,
+            },
+        ),
+    )
+    vllm_config.cache_config.num_gpu_blocks = 1024
+    # The simulated runner calls the connector in idle steps too, as vLLM's V2
+    # runner does (set after the config: VllmConfig refuses V2 without Triton).
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    rows, cols = job["shape"]
+    item = torch.randn(rows, cols, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    steps = StepBenchSettings(
+        model_dir=TINY_MODEL_DIR, encode_ms=job["encode_ms"], forward_ms=job["forward_ms"]
+    )
+    engine = SimEngine(vllm_config, steps, item)
+    mine = [
+        (j, j * job["interval_ms"] / 1000, image)
+        for j, image in enumerate(job["stream"])
+        if j % nodes == node
+    ]
+    client = redis.Redis.from_url(job["barrier_url"])
+    try:
+        start = _barrier(client, job["run"], nodes)
+        progress(f"node {node}: started")
+        arrived: list[str] = []
+        deadline = time.monotonic() + RUN_TIMEOUT
+        pending = list(mine)
+        while pending or not all(r in engine.finished for r in arrived):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {node}: requests did not finish in {RUN_TIMEOUT:.0f} s")
+            now = time.time() - start
+            while pending and pending[0][1] <= now:
+                j, _, image = pending.pop(0)
+                engine.add(f"req-{j}", [image], max_tokens=2)
+                arrived.append(f"req-{j}")
+            if all(r in engine.finished for r in arrived) and pending:
+                time.sleep(max(0.0, min(pending[0][1] - now, 0.05)))
+                continue
+            engine.step()
+            if len(arrived) % 50 == 0 and arrived:
+                progress(f"node {node}: {len(arrived)}/{len(mine)} requests")
+        cache = engine.worker.worker.cache
+        engine.worker.worker.flush(120)
+        stats = cache.stats.snapshot()
+        images = sorted(set(job["stream"]))
+        resident = [image for image in images if cache.contains(image) == "cpu"]
+        encoded = set(engine.encode_requests)
+        return {
+            "node": node,
+            "requests": len(mine),
+            "finished": sum(r in engine.finished for r in arrived),
+            "encodes": len(engine.encode_requests),
+            "hits": sum(r not in encoded for r in arrived if r in engine.finished),
+            "unique_images": len({image for _, _, image in mine}),
+            "tier_hits": dict(stats["hits"]),
+            "puts": stats["puts"],
+            "put_bytes": stats["bytes_in"],
+            "uploads": int(stats["tiers"].get("remote", {}).get("uploads", 0)),
+            "cpu_resident": resident,
+            "connector": {k: v for k, v in engine.stats.items() if v},
+        }
+    finally:
+        engine.shutdown()
+        with contextlib.suppress(Exception):
+            client.close()
+
+
+def _barrier(client: Any, run: str, nodes: int) -> float:
+    """Wait for every process of the run; the shared start time (epoch seconds)."""
+    if client.incr(f"{run}:ready") >= nodes:
+        client.setnx(f"{run}:start", repr(time.time() + 0.2))
+    deadline = time.monotonic() + BARRIER_TIMEOUT
+    while (start := client.get(f"{run}:start")) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the other fleet processes did not start")
+        time.sleep(0.01)
+    start_at = float(start)
+    time.sleep(max(0.0, start_at - time.time()))
+    return start_at
+
+
+# -- the fleet -----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _stores(settings: FleetSettings, progress: Progress) -> Iterator[tuple[str, dict, dict]]:
+    """(Redis URL, the ``ec:`` remote keys, env for the processes)."""
+    from . import servers
+
+    with contextlib.ExitStack() as stack:
+        redis_url = settings.redis_url
+        if redis_url is None:
+            progress("starting redis-server on 127.0.0.1")
+            redis_url = stack.enter_context(servers.local_redis())
+        env: dict[str, str] = {}
+        if settings.store == "s3":
+            endpoint = settings.s3_endpoint
+            if endpoint is None:
+                progress("starting moto's S3 server on 127.0.0.1")
+                bucket = settings.s3_url.removeprefix("s3://").split("/", 1)[0]
+                endpoint = stack.enter_context(servers.moto_process(bucket))
+                env.update(LOCAL_S3_CREDENTIALS)
+            remote = {
+                "remote_url": settings.s3_url,
+                "s3_endpoint_url": endpoint,
+                "s3_region": settings.s3_region or env.get("AWS_DEFAULT_REGION"),
+            }
+        else:
+            remote = {"remote_url": redis_url}
+        yield redis_url, remote, env
+
+
+def _run(
+    label: str,
+    nodes: int,
+    claims: dict[str, Any],
+    stream: list[str],
+    settings: FleetSettings,
+    stores: tuple[str, dict, dict],
+    progress: Progress,
+) -> dict[str, Any]:
+    redis_url, remote, env = stores
+    run = f"fleet-{uuid.uuid4().hex[:10]}"
+    frame_guess = settings.shape[0] * settings.shape[1] * 2
+    ec = {
+        "max_local_cpu_size": max(0.1, 2 * settings.images * frame_guess / 1024**3),
+        "remote_timeout": 30.0,
+        "namespace": run,  # a fresh namespace: nothing carries over between runs
+        **remote,
+    }
+    job = {
+        "job": "fleet-node",
+        "run": run,
+        "nodes": nodes,
+        "stream": stream,
+        "ec": ec,
+        "claims": claims,
+        "shape": list(settings.shape),
+        "interval_ms": settings.interval_ms,
+        "encode_ms": settings.encode_ms,
+        "forward_ms": settings.forward_ms,
+        "barrier_url": redis_url,
+    }
+    results: list[Any] = [None] * nodes
+
+    def one(node: int) -> None:
+        try:
+            found = run_in_worker(
+                {**job, "node": node},
+                env,
+                RUN_TIMEOUT + BARRIER_TIMEOUT,
+                lambda t: progress(f"{label}: {t}"),
+            )
+            results[node] = found[0]
+        except Exception as exc:
+            results[node] = exc
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(nodes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failed = [r for r in results if isinstance(r, Exception)]
+    if failed:
+        raise RuntimeError(f"{label}: {failed[0]}")
+    return summarise(label, results, stream, settings.shape)
+
+
+def summarise(
+    label: str, per_node: list[dict[str, Any]], stream: list[str], shape: tuple[int, int]
+) -> dict[str, Any]:
+    """Fleet-wide totals of the processes' results (see the module docstring)."""
+    requests = sum(n["requests"] for n in per_node)
+    unique = len(set(stream))
+    encodes = sum(n["encodes"] for n in per_node)
+    hits = sum(n["hits"] for n in per_node)
+    puts = sum(n["puts"] for n in per_node)
+    frame = sum(n["put_bytes"] for n in per_node) / puts if puts else shape[0] * shape[1] * 2
+    tier_hits: dict[str, int] = {}
+    for node in per_node:
+        for tier, count in node["tier_hits"].items():
+            tier_hits[tier] = tier_hits.get(tier, 0) + count
+    uploads = sum(n["uploads"] for n in per_node)
+    copies = sum(len(n["cpu_resident"]) for n in per_node)
+    resident = {image for n in per_node for image in n["cpu_resident"]}
+    put_bytes = {"cpu": sum(n["put_bytes"] for n in per_node), "remote": round(uploads * frame)}
+    remote_tier = ("remote",) if uploads or "remote" in tier_hits else ()
+    return {
+        "label": label,
+        "nodes": len(per_node),
+        "requests": requests,
+        "finished": sum(n["finished"] for n in per_node),
+        "unique_images": unique,
+        "encodes": encodes,
+        "encodes_per_unique": encodes / unique if unique else None,
+        "hits": hits,
+        "hit_rate": hits / requests if requests else None,
+        "tier_hits": tier_hits,
+        "frame_bytes": round(frame),
+        "bytes": {
+            tier: {
+                "put": put_bytes.get(tier, 0),
+                "get": round(tier_hits.get(tier, 0) * frame),
+            }
+            for tier in sorted({"cpu", *remote_tier, *tier_hits})
+        },
+        "memory": {
+            "per_process_copies": copies,
+            "per_process_bytes": round(copies * frame),
+            "one_copy_bytes": round(len(resident) * frame),
+        },
+        "per_node": per_node,
+    }
+
+
+def run_fleet(
+    settings: FleetSettings, progress: Progress = lambda _: None, command: str = ""
+) -> dict[str, Any]:
+    """Every run ``settings`` asks for, on one stream; the JSON-ready result."""
+    started = time.perf_counter()
+    if settings.nodes < 1 or settings.requests < 1 or settings.images < 1:
+        raise ValueError("nodes, requests and images must be >= 1")
+    stream = image_stream(settings)
+    supported = claims_supported()
+    modes: list[tuple[str, dict[str, Any]]] = []
+    off = {"claim_encodes": False} if supported else {}
+    on = {"claim_encodes": True, "claim_wait_s": settings.claim_wait_s}
+    if settings.claims in ("auto", "off"):
+        modes.append(("claims off", off))
+    if settings.claims == "on" or (settings.claims == "auto" and supported):
+        if not supported:
+            raise ValueError("this connector has no claim_encodes setting")
+        modes.append(("claims on", on))
+    runs: list[dict[str, Any]] = []
+    with _stores(settings, progress) as stores:
+        if settings.baseline:
+            runs.append(_run("one process", 1, off, stream, settings, stores, progress))
+        for label, claims in modes:
+            runs.append(
+                _run(
+                    f"{settings.nodes} processes, {label}",
+                    settings.nodes,
+                    claims,
+                    stream,
+                    settings,
+                    stores,
+                    progress,
+                )
+            )
+    single = runs[0] if settings.baseline else None
+    for run in runs:
+        run["hit_rate_vs_one_process"] = (
+            run["hit_rate"] / single["hit_rate"] if single and single["hit_rate"] else None
+        )
+    return {
+        "schema": "lmcache-ec-bench-fleet/1",
+        "command": command,
+        "machine": machine(),
+        "settings": {**asdict(settings), "shape": list(settings.shape)},
+        "claims_supported": supported,
+        "runs": runs,
+        "elapsed_s": round(time.perf_counter() - started, 1),
+    }
