@@ -83,7 +83,7 @@ def moto_process(bucket: str = "lmcache-ec-bench") -> Iterator[str]:
     """moto's S3 server in its own process (not a thread of the process being
     measured, which would share its GIL); yields its endpoint URL.
 
-    moto is a test dependency: ``MissingDependency`` names the extra when absent."""
+    moto is not a runtime dependency: ``MissingDependency`` names the extra."""
     reason = moto_missing()
     if reason is not None:
         raise MissingDependency(reason)
@@ -111,7 +111,7 @@ class MissingDependency(RuntimeError):
     """A benchmark needs a package of an extra that is not installed."""
 
 
-TEST_EXTRA = "pip install 'lmcache-ec[test]'"
+BENCH_EXTRA = "pip install 'lmcache-ec[bench]'"
 
 
 def moto_missing() -> str | None:
@@ -122,8 +122,8 @@ def moto_missing() -> str | None:
                 raise ImportError(module)
         except ImportError:
             return (
-                f"{module} is not installed: a local S3 server needs moto, a test "
-                f"dependency ({TEST_EXTRA}); or give an S3 endpoint"
+                f"{module} is not installed: a local S3 server needs moto, not a "
+                f"runtime dependency ({BENCH_EXTRA}); or give an S3 endpoint"
             )
     return None
 

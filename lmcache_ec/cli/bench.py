@@ -303,9 +303,7 @@ def remote(
     ] = None,
     local_servers: Annotated[
         bool,
-        typer.Option(
-            help="Start a redis-server and a moto S3 server (test extra) on 127.0.0.1 and use them."
-        ),
+        typer.Option(help="Start a redis-server and moto (bench extra) on 127.0.0.1 and use them."),
     ] = False,
     iterations: Annotated[int, typer.Option(min=1)] = 50,
     as_json: Annotated[Path | None, typer.Option("--json", help="Also write rows here.")] = None,
@@ -400,7 +398,7 @@ def fleet(
     ] = None,
     s3_endpoint: Annotated[
         str | None,
-        typer.Option(help="S3 endpoint with --store s3 (default: start moto, a test extra)."),
+        typer.Option(help="S3 endpoint with --store s3 (default: start moto, the bench extra)."),
     ] = None,
     s3_url: Annotated[str, typer.Option(help="Bucket and prefix with --store s3.")] = (
         "s3://lmcache-ec-bench/fleet"

@@ -182,7 +182,7 @@ def test_bench_rejects_unknown_tier(invoke):
 
 
 def test_local_s3_server_without_moto_names_the_extra():
-    """moto is a test dependency: without it, the error says which extra to install."""
+    """moto is not a runtime dependency: without it, the error names the extra to install."""
     import subprocess
     import sys
 
@@ -200,7 +200,7 @@ def test_local_s3_server_without_moto_names_the_extra():
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
     )
-    assert "pip install 'lmcache-ec[test]'" in done.stdout
+    assert "pip install 'lmcache-ec[bench]'" in done.stdout
     assert "moto.server is not installed" in done.stdout
 
 
