@@ -141,6 +141,7 @@ def run_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
         start = _barrier(client, job["run"], nodes)
         progress(f"node {node}: started")
         arrived: list[str] = []
+        reported = 0
         deadline = time.monotonic() + RUN_TIMEOUT
         pending = list(mine)
         while pending or not all(r in engine.finished for r in arrived):
@@ -155,8 +156,9 @@ def run_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
                 time.sleep(max(0.0, min(pending[0][1] - now, 0.05)))
                 continue
             engine.step()
-            if len(arrived) % 50 == 0 and arrived:
-                progress(f"node {node}: {len(arrived)}/{len(mine)} requests")
+            if len(arrived) >= reported + 50:
+                reported = len(arrived)
+                progress(f"node {node}: {reported}/{len(mine)} requests")
         cache = engine.worker.worker.cache
         engine.worker.worker.flush(120)
         stats = cache.stats.snapshot()
@@ -176,6 +178,7 @@ def run_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
             "uploads": int(stats["tiers"].get("remote", {}).get("uploads", 0)),
             "cpu_resident": resident,
             "connector": {k: v for k, v in engine.stats.items() if v},
+            "storage_prefix": cache.identity.storage_prefix,
         }
     finally:
         engine.shutdown()
@@ -185,8 +188,10 @@ def run_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
 
 def _barrier(client: Any, run: str, nodes: int) -> float:
     """Wait for every process of the run; the shared start time (epoch seconds)."""
-    if client.incr(f"{run}:ready") >= nodes:
-        client.setnx(f"{run}:start", repr(time.time() + 0.2))
+    ready = client.incr(f"{run}:ready")
+    client.expire(f"{run}:ready", int(BARRIER_TIMEOUT + RUN_TIMEOUT))
+    if ready >= nodes:
+        client.set(f"{run}:start", repr(time.time() + 0.2), nx=True, ex=int(RUN_TIMEOUT))
     deadline = time.monotonic() + BARRIER_TIMEOUT
     while (start := client.get(f"{run}:start")) is None:
         if time.monotonic() > deadline:
@@ -218,6 +223,10 @@ def _stores(settings: FleetSettings, progress: Progress) -> Iterator[tuple[str, 
                 bucket = settings.s3_url.removeprefix("s3://").split("/", 1)[0]
                 endpoint = stack.enter_context(servers.moto_process(bucket))
                 env.update(LOCAL_S3_CREDENTIALS)
+                # This process too: it removes each run's entries afterwards.
+                previous = {k: os.environ.get(k) for k in env}
+                os.environ.update(env)
+                stack.callback(_restore_environ, previous)
             remote = {
                 "remote_url": settings.s3_url,
                 "s3_endpoint_url": endpoint,
@@ -226,6 +235,14 @@ def _stores(settings: FleetSettings, progress: Progress) -> Iterator[tuple[str, 
         else:
             remote = {"remote_url": redis_url}
         yield redis_url, remote, env
+
+
+def _restore_environ(previous: dict[str, str | None]) -> None:
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _run(
@@ -278,10 +295,30 @@ def _run(
         thread.start()
     for thread in threads:
         thread.join()
+    _remove_entries(ec, {r["storage_prefix"] for r in results if isinstance(r, dict)})
+    with contextlib.suppress(Exception):
+        import redis
+
+        with redis.Redis.from_url(redis_url) as client:
+            client.delete(f"{run}:ready", f"{run}:start")
     failed = [r for r in results if isinstance(r, Exception)]
     if failed:
         raise RuntimeError(f"{label}: {failed[0]}")
     return summarise(label, results, stream, settings.shape)
+
+
+def _remove_entries(ec: dict[str, Any], prefixes: set[str]) -> None:
+    """Delete what a run stored in the shared store (a fresh namespace per run)."""
+    from ..config import load_config
+    from ..remote.catalog import open_catalog
+
+    with contextlib.suppress(Exception):
+        catalog = open_catalog(load_config(ec))
+        if catalog is not None:
+            with catalog:
+                for prefix in prefixes:
+                    for name, _size in list(catalog.list(prefix)):
+                        catalog.delete(name)
 
 
 def summarise(

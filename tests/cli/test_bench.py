@@ -259,6 +259,11 @@ def test_bench_fleet_tiny_run_is_consistent(tmp_path, invoke, redis_url):
     fleet = runs["2 processes, claims off"]
     assert [n["requests"] for n in fleet["per_node"]] == [6, 6]  # round-robin
 
+    import redis
+
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.dbsize() == 0  # every run's entries and its start barrier removed
+
 
 def test_bench_fleet_rejects_unknown_store(invoke):
     assert "unknown store" in invoke("bench", "fleet", "--store", "tape", expect=2).output
