@@ -143,10 +143,14 @@ def run_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
         arrived: list[str] = []
         reported = 0
         deadline = time.monotonic() + RUN_TIMEOUT
+        checked = time.monotonic()
         pending = list(mine)
         while pending or not all(r in engine.finished for r in arrived):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"node {node}: requests did not finish in {RUN_TIMEOUT:.0f} s")
+            if time.monotonic() - checked > 0.5:  # the parent was interrupted, or a node failed
+                checked = time.monotonic()
+                _check_stop(client, job["run"])
             now = time.time() - start
             while pending and pending[0][1] <= now:
                 j, _, image = pending.pop(0)
@@ -196,10 +200,24 @@ def _barrier(client: Any, run: str, nodes: int) -> float:
     while (start := client.get(f"{run}:start")) is None:
         if time.monotonic() > deadline:
             raise RuntimeError("the other fleet processes did not start")
+        _check_stop(client, run)
         time.sleep(0.01)
     start_at = float(start)
     time.sleep(max(0.0, start_at - time.time()))
     return start_at
+
+
+def _check_stop(client: Any, run: str) -> None:
+    if client.exists(f"{run}:stop"):
+        raise RuntimeError("stopped: the run was interrupted or another process failed")
+
+
+def _stop(redis_url: str, run: str) -> None:
+    """Tell every process of ``run`` to stop (they poll for it twice a second)."""
+    import redis
+
+    with contextlib.suppress(Exception), redis.Redis.from_url(redis_url) as client:
+        client.set(f"{run}:stop", "1", ex=int(RUN_TIMEOUT))
 
 
 # -- the fleet -----------------------------------------------------------------
@@ -289,19 +307,29 @@ def _run(
             results[node] = found[0]
         except Exception as exc:
             results[node] = exc
+            _stop(redis_url, run)  # the others would wait for it at the barrier
 
     threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(nodes)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.join()
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM): no process is left running
+        _stop(redis_url, run)
+        for thread in threads:
+            thread.join(30)
+        raise
     _remove_entries(ec, {r["storage_prefix"] for r in results if isinstance(r, dict)})
     with contextlib.suppress(Exception):
         import redis
 
         with redis.Redis.from_url(redis_url) as client:
-            client.delete(f"{run}:ready", f"{run}:start")
-    failed = [r for r in results if isinstance(r, Exception)]
+            client.delete(f"{run}:ready", f"{run}:start", f"{run}:stop")
+    # The cause first: the others then stopped because of it.
+    failed = sorted(
+        (r for r in results if isinstance(r, Exception)), key=lambda e: "stopped:" in str(e)
+    )
     if failed:
         raise RuntimeError(f"{label}: {failed[0]}")
     return summarise(label, results, stream, settings.shape)
