@@ -275,7 +275,7 @@ def _print_flat(title: str, rows: list[dict[str, Any]]) -> None:
             table.add_row(
                 row["tier"],
                 row["op"],
-                LEGEND.get(row["engine"], row["engine"]),
+                LEGEND.get(row["engine"], row["engine"].replace("ECCacheEngine", "upstream")),
                 _ms(row["median_ms"]),
                 _ms(row["p99_ms"]),
                 hits or "",
