@@ -368,13 +368,18 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         # The unwrapped connector's put leaves the reference to us, so it is
         # released even if the timeout cancels the put before it starts.
         try:
-            if await asyncio.wait_for(connection.exists(key), self.timeout):
-                self._known.add(key)
-                self.counters["upload_skipped_existing"] += 1
-                return
-            await asyncio.wait_for(_unwrapped(connection).put(key, obj), self.timeout)
+            connector = _unwrapped(connection)
+            if isinstance(connector, ECStoreConnector):
+                # The store bounds each call itself; queueing behind other
+                # uploads is not a failure of the store.
+                sent = await connector.upload(key, obj)
+            elif await asyncio.wait_for(connection.exists(key), self.timeout):
+                sent = False
+            else:
+                await asyncio.wait_for(connector.put(key, obj), self.timeout)
+                sent = True
             self._known.add(key)
-            self.counters["uploads"] += 1
+            self.counters["uploads" if sent else "upload_skipped_existing"] += 1
         except ShardUnavailable:
             self.remember_missed([key])  # only this key's shard is down
             self.counters["shard_misses"] += 1

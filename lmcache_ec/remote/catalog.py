@@ -9,8 +9,9 @@ allocates no LMCache memory pool.
 Contract: every call is bounded by the config's ``remote_timeout`` (one
 attempt, no retries; a reconnect happens on the next call). ``exists`` and
 ``delete`` return False and ``read_header`` returns None when the store fails
-or the entry is absent or unreadable; ``list`` raises ``RemoteCatalogError``
-(a partial listing must not look complete). Thread-safe.
+or the entry is absent or unreadable; ``claim`` returns True when the store
+fails; ``list`` raises ``RemoteCatalogError`` (a partial listing must not look
+complete). Thread-safe.
 """
 
 from __future__ import annotations
@@ -88,6 +89,26 @@ class RemoteCatalog:
     def write_object(self, name: str, data: bytes) -> None:
         """Store a small non-entry object under ``name``; raises on failure."""
         self.store.put_object(name, data)
+
+    def claim(self, name: str, ttl_s: float) -> bool:
+        """Announce work in flight under ``name`` for ``ttl_s`` seconds
+        (``ClaimStore``); False if another holder's claim is live.
+
+        True when the store cannot answer: the caller then does the work
+        itself instead of waiting on an announcement nobody could make.
+        """
+        try:
+            return self.store.claim(name, ttl_s)
+        except Exception as exc:
+            logger.debug("Remote claim(%s) failed: %s", name, exc)
+            return True
+
+    def release(self, name: str) -> None:
+        """Withdraw the claim ``name``; errors are logged (it expires anyway)."""
+        try:
+            self.store.release(name)
+        except Exception as exc:
+            logger.debug("Remote release(%s) failed: %s", name, exc)
 
     def read_header(self, storage_name: str) -> dict[str, Any] | None:
         """The verified frame header (``codec.read_header``), reading only its bytes.

@@ -96,6 +96,24 @@ class ECStoreConnector(RemoteConnector):
         # Copied here, on the loop: the caller releases memory_obj when we return.
         await self._run(self.store.put, key.to_string(), bytes(byte_view(memory_obj)))
 
+    async def upload(self, key: CacheEngineKey, memory_obj: MemoryObj) -> bool:
+        """Send the frame unless the store has it; False if it was there.
+
+        One job on the pool (existence check and write together), bounded by
+        the store's timeouts once it runs, not by time spent queued behind
+        other uploads.
+        """
+        data = bytes(byte_view(memory_obj))  # copied before the caller releases it
+        name = key.to_string()
+
+        def send() -> bool:
+            if self.store.exists(name):
+                return False
+            self.store.put(name, data)
+            return True
+
+        return await self._run(send)
+
     def remove_sync(self, key: CacheEngineKey) -> bool:
         return self.store.delete(key.to_string())
 

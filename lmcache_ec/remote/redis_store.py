@@ -83,12 +83,8 @@ class RedisStore(RemoteStore):
         self._client = client
         self._where = where
 
-    def _on(self, key: str) -> redis.Redis:
-        """The client of the server holding ``key``."""
-        return self._client
-
     def exists(self, name: str) -> bool:
-        return bool(self._on(redis_data_key(name)).exists(redis_data_key(name)))
+        return bool(self._client.exists(redis_data_key(name)))
 
     def exists_many(self, names: Sequence[str]) -> list[bool | None]:
         pipe = self._client.pipeline(transaction=False)
@@ -97,7 +93,7 @@ class RedisStore(RemoteStore):
         return [bool(found) for found in pipe.execute()] if names else []
 
     def get(self, name: str) -> bytes | None:
-        return self._on(redis_data_key(name)).get(redis_data_key(name))
+        return self._client.get(redis_data_key(name))
 
     def get_many(self, names: Sequence[str]) -> list[bytes | None]:
         frames: list[bytes | None] = []
@@ -116,7 +112,9 @@ class RedisStore(RemoteStore):
     def delete(self, name: str) -> bool:
         return self._client.delete(redis_data_key(name), redis_meta_key(name)) > 0
 
-    def _scan(self, client: redis.Redis, prefix: str) -> Iterator[tuple[str, int]]:
+    @staticmethod
+    def _scan(client: redis.Redis, prefix: str) -> Iterator[list[str]]:
+        """Batches of entry names whose metadata key ``client``'s server holds."""
         pattern = _glob_escape(prefix) + "*" + REDIS_META_SUFFIX
         batch: list[str] = []
         for raw in client.scan_iter(match=pattern, count=SCAN_BATCH):
@@ -124,40 +122,45 @@ class RedisStore(RemoteStore):
             if ECKey.is_storage_name(name):
                 batch.append(name)
             if len(batch) >= SCAN_BATCH:
-                yield from self._sizes(batch)
+                yield batch
                 batch = []
-        yield from self._sizes(batch)
+        if batch:
+            yield batch
 
-    def _sizes(self, names: list[str]) -> Iterator[tuple[str, int]]:
-        for name in names:
-            size = self._on(redis_data_key(name)).strlen(redis_data_key(name))
+    @staticmethod
+    def _sized(names: list[str], sizes: Sequence[Any]) -> Iterator[tuple[str, int]]:
+        for name, size in zip(names, sizes, strict=True):
             if size:  # metadata without data: a torn write, not an entry
                 yield name, int(size)
 
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
-        return self._scan(self._client, prefix)
+        for names in self._scan(self._client, prefix):
+            pipe = self._client.pipeline(transaction=False)
+            for name in names:
+                pipe.strlen(redis_data_key(name))
+            yield from self._sized(names, pipe.execute())
 
     def read_range(self, name: str, start: int, length: int) -> bytes | None:
         key = redis_data_key(name)
-        pipe = self._on(key).pipeline(transaction=False)
+        pipe = self._client.pipeline(transaction=False)
         pipe.exists(key)
         pipe.getrange(key, start, start + length - 1)
         present, data = pipe.execute()
         return bytes(data) if present else None
 
     def get_object(self, name: str) -> bytes | None:
-        data = self._on(name).get(name)
+        data = self._client.get(name)
         return None if data is None else bytes(data)
 
     def put_object(self, name: str, data: bytes) -> None:
-        self._on(name).set(name, data)
+        self._client.set(name, data)
 
     def claim(self, name: str, ttl_s: float) -> bool:
         # SET NX PX: taken atomically, and gone by itself when it expires.
-        return bool(self._on(name).set(name, b"1", nx=True, px=max(1, int(ttl_s * 1000))))
+        return bool(self._client.set(name, b"1", nx=True, px=max(1, int(ttl_s * 1000))))
 
     def release(self, name: str) -> None:
-        self._on(name).delete(name)
+        self._client.delete(name)
 
     def ping(self) -> None:
         self._client.ping()
@@ -287,11 +290,18 @@ class RedisClusterStore(RedisStore):
         return removed > 0
 
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        # A name's metadata and data keys live in different slots: scan each
+        # primary for metadata keys, then size the frames wherever they are.
         for node in self._topology().get_primaries():
             try:
-                yield from self._scan(self._node_client(node), prefix)
+                batches = list(self._scan(self._node_client(node), prefix))
             except _NODE_ERRORS as exc:
                 raise self._shard_failed(node, exc) from exc
+            for names in batches:
+                sizes = self._per_node([redis_data_key(name) for name in names], "strlen")
+                if any(size is None for size in sizes):
+                    raise ShardUnavailable("a shard did not answer: the listing is partial")
+                yield from self._sized(names, sizes)
 
     def read_range(self, name: str, start: int, length: int) -> bytes | None:
         key = redis_data_key(name)
