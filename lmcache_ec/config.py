@@ -31,6 +31,10 @@ from typing import Any
 import platformdirs
 import yaml
 
+# Pure parsing and a dataclass: no client library, and remote/ never imports config.
+from .remote.registry import check_url
+from .remote.settings import RemoteSettings, attach
+
 ENV_PREFIX = "LMCACHE_EC_"
 CONFIG_FILE_ENV = "LMCACHE_CONFIG_FILE"
 FILE_PREFIX = "ec_"
@@ -85,8 +89,6 @@ def _cache_policy(value: Any) -> str | None:
 
 
 def _remote_url(value: Any) -> str | None:
-    from .remote.registry import check_url  # pure parsing: no client library
-
     return None if value is None else check_url(value)
 
 
@@ -337,8 +339,6 @@ class ECConfig:
         """
         from lmcache.v1.config import LMCacheEngineConfig
 
-        from .remote.settings import attach
-
         settings = {k: v for k, v in self.lmcache_settings().items() if v is not None}
         if not self.values.get("local_disk"):
             settings.pop("max_local_disk_size", None)
@@ -347,10 +347,8 @@ class ECConfig:
         settings["extra_config"] = extra
         return LMCacheEngineConfig.from_defaults(**settings)
 
-    def remote_settings(self) -> Any:
+    def remote_settings(self) -> RemoteSettings:
         """The remote tier's ``RemoteSettings`` (``url`` None when none is set)."""
-        from .remote.settings import RemoteSettings
-
         return RemoteSettings.from_values(self.values)
 
 
