@@ -141,6 +141,7 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         try:
             if self.plugin_name is None:
                 store = open_store(self.settings)
+                store.on_shard_back = self._recovered  # re-send what that shard missed
                 connector = ECStoreConnector(store, self.loop, self.local_cpu_backend)
                 self.connection = InstrumentedRemoteConnector(connector)
             else:

@@ -182,6 +182,7 @@ class RedisClusterStore(RedisStore):
         self._lock = threading.Lock()
         self._cluster: Any = None
         self._down_until: dict[str, float] = {}
+        self._returning: set[str] = set()  # retried after an outage, not yet answered
 
     def _topology(self) -> Any:
         """The cluster client, built on first use (building it asks a node for the slots)."""
@@ -208,10 +209,25 @@ class RedisClusterStore(RedisStore):
             if time.monotonic() < down:
                 raise ShardUnavailable(f"shard {node.name} is down")
             self._down_until.pop(node.name, None)
+            self._returning.add(node.name)
         return self._topology().get_redis_connection(node)
 
+    def _answered(self, node: Any) -> None:
+        if node.name not in self._returning:
+            return
+        self._returning.discard(node.name)
+        logger.warning("Redis Cluster shard %s available again", node.name)
+        callback = self.on_shard_back
+        if callback is not None:
+            try:
+                callback()
+            except Exception as exc:
+                logger.warning("Shard recovery hook failed: %s", exc)
+
     def _shard_failed(self, node: Any, exc: BaseException) -> ShardUnavailable:
-        if node.name not in self._down_until:
+        still_down = node.name in self._returning or node.name in self._down_until
+        self._returning.discard(node.name)
+        if not still_down:  # logged once per outage
             logger.warning(
                 "Redis Cluster shard %s unavailable (%s); its keys miss, retried in %.1fs",
                 node.name,
@@ -227,13 +243,16 @@ class RedisClusterStore(RedisStore):
             node = self._node_of(key)
             client = self._node_client(node)
             try:
-                return call(client)
+                result = call(client)
             except _NODE_ERRORS as exc:
                 raise self._shard_failed(node, exc) from exc
             except ResponseError as exc:
                 if attempt or not str(exc).startswith(("MOVED", "ASK")):
                     raise
                 self._topology().nodes_manager.initialize()  # the slots moved
+                continue
+            self._answered(node)
+            return result
         raise AssertionError("unreachable")
 
     def exists(self, name: str) -> bool:
@@ -262,6 +281,7 @@ class RedisClusterStore(RedisStore):
             except _NODE_ERRORS as exc:
                 self._shard_failed(node, exc)
                 continue
+            self._answered(node)
             for index, reply in zip(indices, replies, strict=True):
                 # A MOVED reply (resharding) is a miss now; the map is refreshed below.
                 answers[index] = None if isinstance(reply, Exception) else reply

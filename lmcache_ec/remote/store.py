@@ -19,7 +19,7 @@ Contract:
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 
 class StoreError(OSError):
@@ -32,6 +32,9 @@ class ShardUnavailable(StoreError):
 
 class RemoteStore(abc.ABC):
     timeout: float
+    # Called (from whichever thread made the call) when a shard that was
+    # unavailable answers again: writes it missed can be re-sent.
+    on_shard_back: Callable[[], None] | None = None
 
     # -- entries (frames) ------------------------------------------------------
 

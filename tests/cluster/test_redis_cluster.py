@@ -121,3 +121,14 @@ def test_one_shard_down_costs_only_its_keys(redis_cluster):
                 time.sleep(RETRY)
         assert landed
         assert remote.available
+        # What this instance wrote while the shard was down is re-sent to it.
+        owed = [
+            redis_data_key(reader.key(h).storage_name)
+            for h in fresh
+            if redis_cluster.node_of(redis_data_key(reader.key(h).storage_name)) is victim
+        ]
+        assert owed
+        deadline = time.monotonic() + 20
+        while not all(victim.client().exists(key) for key in owed):
+            assert time.monotonic() < deadline, "writes missed by the shard were not re-sent"
+            time.sleep(0.1)
