@@ -38,7 +38,7 @@ from .naming import (
     redis_meta_key,
 )
 from .settings import RemoteSettings
-from .store import RemoteStore, ShardUnavailable
+from .store import RemoteStore, ShardUnavailable, StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -207,6 +207,8 @@ class RedisClusterStore(RedisStore):
         down = self._down_until.get(node.name)
         if down is not None:
             if time.monotonic() < down:
+                if self._all_down():
+                    raise StoreError("no Redis Cluster primary answers")
                 raise ShardUnavailable(f"shard {node.name} is down")
             self._down_until.pop(node.name, None)
             self._returning.add(node.name)
@@ -235,7 +237,14 @@ class RedisClusterStore(RedisStore):
                 self._retry_interval,
             )
         self._down_until[node.name] = time.monotonic() + self._retry_interval
+        if self._all_down():
+            return StoreError(f"no Redis Cluster primary answers (last: {node.name}: {exc})")
         return ShardUnavailable(f"shard {node.name}: {exc}")
+
+    def _all_down(self) -> bool:
+        """Every primary failed recently: the store is down, not a shard."""
+        primaries = self._topology().get_primaries()
+        return bool(primaries) and all(node.name in self._down_until for node in primaries)
 
     def _run(self, key: str, call: Any) -> Any:
         """``call(client)`` on the primary owning ``key``; one retry after a slot move."""
@@ -278,8 +287,12 @@ class RedisClusterStore(RedisStore):
                 replies = pipe.execute(raise_on_error=False)
             except ShardUnavailable:
                 continue
+            except StoreError:
+                raise
             except _NODE_ERRORS as exc:
-                self._shard_failed(node, exc)
+                failure = self._shard_failed(node, exc)
+                if not isinstance(failure, ShardUnavailable):
+                    raise failure from exc
                 continue
             self._answered(node)
             for index, reply in zip(indices, replies, strict=True):

@@ -132,3 +132,33 @@ def test_one_shard_down_costs_only_its_keys(redis_cluster):
         while not all(victim.client().exists(key) for key in owed):
             assert time.monotonic() < deadline, "writes missed by the shard were not re-sent"
             time.sleep(0.1)
+
+
+def test_every_shard_down_is_the_tier_down_until_one_returns(redis_cluster):
+    config = remote_config(redis_cluster.url)
+    tensors = _tensors("all", 6)
+    with ECCache.from_config(config, model=MODEL) as writer:
+        assert all(writer.put_many(tensors))
+        assert writer.flush(10)
+    with ECCache.from_config(config, model=MODEL) as reader:
+        remote = _remote(reader)
+        for node in redis_cluster.nodes:
+            node.kill()
+        for mm_hash in tensors:
+            started = time.monotonic()
+            assert reader.get(mm_hash) is None
+            assert time.monotonic() - started < BOUND
+        assert reader.get_many(list(tensors)) == [None] * len(tensors)
+        assert not remote.available  # no primary answers: the tier is unavailable
+        for node in redis_cluster.nodes:
+            node.start()
+        redis_cluster.wait_ok()
+        deadline = time.monotonic() + 20
+        while not remote.available:
+            assert time.monotonic() < deadline, "the tier did not come back with its shards"
+            time.sleep(RETRY)
+        # Restarted empty (no persistence): a write goes through again.
+        assert reader.put("all-new", make_tensor((2, 32), torch.float16))
+        assert reader.flush(10)
+        name = reader.key("all-new").storage_name
+        assert redis_cluster.node_of(redis_data_key(name)).client().exists(redis_data_key(name))
