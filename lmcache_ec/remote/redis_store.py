@@ -75,6 +75,27 @@ def _metadata(length: int) -> bytes:
     ).serialize()
 
 
+def _scan(client: redis.Redis, prefix: str) -> Iterator[list[str]]:
+    """Batches of entry names whose metadata key ``client``'s server holds."""
+    pattern = _glob_escape(prefix) + "*" + REDIS_META_SUFFIX
+    batch: list[str] = []
+    for raw in client.scan_iter(match=pattern, count=SCAN_BATCH):
+        name = raw.decode()[: -len(REDIS_META_SUFFIX)]
+        if ECKey.is_storage_name(name):
+            batch.append(name)
+        if len(batch) >= SCAN_BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _sized(names: list[str], sizes: Sequence[Any]) -> Iterator[tuple[str, int]]:
+    for name, size in zip(names, sizes, strict=True):
+        if size:  # metadata without data: a torn write, not an entry
+            yield name, int(size)
+
+
 class RedisStore(RemoteStore):
     """One Redis server (or the Sentinel-resolved primary) through one client."""
 
@@ -112,33 +133,12 @@ class RedisStore(RemoteStore):
     def delete(self, name: str) -> bool:
         return self._client.delete(redis_data_key(name), redis_meta_key(name)) > 0
 
-    @staticmethod
-    def _scan(client: redis.Redis, prefix: str) -> Iterator[list[str]]:
-        """Batches of entry names whose metadata key ``client``'s server holds."""
-        pattern = _glob_escape(prefix) + "*" + REDIS_META_SUFFIX
-        batch: list[str] = []
-        for raw in client.scan_iter(match=pattern, count=SCAN_BATCH):
-            name = raw.decode()[: -len(REDIS_META_SUFFIX)]
-            if ECKey.is_storage_name(name):
-                batch.append(name)
-            if len(batch) >= SCAN_BATCH:
-                yield batch
-                batch = []
-        if batch:
-            yield batch
-
-    @staticmethod
-    def _sized(names: list[str], sizes: Sequence[Any]) -> Iterator[tuple[str, int]]:
-        for name, size in zip(names, sizes, strict=True):
-            if size:  # metadata without data: a torn write, not an entry
-                yield name, int(size)
-
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
-        for names in self._scan(self._client, prefix):
+        for names in _scan(self._client, prefix):
             pipe = self._client.pipeline(transaction=False)
             for name in names:
                 pipe.strlen(redis_data_key(name))
-            yield from self._sized(names, pipe.execute())
+            yield from _sized(names, pipe.execute())
 
     def read_range(self, name: str, start: int, length: int) -> bytes | None:
         key = redis_data_key(name)
@@ -172,11 +172,12 @@ class RedisStore(RemoteStore):
         return self._where
 
 
-class RedisClusterStore(RedisStore):
+class RedisClusterStore(RemoteStore):
     """A Redis Cluster: each call on the primary owning the key's slot."""
 
     def __init__(self, nodes: NodeList, settings: RemoteSettings) -> None:
-        super().__init__(None, settings.timeout, redact(settings.url))  # type: ignore[arg-type]
+        self.timeout = settings.timeout
+        self._where = redact(settings.url)
         self._nodes = nodes
         self._retry_interval = settings.retry_interval
         self._lock = threading.Lock()
@@ -195,7 +196,6 @@ class RedisClusterStore(RedisStore):
                     username=self._nodes.username,
                     password=self._nodes.password,
                     require_full_coverage=False,  # a shard down leaves the others usable
-                    cluster_error_retry_attempts=1,
                     **client_options(self.timeout),
                 )
             return self._cluster
@@ -327,14 +327,14 @@ class RedisClusterStore(RedisStore):
         # primary for metadata keys, then size the frames wherever they are.
         for node in self._topology().get_primaries():
             try:
-                batches = list(self._scan(self._node_client(node), prefix))
+                batches = list(_scan(self._node_client(node), prefix))
             except _NODE_ERRORS as exc:
                 raise self._shard_failed(node, exc) from exc
             for names in batches:
                 sizes = self._per_node([redis_data_key(name) for name in names], "strlen")
                 if any(size is None for size in sizes):
                     raise ShardUnavailable("a shard did not answer: the listing is partial")
-                yield from self._sized(names, sizes)
+                yield from _sized(names, sizes)
 
     def read_range(self, name: str, start: int, length: int) -> bytes | None:
         key = redis_data_key(name)
@@ -379,6 +379,9 @@ class RedisClusterStore(RedisStore):
             cluster, self._cluster = self._cluster, None
         if cluster is not None:
             cluster.close()
+
+    def describe(self) -> str:
+        return self._where
 
 
 def open_redis(settings: RemoteSettings) -> RedisStore:
