@@ -27,25 +27,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import platformdirs
 import yaml
+
+# Pure parsing and a dataclass: no client library, and remote/ never imports config.
+from .remote.registry import check_url
+from .remote.settings import RemoteSettings, attach
 
 ENV_PREFIX = "LMCACHE_EC_"
 CONFIG_FILE_ENV = "LMCACHE_CONFIG_FILE"
 FILE_PREFIX = "ec_"
 CACHE_POLICIES = ("LRU", "LFU", "FIFO", "MRU")
 
-# URL schemes whose LMCache connectors size reads from the KV chunk shape and
-# so would return garbage for encoder tensors.
-REFUSED_SCHEMES: dict[str, str] = {
-    "resp": "the resp:// client allocates the KV chunk shape on read",
-    "valkey": "the Valkey connector allocates the KV chunk shape on read",
-}
-# s3:// is not LMCache's connector (KV chunk size hard-coded, no endpoint) but
-# lmcache-ec's own boto3 plugin; ``ECConfig.to_lmcache`` routes it there.
-S3_SCHEME = "s3"
 ADDRESSING_STYLES = ("path", "virtual", "auto")
 
 
@@ -61,6 +55,7 @@ class Option:
     help: str
     lmcache: bool  # passed through to LMCacheEngineConfig
     check: Callable[[Any], str | None] | None = None  # returns an error or None
+    aliases: tuple[str, ...] = ()  # LMCache keys accepted in ``ec:`` for this one
 
 
 def _positive(value: Any) -> str | None:
@@ -94,32 +89,7 @@ def _cache_policy(value: Any) -> str | None:
 
 
 def _remote_url(value: Any) -> str | None:
-    if value is None:
-        return None
-    try:
-        scheme = urlparse(value).scheme.lower()
-    except ValueError as exc:  # e.g. an unclosed IPv6 bracket
-        return f"is not a valid URL: {exc}"
-    if not scheme:
-        return "must be a URL such as redis://host:6379"
-    if scheme in REFUSED_SCHEMES:
-        return f"scheme {scheme}:// is refused: {REFUSED_SCHEMES[scheme]}"
-    from .remote.naming import REDIS_SCHEMES
-
-    if scheme not in (*REDIS_SCHEMES, S3_SCHEME):
-        supported = ", ".join(f"{name}://" for name in (*REDIS_SCHEMES, S3_SCHEME))
-        return (
-            f"scheme {scheme}:// is not supported for encoder outputs (supported: {supported}); "
-            "other LMCache stores can be added as remote_storage_plugins"
-        )
-    if scheme == S3_SCHEME:
-        from .remote.naming import parse_s3_url
-
-        try:
-            parse_s3_url(value)
-        except ValueError as exc:
-            return str(exc)
-    return None
+    return None if value is None else check_url(value)
 
 
 def _addressing_style(value: Any) -> str | None:
@@ -166,8 +136,10 @@ SCHEMA: dict[str, Option] = {
             "str",
             None,
             "Remote tier shared by every instance: redis://[user:password@]host:port[/db], "
-            "rediss://… (TLS), unix:///path.sock, or s3://bucket/prefix (any S3-compatible "
-            "store; see s3_endpoint_url, credentials from the AWS environment/config chain). "
+            "rediss://… (TLS), unix:///path.sock, redis-cluster://host1:port1,host2:port2 "
+            "(Redis Cluster), redis-sentinel://host1:port1,…/service_name (Sentinel), or "
+            "s3://bucket/prefix (any S3-compatible store; see s3_endpoint_url, credentials "
+            "from the AWS environment/config chain). "
             "Reads fall through CPU -> disk -> remote; writes reach the remote asynchronously.",
             True,
             _remote_url,
@@ -178,10 +150,11 @@ SCHEMA: dict[str, Option] = {
             2.0,
             "Upper bound in seconds for every remote operation (connect, lookup, read, "
             "write, delete); a slower or failing call is a miss and marks the remote tier "
-            "unavailable until a health probe succeeds (LMCache's blocking_timeout_secs "
-            "does not apply to the encoder tier).",
+            "unavailable until a health probe succeeds. In a Redis Cluster a shard that "
+            "fails costs only its own keys. Alias: blocking_timeout_secs.",
             False,
             _positive,
+            aliases=("blocking_timeout_secs",),
         ),
         Option(
             "remote_retry_interval",
@@ -227,7 +200,7 @@ SCHEMA: dict[str, Option] = {
             "remote_storage_plugins",
             "list",
             None,
-            "LMCache remote storage plugins to load (e.g. [ec_s3]).",
+            "LMCache remote storage plugins to load, beside or instead of remote_url.",
             True,
         ),
         Option(
@@ -359,37 +332,24 @@ class ECConfig:
         return {k: v for k, v in self.values.items() if SCHEMA[k].lmcache}
 
     def to_lmcache(self) -> Any:
-        """The ``LMCacheEngineConfig`` LMCache's StorageManager is built from."""
+        """The ``LMCacheEngineConfig`` LMCache's StorageManager is built from.
+
+        The remote tier's settings ride along typed (``remote.settings.attach``):
+        ``ECRemoteBackend`` reads them, nothing parses them back from strings.
+        """
         from lmcache.v1.config import LMCacheEngineConfig
 
         settings = {k: v for k, v in self.lmcache_settings().items() if v is not None}
         if not self.values.get("local_disk"):
             settings.pop("max_local_disk_size", None)
-        if self.values.get("remote_url"):
-            settings.update(self._remote_settings(settings))
+        extra = dict(settings.get("extra_config") or {})
+        attach(extra, self.remote_settings())
+        settings["extra_config"] = extra
         return LMCacheEngineConfig.from_defaults(**settings)
 
-    def _remote_settings(self, settings: Mapping[str, Any]) -> dict[str, Any]:
-        """LMCache settings of the remote tier (see ``lmcache_ec.remote``).
-
-        Redis URLs stay in ``remote_url``; ``s3://`` becomes the ``ec_s3``
-        remote storage plugin with its settings in ``extra_config``.
-        """
-        from .remote.naming import RETRY_INTERVAL_KEY, S3_PLUGIN, S3_PLUGIN_KEY, TIMEOUT_KEY
-        from .remote.s3_client import S3Settings
-
-        extra = dict(settings.get("extra_config") or {})
-        extra[TIMEOUT_KEY] = self.values["remote_timeout"]
-        extra[RETRY_INTERVAL_KEY] = self.values["remote_retry_interval"]
-        out: dict[str, Any] = {"extra_config": extra}
-        if urlparse(self.values["remote_url"]).scheme.lower() == S3_SCHEME:
-            extra[S3_PLUGIN_KEY + "module_path"] = "lmcache_ec.remote.s3_connector"
-            extra[S3_PLUGIN_KEY + "class_name"] = "ECS3Connector"
-            extra.update(S3Settings.from_values(self.values).to_extra_config())
-            plugins = list(settings.get("remote_storage_plugins") or [])
-            out["remote_storage_plugins"] = [*plugins, S3_PLUGIN]
-            out["remote_url"] = None
-        return out
+    def remote_settings(self) -> RemoteSettings:
+        """The remote tier's ``RemoteSettings`` (``url`` None when none is set)."""
+        return RemoteSettings.from_values(self.values)
 
 
 def _read_yaml(path: str) -> Mapping[str, Any]:
@@ -459,11 +419,10 @@ def load_config(
             raw[env_name[len(ENV_PREFIX) :].lower()] = (env_value, env_name)
 
     values = {name: opt.default for name, opt in SCHEMA.items()}
-    for name, (value, where) in raw.items():
+    for name, (value, where) in _resolve_aliases(raw).items():
         opt = SCHEMA.get(name)
         if opt is None:
-            known = ", ".join(sorted(SCHEMA))
-            raise ConfigError(f"{where}: unknown key '{name}' (known keys: {known})")
+            raise ConfigError(f"{where}: {_unknown_key(name)}")
         values[name] = _coerce(opt, value, where)
         if values[name] is not None and opt.check is not None:
             problem = opt.check(values[name])
@@ -473,6 +432,66 @@ def load_config(
     if values["local_disk"]:
         values["local_disk"] = _disk_path(values["local_disk"])
     return ECConfig(values=values, source=origin)
+
+
+ALIASES: dict[str, str] = {alias: opt.name for opt in SCHEMA.values() for alias in opt.aliases}
+
+# LMCache keys refused in ``ec:`` with the lmcache-ec key that does their job.
+REPLACED: dict[str, str] = {
+    "lookup_timeout_ms": "use remote_timeout (seconds; bounds every remote call)",
+    "local_disk_path_sharding": "use local_disk (one directory for the encoder tier)",
+    "gds_path": "use local_disk (the encoder tier has no GDS tier)",
+    "storage_plugins": "use remote_storage_plugins (remote stores) or local_disk",
+    "chunk_size": "has no meaning for encoder outputs: each entry is stored whole",
+    "save_unfull_chunk": "has no meaning for encoder outputs: each entry is stored whole",
+}
+
+
+def _resolve_aliases(raw: dict[str, tuple[Any, str]]) -> dict[str, tuple[Any, str]]:
+    """``raw`` with LMCache aliases renamed to their lmcache-ec key.
+
+    An alias and its key both set by the file (or both by the environment) is
+    an error unless they agree; otherwise the environment wins, as usual.
+    """
+    resolved = {name: entry for name, entry in raw.items() if name not in ALIASES}
+    for name, (value, where) in raw.items():
+        target = ALIASES.get(name)
+        if target is None:
+            continue
+        earlier = resolved.get(target)
+        if earlier is None or (_is_env(where) and not _is_env(earlier[1])):
+            resolved[target] = (value, where)
+        elif _is_env(where) == _is_env(earlier[1]) and earlier[0] != value:
+            raise ConfigError(
+                f"{where}: '{name}' is LMCache's name for '{target}', which "
+                f"{earlier[1]} sets to another value; set only '{target}'"
+            )
+    return resolved
+
+
+def _is_env(where: str) -> bool:
+    return where.startswith(ENV_PREFIX)
+
+
+def _unknown_key(name: str) -> str:
+    if name in REPLACED:
+        return f"LMCache key '{name}' is not taken in ec: {REPLACED[name]}"
+    if name in _lmcache_keys():
+        return (
+            f"'{name}' is an LMCache KV-cache setting with no meaning for encoder outputs "
+            "(set it at the top level of the file, for the KV cache)"
+        )
+    known = ", ".join(sorted(SCHEMA))
+    aliases = ", ".join(f"{a} (= {t})" for a, t in sorted(ALIASES.items()))
+    return f"unknown key '{name}' (known keys: {known}; LMCache aliases: {aliases})"
+
+
+def _lmcache_keys() -> frozenset[str]:
+    try:
+        from lmcache.v1.config import _CONFIG_DEFINITIONS
+    except ImportError:  # another LMCache layout: plain unknown-key message
+        return frozenset()
+    return frozenset(_CONFIG_DEFINITIONS)
 
 
 def _disk_path(value: str) -> str:

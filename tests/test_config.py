@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from lmcache_ec.config import SCHEMA, ConfigError, load_config
+from lmcache_ec.config import ALIASES, SCHEMA, ConfigError, load_config
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -108,3 +110,96 @@ def test_to_lmcache_carries_the_tier_settings(tmp_path):
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_example_configs_load(path):
     assert load_config(path).values
+
+
+# -- LMCache keys inside ec: ------------------------------------------------------
+
+
+def test_lmcache_alias_sets_the_lmcache_ec_key(tmp_path):
+    path = write_yaml(tmp_path / "c.yaml", {"ec": {"blocking_timeout_secs": 3}})
+    assert load_config(path).remote_timeout == 3.0
+    # Both spellings agreeing in one source is fine.
+    both = {"blocking_timeout_secs": 4, "remote_timeout": 4}
+    assert load_config(write_yaml(tmp_path / "d.yaml", {"ec": both})).remote_timeout == 4.0
+
+
+def test_alias_from_the_environment_wins_over_the_file(tmp_path):
+    path = write_yaml(tmp_path / "c.yaml", {"ec": {"remote_timeout": 3}})
+    config = load_config(path, environ={"LMCACHE_EC_BLOCKING_TIMEOUT_SECS": "0.25"})
+    assert config.remote_timeout == 0.25
+    # ... and the lmcache-ec key from the environment wins over the alias in the file.
+    path = write_yaml(tmp_path / "d.yaml", {"ec": {"blocking_timeout_secs": 3}})
+    config = load_config(path, environ={"LMCACHE_EC_REMOTE_TIMEOUT": "0.5"})
+    assert config.remote_timeout == 0.5
+
+
+def test_alias_and_key_disagreeing_in_one_source_is_an_error(tmp_path):
+    path = write_yaml(
+        tmp_path / "c.yaml", {"ec": {"blocking_timeout_secs": 3, "remote_timeout": 1}}
+    )
+    with pytest.raises(ConfigError, match=r"blocking_timeout_secs.*remote_timeout") as info:
+        load_config(path)
+    assert path in str(info.value)
+
+
+def test_aliased_values_are_validated_under_the_alias_name(tmp_path):
+    path = write_yaml(tmp_path / "c.yaml", {"ec": {"blocking_timeout_secs": -1}})
+    with pytest.raises(ConfigError, match="blocking_timeout_secs"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("lookup_timeout_ms", "use remote_timeout"),
+        ("local_disk_path_sharding", "use local_disk"),
+        ("storage_plugins", "use remote_storage_plugins"),
+        ("chunk_size", "no meaning for encoder outputs"),
+        ("save_unfull_chunk", "no meaning for encoder outputs"),
+        ("pd_role", "no meaning for encoder outputs"),
+        ("enable_async_loading", "no meaning for encoder outputs"),
+    ],
+)
+def test_other_lmcache_keys_are_refused_with_a_reason(tmp_path, key, says):
+    path = write_yaml(tmp_path / "c.yaml", {"ec": {key: 1}})
+    with pytest.raises(ConfigError, match=key) as info:
+        load_config(path)
+    assert says in str(info.value)
+    assert "unknown key" not in str(info.value)
+
+
+def test_every_alias_is_documented():
+    document = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    assert ALIASES
+    for alias, target in ALIASES.items():
+        assert f"| `{alias}` | `{target}` |" in document
+
+
+def test_loading_a_remote_config_imports_no_client_library():
+    code = (
+        "import sys\n"
+        "from lmcache_ec.config import load_config\n"
+        "load_config({'remote_url': 'redis-cluster://127.0.0.1:7000,127.0.0.1:7001'})\n"
+        "load_config({'remote_url': 'redis-sentinel://127.0.0.1:26379/main'})\n"
+        "load_config({'remote_url': 's3://bucket/prefix'}).to_lmcache()\n"
+        "print(sorted(m for m in ('redis', 'boto3', 'botocore') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis-cluster://127.0.0.1", "host:port"),
+        ("redis-cluster://127.0.0.1:7000/mymaster", "nodes only"),
+        ("redis-sentinel://127.0.0.1:26379", "service_name"),
+        ("redis-cluster://127.0.0.1:99999", "remote_url"),
+    ],
+)
+def test_node_list_urls_are_checked_at_load(url, says):
+    with pytest.raises(ConfigError, match="remote_url") as info:
+        load_config({"remote_url": url})
+    assert says in str(info.value)

@@ -1,19 +1,31 @@
 """The remote tier: encoder outputs shared by every instance through Redis or S3.
 
-- ``naming``: where an entry lives in each store (one naming for all users).
-- ``redis_connector``: LMCache's ``RedisConnector``, bounded and closable.
-- ``s3_connector`` / ``s3_client``: lmcache-ec's boto3 ``RemoteConnector``,
-  loaded through LMCache's Remote Storage Plugin Framework as ``ec_s3``.
+- ``settings``: ``RemoteSettings``, typed, built once from the ``ec:`` section.
+- ``registry``: the one map from URL scheme to store; validates URLs
+  without importing a client library.
+- ``store``: the ``RemoteStore`` contract; ``redis_store`` (standalone,
+  Cluster, Sentinel) and ``s3_store`` implement it; ``naming``: their keys.
+- ``connector``: any store as LMCache's ``RemoteConnector``; ``buffers``:
+  frame bytes in and out of LMCache CPU buffers.
 - ``backend``: ``ECRemoteBackend``, LMCache's ``RemoteBackend`` with
   timeouts, health probing and reconnection, de-duplicated uploads.
 - ``catalog``: ``open_catalog`` / ``RemoteCatalog`` for processes that look
   at the store without serving from it (vLLM scheduler, CLI).
 
-Configuration lives in the ``ec:`` section (``remote_url``,
-``remote_timeout``, ``remote_retry_interval``, ``s3_*``; see
-``lmcache_ec.config.SCHEMA``).
+Nothing here is imported until a remote is configured: importing this
+package loads no client library.
 """
 
-from .catalog import RemoteCatalog, RemoteCatalogError, open_catalog
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["RemoteCatalog", "RemoteCatalogError", "open_catalog"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from . import catalog
+
+        return getattr(catalog, name)
+    raise AttributeError(name)

@@ -3,9 +3,9 @@
 Upstream's remote backend waits without a timeout in ``contains`` and
 ``close``, connects once (reconnection is left to an engine-level
 ``HealthMonitor`` that an encoder tier does not run), and re-uploads keys the
-store already has. This subclass keeps its structure — connectors from
-``CreateConnector`` and the plugin framework, ``init_connection``,
-``put_tasks``, the serializer — and adds:
+store already has. This subclass keeps its structure — ``init_connection``, ``put_tasks``, the
+serializer, connectors of the plugin framework — talks to ``remote_url``
+through ``ECStoreConnector`` over the registry's store, and adds:
 
 - a bound of ``remote_timeout`` on every operation: blocking reads of
   lmcache-ec's connectors (``get_sync``/``exists_sync``) run in the caller's
@@ -20,6 +20,8 @@ store already has. This subclass keeps its structure — connectors from
 - asynchronous uploads that first ask the store whether the key is there,
   and remember keys known to be stored, so a put of a stored key sends no
   bytes;
+- a sharded store's partial outage (``ShardUnavailable``) is a miss of the
+  keys on the lost shard only; the tier stays available for the others;
 - ``close`` bounded by the timeout.
 """
 
@@ -44,16 +46,12 @@ from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
 from ..tiers.contract import TierDefaults, TierKind
+from .connector import ECStoreConnector
 from .health import RecentKeys, RemoteHealth
-from .naming import (
-    REDIS_SCHEMES,
-    RETRY_INTERVAL_KEY,
-    TIMEOUT_KEY,
-    redact,
-    redact_text,
-    scheme_of,
-)
-from .redis_connector import ECRedisConnector
+from .naming import redact, redact_text
+from .registry import open_store
+from .settings import RemoteSettings, attached
+from .store import ShardUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -107,10 +105,11 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         local_cpu_backend: LocalCPUBackend | None,
         dst_device: str = "cpu",
         plugin_name: str | None = None,
+        settings: RemoteSettings | None = None,
     ) -> None:
-        extra = config.extra_config or {}
-        self.timeout = float(extra.get(TIMEOUT_KEY, 2.0))
-        self.retry_interval = float(extra.get(RETRY_INTERVAL_KEY, 1.0))
+        self.settings = settings or _settings_of(config)
+        self.timeout = self.settings.timeout
+        self.retry_interval = self.settings.retry_interval
         self._known = RecentKeys()
         self._closed = False
         # Keys whose upload was skipped or failed while the store was down;
@@ -139,10 +138,11 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
     def init_connection(self) -> None:
         if self.connection is not None:
             return
-        url = self.config.remote_url
         try:
-            if self.plugin_name is None and scheme_of(url) in REDIS_SCHEMES:
-                connector = ECRedisConnector(url, self.loop, self.local_cpu_backend, self.timeout)
+            if self.plugin_name is None:
+                store = open_store(self.settings)
+                store.on_shard_back = self._recovered  # re-send what that shard missed
+                connector = ECStoreConnector(store, self.loop, self.local_cpu_backend)
                 self.connection = InstrumentedRemoteConnector(connector)
             else:
                 super().init_connection()
@@ -154,7 +154,8 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
     def _where(self) -> str:
         if getattr(self, "plugin_name", None):
             return f"plugin {self.plugin_name}"
-        return redact(getattr(self, "config", None) and self.config.remote_url)
+        settings = getattr(self, "settings", None)
+        return redact(settings.url if settings is not None else None)
 
     @property
     def available(self) -> bool:
@@ -239,6 +240,9 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
             return _MISS
         try:
             return call(_unwrapped(connection))
+        except ShardUnavailable:
+            self.counters["shard_misses"] += 1
+            return _MISS
         except Exception as exc:
             self._mark_down(operation, exc)
             return _MISS
@@ -365,13 +369,21 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         # The unwrapped connector's put leaves the reference to us, so it is
         # released even if the timeout cancels the put before it starts.
         try:
-            if await asyncio.wait_for(connection.exists(key), self.timeout):
-                self._known.add(key)
-                self.counters["upload_skipped_existing"] += 1
-                return
-            await asyncio.wait_for(_unwrapped(connection).put(key, obj), self.timeout)
+            connector = _unwrapped(connection)
+            if isinstance(connector, ECStoreConnector):
+                # The store bounds each call itself; queueing behind other
+                # uploads is not a failure of the store.
+                sent = await connector.upload(key, obj)
+            elif await asyncio.wait_for(connection.exists(key), self.timeout):
+                sent = False
+            else:
+                await asyncio.wait_for(connector.put(key, obj), self.timeout)
+                sent = True
             self._known.add(key)
-            self.counters["uploads"] += 1
+            self.counters["uploads" if sent else "upload_skipped_existing"] += 1
+        except ShardUnavailable:
+            self.remember_missed([key])  # only this key's shard is down
+            self.counters["shard_misses"] += 1
         except Exception as exc:
             self.remember_missed([key])
             self._mark_down("put", exc)
@@ -406,7 +418,7 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
             return False
         try:
             return bool(connection.remove_sync(key))  # bounded by our connectors
-        except NotImplementedError:
+        except (NotImplementedError, ShardUnavailable):
             return False
         except Exception as exc:
             self._mark_down("remove", exc)
@@ -448,6 +460,13 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         return "RemoteBackend"
 
 
+def _settings_of(config: LMCacheEngineConfig) -> RemoteSettings:
+    settings = attached(config)
+    if settings is None:
+        raise ValueError("the LMCache config was not built by ECConfig.to_lmcache")
+    return settings
+
+
 def create_remote_backends(
     config: LMCacheEngineConfig,
     metadata: LMCacheMetadata,
@@ -457,29 +476,27 @@ def create_remote_backends(
 ) -> dict[str, ECRemoteBackend]:
     """The remote tiers of ``config``, named as LMCache names them.
 
-    ``remote_url`` (or else the ``ec_s3`` plugin, or else the first plugin)
+    ``remote_url`` (a store of ``registry``; or else the first plugin)
     becomes ``RemoteBackend``, tier ``remote``; every other remote storage
     plugin becomes ``RemoteBackend-<plugin>``.
     Empty when no remote is configured. An unreachable store does not fail
     here: the backend starts and reports misses until it reconnects.
     """
-    from .naming import S3_PLUGIN
-
     plugins = list(config.remote_storage_plugins or [])
     primary: str | None = None
     if not config.remote_url:
         if not plugins:
             return {}
-        primary = S3_PLUGIN if S3_PLUGIN in plugins else plugins[0]
-        plugins.remove(primary)
+        primary = plugins.pop(0)
+    settings = _settings_of(config)
     backends = {
         "RemoteBackend": ECRemoteBackend(
-            config, metadata, loop, local_cpu_backend, dst_device, plugin_name=primary
+            config, metadata, loop, local_cpu_backend, dst_device, primary, settings
         )
     }
     for plugin in plugins:
         backend = ECRemoteBackend(
-            config, metadata, loop, local_cpu_backend, dst_device, plugin_name=plugin
+            config, metadata, loop, local_cpu_backend, dst_device, plugin, settings
         )
         backend.backend_name, backend.name = f"RemoteBackend-{plugin}", plugin
         backends[backend.backend_name] = backend

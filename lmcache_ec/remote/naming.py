@@ -1,14 +1,16 @@
-"""Where an entry lives in each remote store, given its storage name.
+"""Where an entry lives in each remote store, and what a remote URL names.
 
-One naming, shared by the LMCache connectors (writers and readers on the
-serving path) and by ``RemoteCatalog`` (listing, existence, purge):
+One naming, used by every store (``redis_store``, ``s3_store``) and so by
+both the serving path and ``RemoteCatalog``:
 
-- Redis (LMCache's own ``RedisConnector``): two keys per entry,
-  ``<storage_name>kv_bytes`` (the frame) and ``<storage_name>metadata``
-  (LMCache's ``RemoteMetadata``: length, shape, dtype, format). The metadata
-  key is written last and is the one existence checks look at.
-- S3 (``ECS3Connector``): one object per entry, ``<prefix>/<storage_name>``,
-  holding the frame; its size is the frame length.
+- Redis (standalone, Cluster, Sentinel): two keys per entry, as LMCache's own
+  ``RedisConnector`` writes them: ``<storage_name>kv_bytes`` (the frame) and
+  ``<storage_name>metadata`` (LMCache's ``RemoteMetadata``: length, shape,
+  dtype, format). The frame is the entry: existence checks look at it.
+- S3: one object per entry, ``<prefix>/<storage_name>``, holding the frame;
+  its size is the frame length.
+
+Pure string handling: no client library is imported here.
 """
 
 from __future__ import annotations
@@ -19,13 +21,7 @@ from urllib.parse import urlparse
 
 REDIS_DATA_SUFFIX = "kv_bytes"
 REDIS_META_SUFFIX = "metadata"
-REDIS_SCHEMES = ("redis", "rediss", "unix")
 S3_SCHEME = "s3"
-
-S3_PLUGIN = "ec_s3"  # name in LMCache's remote_storage_plugins
-S3_PLUGIN_KEY = f"remote_storage_plugin.{S3_PLUGIN}."  # extra_config key prefix
-TIMEOUT_KEY = "ec.remote_timeout"  # extra_config keys read by ECRemoteBackend
-RETRY_INTERVAL_KEY = "ec.remote_retry_interval"
 
 
 def redis_data_key(storage_name: str) -> str:
@@ -91,3 +87,51 @@ def parse_s3_url(url: str) -> S3Location:
     if parsed.query or parsed.fragment:
         raise ValueError("s3:// URLs take no query or fragment; use the s3_* options")
     return S3Location(bucket=bucket, prefix=parsed.path.strip("/"))
+
+
+@dataclass(frozen=True)
+class NodeList:
+    """``scheme://[user[:password]@]host1:port1[,host2:port2…][/service]``.
+
+    LMCache's spelling of Redis Cluster (``redis-cluster://``) and Sentinel
+    (``redis-sentinel://…/service_name``) URLs.
+    """
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = None
+    service: str = ""  # Sentinel: the monitored master's name
+
+
+def parse_node_list(url: str, *, service: bool) -> NodeList:
+    """Parse a node-list URL; ``service``: the path names a Sentinel master.
+
+    ``ValueError`` naming what is wrong if malformed.
+    """
+    _, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"not a URL: {url!r}")
+    auth, _, location = rest.rpartition("@")
+    hosts, _, path = location.partition("/")
+    username, password = None, None
+    if auth:
+        user, has_password, secret = auth.partition(":")
+        username, password = user or None, secret if has_password else None
+    nodes: list[tuple[str, int]] = []
+    for part in hosts.split(","):
+        parsed = urlparse(f"//{part.strip()}")
+        try:
+            port = parsed.port
+        except ValueError as exc:
+            raise ValueError(f"node {part!r}: {exc}") from None
+        if not parsed.hostname or port is None:
+            raise ValueError(f"node {part!r} must be host:port")
+        nodes.append((parsed.hostname, port))
+    name = path.strip("/")
+    if "?" in location or "#" in location:
+        raise ValueError("node-list URLs take no query or fragment")
+    if service and not name:
+        raise ValueError("expected …/service_name after the sentinel nodes")
+    if not service and name:
+        raise ValueError("a cluster URL names nodes only (no /path)")
+    return NodeList(tuple(nodes), username, password, name)

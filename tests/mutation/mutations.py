@@ -159,7 +159,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "redis-unbounded-socket-timeout",
         "Redis calls are bounded by remote_timeout",
-        "lmcache_ec/remote/redis_connector.py",
+        "lmcache_ec/remote/redis_store.py",
         '"socket_timeout": timeout,',
         '"socket_timeout": None,',
         (f"{T_OUTAGES}::test_silent_server_calls_return_within_the_timeout[redis]",),
@@ -167,7 +167,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "s3-long-read-timeout",
         "S3 calls are bounded by remote_timeout",
-        "lmcache_ec/remote/s3_client.py",
+        "lmcache_ec/remote/s3_store.py",
         "read_timeout=settings.timeout,",
         "read_timeout=60,",
         (f"{T_OUTAGES}::test_silent_server_calls_return_within_the_timeout[s3]",),

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from lmcache_ec.config import ConfigError, load_config
+from lmcache_ec.config import SCHEMA, ConfigError, load_config
+from lmcache_ec.remote.naming import parse_s3_url
+from lmcache_ec.remote.settings import attached
 
 
-def test_s3_url_becomes_the_ec_s3_plugin():
+def test_s3_settings_reach_the_remote_tier_typed():
     config = load_config(
         {
             "remote_url": "s3://my-bucket/shared/encoders/",
@@ -17,17 +19,18 @@ def test_s3_url_becomes_the_ec_s3_plugin():
         }
     )
     lmcache = config.to_lmcache()
-    assert lmcache.remote_url is None
-    assert lmcache.remote_storage_plugins == ["ec_s3"]
-    extra = lmcache.extra_config
-    prefix = "remote_storage_plugin.ec_s3."
-    assert extra[prefix + "module_path"] == "lmcache_ec.remote.s3_connector"
-    assert extra[prefix + "class_name"] == "ECS3Connector"
-    assert extra[prefix + "bucket"] == "my-bucket"
-    assert extra[prefix + "prefix"] == "shared/encoders"
-    assert extra[prefix + "endpoint_url"] == "http://minio:9000"
-    assert extra[prefix + "region"] == "eu-west-1"
-    assert extra["ec.remote_timeout"] == 3.0
+    settings = attached(lmcache)
+    assert settings == config.remote_settings()
+    assert settings.url == "s3://my-bucket/shared/encoders/"
+    location = parse_s3_url(settings.url)
+    assert (location.bucket, location.prefix) == ("my-bucket", "shared/encoders")
+    assert settings.s3_endpoint_url == "http://minio:9000"
+    assert settings.s3_region == "eu-west-1"
+    assert settings.timeout == 3.0
+    assert settings.retry_interval == SCHEMA["remote_retry_interval"].default
+    # Nothing encoded into strings for a plugin to parse back.
+    assert not lmcache.remote_storage_plugins
+    assert [k for k in lmcache.extra_config if "remote" in k] == ["lmcache_ec.remote_settings"]
 
 
 def test_redis_url_stays_lmcache_remote_url():

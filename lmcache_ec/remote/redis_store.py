@@ -1,0 +1,409 @@
+"""Redis stores: standalone (``redis://``, ``rediss://``, ``unix://``), Redis
+Cluster (``redis-cluster://``) and Sentinel (``redis-sentinel://``).
+
+Keys as LMCache's ``RedisConnector`` writes them (``naming.py``), so entries
+are interchangeable with a plain LMCache writer. Every client has connect and
+read timeouts of ``remote_timeout`` and retries once, on a refused or reset
+connection only (a server restart drops pooled connections).
+
+Cluster: redis-py's ``RedisCluster`` keeps the slot map; each call goes to
+the owning primary's own client, so a shard that is down costs only its own
+keys: their calls raise ``ShardUnavailable`` (batched reads answer None for
+them) and the shard is skipped at once for ``remote_retry_interval`` before
+it is tried again. Batched reads send one pipeline per primary.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from ..key import ECKey
+from .naming import (
+    REDIS_META_SUFFIX,
+    NodeList,
+    parse_node_list,
+    redact,
+    redis_data_key,
+    redis_meta_key,
+)
+from .settings import RemoteSettings
+from .store import RemoteStore, ShardUnavailable, StoreError
+
+logger = logging.getLogger(__name__)
+
+# Keys per MGET in batched reads: one round trip for a typical request's
+# items, while a single reply stays bounded (32 x 1.3 MB frames = 42 MB).
+MGET_BATCH = 32
+SCAN_BATCH = 500
+_NODE_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def client_options(timeout: float) -> dict[str, Any]:
+    return {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        # No CLIENT SETINFO on connect: two round trips per new connection.
+        "lib_name": None,
+        "lib_version": None,
+    }
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _metadata(length: int) -> bytes:
+    """LMCache's ``RemoteMetadata`` of a frame: ``length`` uint8 bytes, EC format."""
+    import torch
+    from lmcache.v1.memory_management import MemoryFormat
+    from lmcache.v1.protocol import RemoteMetadata
+
+    return RemoteMetadata(
+        length, [torch.Size([length])], [torch.uint8], MemoryFormat.EC_TD
+    ).serialize()
+
+
+def _scan(client: redis.Redis, prefix: str) -> Iterator[list[str]]:
+    """Batches of entry names whose metadata key ``client``'s server holds."""
+    pattern = _glob_escape(prefix) + "*" + REDIS_META_SUFFIX
+    batch: list[str] = []
+    for raw in client.scan_iter(match=pattern, count=SCAN_BATCH):
+        name = raw.decode()[: -len(REDIS_META_SUFFIX)]
+        if ECKey.is_storage_name(name):
+            batch.append(name)
+        if len(batch) >= SCAN_BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _sized(names: list[str], sizes: Sequence[Any]) -> Iterator[tuple[str, int]]:
+    for name, size in zip(names, sizes, strict=True):
+        if size:  # metadata without data: a torn write, not an entry
+            yield name, int(size)
+
+
+class RedisStore(RemoteStore):
+    """One Redis server (or the Sentinel-resolved primary) through one client."""
+
+    def __init__(self, client: redis.Redis, timeout: float, where: str) -> None:
+        self.timeout = timeout
+        self._client = client
+        self._where = where
+
+    def exists(self, name: str) -> bool:
+        return bool(self._client.exists(redis_data_key(name)))
+
+    def exists_many(self, names: Sequence[str]) -> list[bool | None]:
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.exists(redis_data_key(name))
+        return [bool(found) for found in pipe.execute()] if names else []
+
+    def get(self, name: str) -> bytes | None:
+        return self._client.get(redis_data_key(name))
+
+    def get_many(self, names: Sequence[str]) -> list[bytes | None]:
+        frames: list[bytes | None] = []
+        for first in range(0, len(names), MGET_BATCH):
+            keys = [redis_data_key(name) for name in names[first : first + MGET_BATCH]]
+            frames.extend(self._client.mget(keys))
+        return frames
+
+    def put(self, name: str, data: bytes | memoryview) -> None:
+        # One MULTI/EXEC: a reader never sees metadata without data.
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.set(redis_data_key(name), data)
+            pipe.set(redis_meta_key(name), _metadata(len(data)))
+            pipe.execute()
+
+    def delete(self, name: str) -> bool:
+        return self._client.delete(redis_data_key(name), redis_meta_key(name)) > 0
+
+    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        for names in _scan(self._client, prefix):
+            pipe = self._client.pipeline(transaction=False)
+            for name in names:
+                pipe.strlen(redis_data_key(name))
+            yield from _sized(names, pipe.execute())
+
+    def read_range(self, name: str, start: int, length: int) -> bytes | None:
+        key = redis_data_key(name)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.exists(key)
+        pipe.getrange(key, start, start + length - 1)
+        present, data = pipe.execute()
+        return bytes(data) if present else None
+
+    def get_object(self, name: str) -> bytes | None:
+        data = self._client.get(name)
+        return None if data is None else bytes(data)
+
+    def put_object(self, name: str, data: bytes) -> None:
+        self._client.set(name, data)
+
+    def claim(self, name: str, ttl_s: float) -> bool:
+        # SET NX PX: taken atomically, and gone by itself when it expires.
+        return bool(self._client.set(name, b"1", nx=True, px=max(1, int(ttl_s * 1000))))
+
+    def release(self, name: str) -> None:
+        self._client.delete(name)
+
+    def ping(self) -> None:
+        self._client.ping()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def describe(self) -> str:
+        return self._where
+
+
+class RedisClusterStore(RemoteStore):
+    """A Redis Cluster: each call on the primary owning the key's slot."""
+
+    def __init__(self, nodes: NodeList, settings: RemoteSettings) -> None:
+        self.timeout = settings.timeout
+        self._where = redact(settings.url)
+        self._nodes = nodes
+        self._retry_interval = settings.retry_interval
+        self._lock = threading.Lock()
+        self._cluster: Any = None
+        self._down_until: dict[str, float] = {}
+        self._returning: set[str] = set()  # retried after an outage, not yet answered
+
+    def _topology(self) -> Any:
+        """The cluster client, built on first use (building it asks a node for the slots)."""
+        with self._lock:
+            if self._cluster is None:
+                from redis.cluster import ClusterNode, RedisCluster
+
+                self._cluster = RedisCluster(
+                    startup_nodes=[ClusterNode(host, port) for host, port in self._nodes.nodes],
+                    username=self._nodes.username,
+                    password=self._nodes.password,
+                    require_full_coverage=False,  # a shard down leaves the others usable
+                    **client_options(self.timeout),
+                )
+            return self._cluster
+
+    def _node_of(self, key: str) -> Any:
+        return self._topology().get_node_from_key(key)
+
+    def _node_client(self, node: Any) -> redis.Redis:
+        down = self._down_until.get(node.name)
+        if down is not None:
+            if time.monotonic() < down:
+                if self._all_down():
+                    raise StoreError("no Redis Cluster primary answers")
+                raise ShardUnavailable(f"shard {node.name} is down")
+            self._down_until.pop(node.name, None)
+            self._returning.add(node.name)
+        return self._topology().get_redis_connection(node)
+
+    def _answered(self, node: Any) -> None:
+        if node.name not in self._returning:
+            return
+        self._returning.discard(node.name)
+        logger.warning("Redis Cluster shard %s available again", node.name)
+        callback = self.on_shard_back
+        if callback is not None:
+            try:
+                callback()
+            except Exception as exc:
+                logger.warning("Shard recovery hook failed: %s", exc)
+
+    def _shard_failed(self, node: Any, exc: BaseException) -> ShardUnavailable:
+        still_down = node.name in self._returning or node.name in self._down_until
+        self._returning.discard(node.name)
+        if not still_down:  # logged once per outage
+            logger.warning(
+                "Redis Cluster shard %s unavailable (%s); its keys miss, retried in %.1fs",
+                node.name,
+                exc,
+                self._retry_interval,
+            )
+        self._down_until[node.name] = time.monotonic() + self._retry_interval
+        if self._all_down():
+            return StoreError(f"no Redis Cluster primary answers (last: {node.name}: {exc})")
+        return ShardUnavailable(f"shard {node.name}: {exc}")
+
+    def _all_down(self) -> bool:
+        """Every primary failed recently: the store is down, not a shard."""
+        primaries = self._topology().get_primaries()
+        return bool(primaries) and all(node.name in self._down_until for node in primaries)
+
+    def _run(self, key: str, call: Any) -> Any:
+        """``call(client)`` on the primary owning ``key``; one retry after a slot move."""
+        for attempt in (0, 1):
+            node = self._node_of(key)
+            client = self._node_client(node)
+            try:
+                result = call(client)
+            except _NODE_ERRORS as exc:
+                raise self._shard_failed(node, exc) from exc
+            except ResponseError as exc:
+                if attempt or not str(exc).startswith(("MOVED", "ASK")):
+                    raise
+                self._topology().nodes_manager.initialize()  # the slots moved
+                continue
+            self._answered(node)
+            return result
+        raise AssertionError("unreachable")
+
+    def exists(self, name: str) -> bool:
+        key = redis_data_key(name)
+        return bool(self._run(key, lambda c: c.exists(key)))
+
+    def get(self, name: str) -> bytes | None:
+        key = redis_data_key(name)
+        return self._run(key, lambda c: c.get(key))
+
+    def _per_node(self, keys: Sequence[str], command: str) -> list[Any]:
+        """``command`` of each key, one pipeline per primary; None for down shards."""
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        for index, key in enumerate(keys):
+            node = self._node_of(key)
+            groups.setdefault(node.name, (node, []))[1].append(index)
+        answers: list[Any] = [None] * len(keys)
+        for node, indices in groups.values():
+            try:
+                pipe = self._node_client(node).pipeline(transaction=False)
+                for index in indices:
+                    getattr(pipe, command)(keys[index])
+                replies = pipe.execute(raise_on_error=False)
+            except ShardUnavailable:
+                continue
+            except StoreError:
+                raise
+            except _NODE_ERRORS as exc:
+                failure = self._shard_failed(node, exc)
+                if not isinstance(failure, ShardUnavailable):
+                    raise failure from exc
+                continue
+            self._answered(node)
+            for index, reply in zip(indices, replies, strict=True):
+                # A MOVED reply (resharding) is a miss now; the map is refreshed below.
+                answers[index] = None if isinstance(reply, Exception) else reply
+            if any(isinstance(reply, ResponseError) for reply in replies):
+                self._topology().nodes_manager.initialize()
+        return answers
+
+    def exists_many(self, names: Sequence[str]) -> list[bool | None]:
+        found = self._per_node([redis_data_key(name) for name in names], "exists")
+        return [None if answer is None else bool(answer) for answer in found]
+
+    def get_many(self, names: Sequence[str]) -> list[bytes | None]:
+        return self._per_node([redis_data_key(name) for name in names], "get")
+
+    def put(self, name: str, data: bytes | memoryview) -> None:
+        # The two keys live in different slots: data first, metadata last
+        # (existence is the frame's, so a reader never sees a partial entry).
+        data_key, meta_key = redis_data_key(name), redis_meta_key(name)
+        self._run(data_key, lambda c: c.set(data_key, data))
+        self._run(meta_key, lambda c: c.set(meta_key, _metadata(len(data))))
+
+    def delete(self, name: str) -> bool:
+        data_key, meta_key = redis_data_key(name), redis_meta_key(name)
+        removed = self._run(data_key, lambda c: c.delete(data_key))
+        self._run(meta_key, lambda c: c.delete(meta_key))
+        return removed > 0
+
+    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        # A name's metadata and data keys live in different slots: scan each
+        # primary for metadata keys, then size the frames wherever they are.
+        for node in self._topology().get_primaries():
+            try:
+                batches = list(_scan(self._node_client(node), prefix))
+            except _NODE_ERRORS as exc:
+                raise self._shard_failed(node, exc) from exc
+            for names in batches:
+                sizes = self._per_node([redis_data_key(name) for name in names], "strlen")
+                if any(size is None for size in sizes):
+                    raise ShardUnavailable("a shard did not answer: the listing is partial")
+                yield from _sized(names, sizes)
+
+    def read_range(self, name: str, start: int, length: int) -> bytes | None:
+        key = redis_data_key(name)
+
+        def read(client: redis.Redis) -> Any:
+            pipe = client.pipeline(transaction=False)
+            pipe.exists(key)
+            pipe.getrange(key, start, start + length - 1)
+            return pipe.execute()
+
+        present, data = self._run(key, read)
+        return bytes(data) if present else None
+
+    def get_object(self, name: str) -> bytes | None:
+        data = self._run(name, lambda c: c.get(name))
+        return None if data is None else bytes(data)
+
+    def put_object(self, name: str, data: bytes) -> None:
+        self._run(name, lambda c: c.set(name, data))
+
+    def claim(self, name: str, ttl_s: float) -> bool:
+        px = max(1, int(ttl_s * 1000))
+        return bool(self._run(name, lambda c: c.set(name, b"1", nx=True, px=px)))
+
+    def release(self, name: str) -> None:
+        self._run(name, lambda c: c.delete(name))
+
+    def ping(self) -> None:
+        """Answers if any primary does: a down shard alone is not a down tier."""
+        failures: list[str] = []
+        cluster = self._topology()
+        for node in cluster.get_primaries():
+            try:
+                cluster.get_redis_connection(node).ping()
+                return
+            except _NODE_ERRORS as exc:
+                failures.append(f"{node.name}: {exc}")
+        raise RedisConnectionError("no cluster primary answers: " + "; ".join(failures))
+
+    def close(self) -> None:
+        with self._lock:
+            cluster, self._cluster = self._cluster, None
+        if cluster is not None:
+            cluster.close()
+
+    def describe(self) -> str:
+        return self._where
+
+
+def open_redis(settings: RemoteSettings) -> RedisStore:
+    client = redis.Redis.from_url(settings.url, **client_options(settings.timeout))
+    return RedisStore(client, settings.timeout, redact(settings.url))
+
+
+def open_redis_cluster(settings: RemoteSettings) -> RedisClusterStore:
+    return RedisClusterStore(parse_node_list(settings.url, service=False), settings)
+
+
+def open_redis_sentinel(settings: RemoteSettings) -> RedisStore:
+    from redis.sentinel import Sentinel
+
+    nodes = parse_node_list(settings.url, service=True)
+    options = client_options(settings.timeout)
+    sentinel = Sentinel(
+        list(nodes.nodes),
+        sentinel_kwargs={k: options[k] for k in ("socket_timeout", "socket_connect_timeout")},
+        username=nodes.username,
+        password=nodes.password,
+        **options,
+    )
+    client = sentinel.master_for(nodes.service, **options)
+    return RedisStore(client, settings.timeout, redact(settings.url))

@@ -1,0 +1,219 @@
+"""The S3 store (``s3://bucket/prefix``): any S3-compatible service through boto3.
+
+One object per entry, ``<prefix>/<storage_name>``, holding the frame; its size
+is the frame length. Credentials are never part of the settings: boto3 takes
+them from the usual AWS chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``,
+``AWS_PROFILE``, shared config files, instance or container roles);
+``s3_endpoint_url`` points the client at MinIO, Ceph RGW, R2, moto …
+
+Every request is bounded by ``remote_timeout`` (connect and read timeouts,
+one attempt: the remote tier's health check decides when to try again).
+
+Why not LMCache's ``s3://`` connector: it sizes uploads and reads from the KV
+chunk shape, has no endpoint or bucket option, and disables itself for good
+after three errors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..key import ECKey
+from .naming import S3Location, parse_s3_url
+from .settings import RemoteSettings
+from .store import RemoteStore
+
+logger = logging.getLogger(__name__)
+
+POOL_CONNECTIONS = 16  # upload threads of the connector + side-by-side lookups
+_LOOKUP_THREADS = 8  # S3 has no batch existence check or read: requests side by side
+
+
+def make_client(settings: RemoteSettings, max_pool_connections: int = POOL_CONNECTIONS) -> Any:
+    """A boto3 S3 client whose every request is bounded by ``settings.timeout``."""
+    import boto3
+    from botocore.config import Config
+
+    style = settings.s3_addressing_style or ("path" if settings.s3_endpoint_url else "auto")
+    config = Config(
+        connect_timeout=settings.timeout,
+        read_timeout=settings.timeout,
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        max_pool_connections=max_pool_connections,
+        s3={"addressing_style": style},
+    )
+    session = boto3.session.Session()
+    return session.client(
+        "s3", endpoint_url=settings.s3_endpoint_url, region_name=settings.s3_region, config=config
+    )
+
+
+def _error_code(exc: BaseException) -> tuple[str, int | None]:
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return "", None
+    code = str(response.get("Error", {}).get("Code", ""))
+    return code, response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+
+
+def is_not_found(exc: BaseException) -> bool:
+    """True for a botocore ``ClientError`` meaning the object or bucket is absent."""
+    code, status = _error_code(exc)
+    return code in ("404", "NoSuchKey", "NotFound") or status == 404
+
+
+def _is_precondition_failed(exc: BaseException) -> bool:
+    code, status = _error_code(exc)
+    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+
+
+class S3Store(RemoteStore):
+    def __init__(self, settings: RemoteSettings) -> None:
+        self.settings = settings
+        self.timeout = settings.timeout
+        self.location: S3Location = parse_s3_url(settings.url)
+        self._client = make_client(settings)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _object(self, name: str) -> dict[str, str]:
+        return {"Bucket": self.location.bucket, "Key": self.location.object_key(name)}
+
+    def _side_by_side(self, call: Any, names: Sequence[str]) -> list[Any]:
+        if len(names) < 2:
+            return [call(name) for name in names]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(_LOOKUP_THREADS, thread_name_prefix="ec-s3-many")
+        return list(self._pool.map(call, names))
+
+    # -- entries ---------------------------------------------------------------
+
+    def exists(self, name: str) -> bool:
+        try:
+            self._client.head_object(**self._object(name))
+            return True
+        except Exception as exc:
+            if is_not_found(exc):
+                return False
+            raise
+
+    def exists_many(self, names: Sequence[str]) -> list[bool | None]:
+        return self._side_by_side(self.exists, names)
+
+    def get(self, name: str) -> bytes | None:
+        return self.get_object(name, check_length=True)
+
+    def get_many(self, names: Sequence[str]) -> list[bytes | None]:
+        return self._side_by_side(self.get, names)
+
+    def put(self, name: str, data: bytes | memoryview) -> None:
+        self._client.put_object(
+            Body=bytes(data), ContentType="application/octet-stream", **self._object(name)
+        )
+
+    def delete(self, name: str) -> bool:
+        if not self.exists(name):
+            return False
+        self._client.delete_object(**self._object(name))
+        return True
+
+    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        pages = paginator.paginate(
+            Bucket=self.location.bucket, Prefix=self.location.object_key(prefix)
+        )
+        for page in pages:
+            for item in page.get("Contents", []):
+                name = self.location.storage_name(item["Key"])
+                if name is not None and ECKey.is_storage_name(name):
+                    yield name, int(item["Size"])
+
+    def read_range(self, name: str, start: int, length: int) -> bytes | None:
+        try:
+            response = self._client.get_object(
+                **self._object(name), Range=f"bytes={start}-{start + length - 1}"
+            )
+        except Exception as exc:
+            if is_not_found(exc):
+                return None
+            if "InvalidRange" in str(exc):  # start beyond a short (corrupt) object
+                return b""
+            raise
+        with response["Body"] as body:
+            return body.read()
+
+    # -- objects and claims ----------------------------------------------------
+
+    def get_object(self, name: str, check_length: bool = False) -> bytes | None:
+        try:
+            response = self._client.get_object(**self._object(name))
+        except Exception as exc:
+            if is_not_found(exc):
+                return None
+            raise
+        with response["Body"] as body:
+            data = body.read()
+        if check_length and len(data) != response["ContentLength"]:
+            raise OSError(f"short read of {name}")
+        return data
+
+    def put_object(self, name: str, data: bytes) -> None:
+        self._client.put_object(Body=data, **self._object(name))
+
+    def claim(self, name: str, ttl_s: float) -> bool:
+        """Conditional put (``If-None-Match: *``); the expiry (wall clock) is in
+        the object, and an expired claim is taken over with ``If-Match`` on its
+        ETag, so of several takers exactly one wins."""
+        body = json.dumps({"expires": time.time() + ttl_s}).encode()
+        try:
+            self._client.put_object(Body=body, IfNoneMatch="*", **self._object(name))
+            return True
+        except Exception as exc:
+            if not _is_precondition_failed(exc):
+                raise
+        try:
+            held = self._client.get_object(**self._object(name))
+        except Exception as exc:
+            if is_not_found(exc):  # released meanwhile: next caller's turn
+                return False
+            raise
+        with held["Body"] as stream:
+            raw = stream.read()
+        try:
+            expires = float(json.loads(raw)["expires"])
+        except (ValueError, KeyError, TypeError):
+            expires = 0.0  # unreadable: treat as expired
+        if expires > time.time():
+            return False
+        try:
+            self._client.put_object(Body=body, IfMatch=held["ETag"], **self._object(name))
+            return True
+        except Exception as exc:
+            if _is_precondition_failed(exc) or is_not_found(exc):
+                return False
+            raise
+
+    def release(self, name: str) -> None:
+        self._client.delete_object(**self._object(name))
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def ping(self) -> None:
+        self._client.head_bucket(Bucket=self.location.bucket)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+
+    def describe(self) -> str:
+        where = self.settings.s3_endpoint_url or "aws"
+        return f"{where} s3://{self.location.bucket}/{self.location.prefix}"
+
+
+def open_s3(settings: RemoteSettings) -> S3Store:
+    return S3Store(settings)

@@ -1,0 +1,111 @@
+"""``RemoteStore``: what every remote store offers, by storage name, synchronously.
+
+One store class per URL scheme family (``redis_store``, ``s3_store``), picked
+by ``registry``. Both users sit on top of it: the LMCache connector shim
+(``connector.py``, the serving path) and ``RemoteCatalog`` (scheduler, CLI).
+
+Contract:
+
+- every call is bounded by ``timeout`` (client socket/connect timeouts, one
+  attempt; a pooled connection the server dropped is replaced once);
+- failures raise (``OSError`` or the client's own errors); absence is
+  ``False``/``None``, never an exception;
+- ``ShardUnavailable`` (a ``StoreError``) means only part of a sharded store
+  is down: the caller treats those entries as misses and the rest as healthy.
+  Batched reads never raise it: they answer ``None`` for the lost entries;
+- thread-safe: several threads may call one store.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator, Sequence
+
+
+class StoreError(OSError):
+    """The remote store failed a call."""
+
+
+class ShardUnavailable(StoreError):
+    """The shard holding the entry is down; other entries are unaffected."""
+
+
+class RemoteStore(abc.ABC):
+    timeout: float
+    # Called (from whichever thread made the call) when a shard that was
+    # unavailable answers again: writes it missed can be re-sent.
+    on_shard_back: Callable[[], None] | None = None
+
+    # -- entries (frames) ------------------------------------------------------
+
+    @abc.abstractmethod
+    def exists(self, name: str) -> bool:
+        """True if the entry ``name`` is stored."""
+
+    def exists_many(self, names: Sequence[str]) -> list[bool | None]:
+        """``exists`` of each name, in order; None where its shard is down."""
+        return [self.exists(name) for name in names]
+
+    @abc.abstractmethod
+    def get(self, name: str) -> bytes | None:
+        """The frame of entry ``name``; None if absent."""
+
+    def get_many(self, names: Sequence[str]) -> list[bytes | None]:
+        """``get`` of each name, in order, in as few round trips as the store allows;
+        None where absent or where its shard is down."""
+        return [self.get(name) for name in names]
+
+    @abc.abstractmethod
+    def put(self, name: str, data: bytes | memoryview) -> None:
+        """Store the frame ``data`` as entry ``name`` (whole or not at all)."""
+
+    @abc.abstractmethod
+    def delete(self, name: str) -> bool:
+        """Remove entry ``name``; True if it existed."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """(storage name, frame bytes) of entries whose name starts with ``prefix``.
+
+        Yields only names of the store's entry layout; raises if any part of the
+        store cannot be listed (a partial listing must not look complete).
+        """
+
+    @abc.abstractmethod
+    def read_range(self, name: str, start: int, length: int) -> bytes | None:
+        """Up to ``length`` bytes of the frame from ``start``; None if absent."""
+
+    # -- small non-entry objects (purge marker, claims) ------------------------
+
+    @abc.abstractmethod
+    def get_object(self, name: str) -> bytes | None:
+        """The object ``name`` (not an entry); None if absent."""
+
+    @abc.abstractmethod
+    def put_object(self, name: str, data: bytes) -> None:
+        """Store the object ``name`` (not an entry)."""
+
+    @abc.abstractmethod
+    def claim(self, name: str, ttl_s: float) -> bool:
+        """Take the claim ``name`` for ``ttl_s`` seconds; False if someone holds it.
+
+        Announces work in flight (an encode) to other instances; an expired
+        claim can be taken by anyone. Raises on failure.
+        """
+
+    @abc.abstractmethod
+    def release(self, name: str) -> None:
+        """Give up the claim ``name`` (whoever holds it: claims are advisory)."""
+
+    # -- lifecycle -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def ping(self) -> None:
+        """Return if the store answers; raise otherwise (health probe)."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """Where the store is, without credentials (for logs)."""

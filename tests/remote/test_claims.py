@@ -1,0 +1,86 @@
+"""Claims (in-flight announcements) on every store: one holder, expiry, release.
+
+Redis: ``SET NX PX``; S3: conditional put (``If-None-Match: *``), an expired
+claim taken over with ``If-Match`` on its ETag. Real servers, two clients.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from lmcache_ec.config import load_config
+from lmcache_ec.remote.catalog import open_catalog
+from lmcache_ec.remote.registry import open_store
+from tests.remote.conftest import remote_config
+
+TTL = 0.4
+
+
+def open_stores(url: str, endpoint: str | None = None, count: int = 2):
+    settings = load_config(
+        remote_config(url, endpoint=endpoint, remote_timeout=5)
+    ).remote_settings()
+    return [open_store(settings) for _ in range(count)]
+
+
+def test_one_holder_until_release(remote):
+    first, second = open_stores(**remote)
+    try:
+        assert first.claim("ec-claim.item-a", 30)
+        assert not second.claim("ec-claim.item-a", 30)
+        assert not first.claim("ec-claim.item-a", 30)  # not re-entrant either
+        assert second.claim("ec-claim.item-b", 30)  # other names are independent
+        first.release("ec-claim.item-a")
+        assert second.claim("ec-claim.item-a", 30)
+        second.release("ec-claim.item-a")
+        second.release("ec-claim.item-a")  # releasing twice is harmless
+    finally:
+        first.close()
+        second.close()
+
+
+def test_an_expired_claim_is_taken_by_exactly_one(remote):
+    stores = open_stores(**remote, count=4)
+    try:
+        assert stores[0].claim("ec-claim.item", TTL)
+        assert not stores[1].claim("ec-claim.item", TTL)
+        time.sleep(TTL + 0.3)
+        results: list[bool] = []
+        barrier = threading.Barrier(3)
+
+        def contend(store) -> None:
+            barrier.wait()
+            results.append(store.claim("ec-claim.item", 30))
+
+        threads = [threading.Thread(target=contend, args=(s,)) for s in stores[1:]]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert sorted(results) == [False, False, True]
+        assert not stores[0].claim("ec-claim.item", 30)
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_claims_are_not_entries(remote):
+    (first,) = open_stores(**remote, count=1)
+    try:
+        assert first.claim("ec-claim.hidden", 30)
+        catalog = open_catalog(load_config(remote_config(**remote)))
+        with catalog:
+            assert list(catalog.list()) == []
+            assert not catalog.claim("ec-claim.hidden", 30)
+            catalog.release("ec-claim.hidden")
+            assert catalog.claim("ec-claim.hidden", 30)
+    finally:
+        first.close()
+
+
+def test_catalog_claim_goes_ahead_when_the_store_cannot_answer(black_hole):
+    config = remote_config(f"redis://127.0.0.1:{black_hole.port}")
+    with open_catalog(load_config(config)) as catalog:
+        assert catalog.claim("ec-claim.item", 30)  # nobody can announce: do the work
+        catalog.release("ec-claim.item")
