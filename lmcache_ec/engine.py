@@ -22,10 +22,11 @@ before anyone can verify, and does not say which tier answered.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -284,6 +285,32 @@ class ECCache:
         if device.type == "cpu":
             return self._read_to_host(key, pin_memory)
         return self._get_batch([key], device, pin_memory)[0]
+
+    @contextlib.contextmanager
+    def borrow(self, mm_hash: str) -> Iterator[torch.Tensor | None]:
+        """The tensor stored under ``mm_hash`` without a copy, or None on a miss;
+        valid only inside the ``with`` block.
+
+        For consumers that copy it onward anyway (to a device, into a larger
+        batch). A CPU hit is a view of the pool buffer, held (neither evicted
+        nor reused) until the block exits: read it, never write to it. A hit
+        below the CPU tier is the tensor read for this call.
+        """
+        self._check_open()
+        self._watch.poll_disk()
+        key = self.key(mm_hash)
+        started = time.perf_counter()
+        hit = self._reader.read(key)
+        if hit is None:
+            self.stats.miss(time.perf_counter() - started)
+            yield None
+            return
+        self.stats.hit(hit.tier, hit.payload.data.size, time.perf_counter() - started)
+        try:
+            yield hit.payload.tensor
+        finally:
+            if hit.memory_obj is not None:
+                hit.memory_obj.ref_count_down()
 
     def get_many(
         self,

@@ -12,26 +12,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from lmcache_ec import ECCache
 from lmcache_ec.integration.vllm.metadata import ECTierConnectorMetadata
 from lmcache_ec.integration.vllm.settings import ConnectorSettings
 from lmcache_ec.integration.vllm.worker import TierWorker
 from tests.conftest import make_tensor
-
-COPIES = {"aten.clone.default", "aten.copy_.default", "aten._to_copy.default", "aten.copy.default"}
-
-
-class CopyCounter(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.copies: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if str(func) in COPIES:
-            self.copies.append(str(func))
-        return func(*args, **(kwargs or {}))
+from tests.copies import CopyCounter
 
 
 def _worker(cache: ECCache) -> TierWorker:
