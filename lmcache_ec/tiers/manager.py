@@ -111,6 +111,7 @@ class ECStorageManager(StorageManager):
         return [self._tier(name, backend) for name, backend in self.storage_backends.items()]
 
     def _tier(self, name: str, backend: Any) -> Tier:
+        # Not set in __init__: StorageManager.__init__ builds the tiers first.
         cache = self.__dict__.setdefault("_tier_of", {})
         known = cache.get(name)
         if known is not None and known[0] is backend:
