@@ -300,17 +300,20 @@ class ECCache:
         self._watch.poll_disk()
         key = self.key(mm_hash)
         started = time.perf_counter()
-        hit = self._reader.read(key)
-        if hit is None:
-            self.stats.miss(time.perf_counter() - started)
-            yield None
-            return
-        self.stats.hit(hit.tier, hit.payload.data.size, time.perf_counter() - started)
         try:
-            yield hit.payload.tensor
+            hit = self._reader.read(key)
+            if hit is None:
+                self.stats.miss(time.perf_counter() - started)
+                yield None
+                return
+            self.stats.hit(hit.tier, hit.payload.data.size, time.perf_counter() - started)
+            try:
+                yield hit.payload.tensor
+            finally:
+                if hit.memory_obj is not None:
+                    hit.memory_obj.ref_count_down()
         finally:
-            if hit.memory_obj is not None:
-                hit.memory_obj.ref_count_down()
+            self._reader.done()
 
     def get_many(
         self,
@@ -330,15 +333,18 @@ class ECCache:
     ) -> torch.Tensor | None:
         """``key``'s tensor in host memory; any CPU-pool buffer is released on return."""
         started = time.perf_counter()
-        hit = self._reader.read(key, prefetched)
-        if hit is None:
-            self.stats.miss(time.perf_counter() - started)
-            return None
         try:
-            out = codec.copy_out(hit.payload, _CPU, False, pin_memory)
+            hit = self._reader.read(key, prefetched)
+            if hit is None:
+                self.stats.miss(time.perf_counter() - started)
+                return None
+            try:
+                out = codec.copy_out(hit.payload, _CPU, False, pin_memory)
+            finally:
+                if hit.memory_obj is not None:
+                    hit.memory_obj.ref_count_down()
         finally:
-            if hit.memory_obj is not None:
-                hit.memory_obj.ref_count_down()
+            self._reader.done()
         self.stats.hit(hit.tier, hit.payload.data.size, time.perf_counter() - started)
         return out
 
@@ -359,19 +365,22 @@ class ECCache:
         try:
             for key in keys:
                 started = time.perf_counter()
-                hit = self._reader.read(key, prefetched)
-                if hit is None:
-                    self.stats.miss(time.perf_counter() - started)
-                    results.append(None)
-                    continue
-                tier, memory_obj, payload = hit
-                if memory_obj is not None:
-                    held.append(memory_obj)
-                out = codec.copy_out(payload, device, async_copy, pin_memory)
-                if not async_copy and memory_obj is not None:
-                    # Copied already: free the buffer now, so a batch larger
-                    # than the CPU pool does not starve its own later reads.
-                    held.pop().ref_count_down()
+                try:
+                    hit = self._reader.read(key, prefetched)
+                    if hit is None:
+                        self.stats.miss(time.perf_counter() - started)
+                        results.append(None)
+                        continue
+                    tier, memory_obj, payload = hit
+                    if memory_obj is not None:
+                        held.append(memory_obj)
+                    out = codec.copy_out(payload, device, async_copy, pin_memory)
+                    if not async_copy and memory_obj is not None:
+                        # Copied already: free the buffer now, so a batch larger
+                        # than the CPU pool does not starve its own later reads.
+                        held.pop().ref_count_down()
+                finally:
+                    self._reader.done()
                 results.append(out)
                 self.stats.hit(tier, payload.data.size, time.perf_counter() - started)
             if async_copy and held:

@@ -104,10 +104,16 @@ class TierReader:
     def close(self, timeout: float) -> None:
         self._promoter.close(timeout)
 
+    def done(self) -> None:
+        """The caller is done with the last ``read`` (copied out or released)."""
+        self._promoter.read_done()
+
     def read(self, key: ECKey, prefetched: Prefetched | None = None) -> Hit | None:
         """The first verified hit for ``key``, or None (miss, or corrupt and dropped).
 
         ``prefetched``: frames already fetched for a batch (``prefetch``).
+        Every call is followed by one ``done()``, once the hit is copied out:
+        promotions wait until then.
         """
         self._promoter.reading()
         self._promoter.settle(key)  # a read after a disk hit is a CPU hit
