@@ -22,19 +22,20 @@ before anyone can verify, and does not say which tier answered.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 import torch
 from lmcache.v1.event_manager import EventManager
-from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.metadata import LMCacheMetadata
 
-from . import codec, inventory
+from . import codec, selection
 from .config import ECConfig, load_config
 from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
 from .metrics import ECStats
@@ -42,9 +43,7 @@ from .purge_marker import MarkerWatch, PurgeMarker
 from .reads import Prefetched, TierReader, remember_payload
 from .reads import frame_bytes as _frame_bytes
 from .replay import RemoteReplayer
-from .tiers import ECStorageManager, tier_name
-from .tiers.local_cpu import ECLocalCPUBackend
-from .tiers.local_disk import ECLocalDiskBackend
+from .tiers import ECStorageManager
 
 logger = logging.getLogger(__name__)
 
@@ -110,15 +109,11 @@ class ECCache:
             lmcache_worker=None,
             async_lookup_server=None,
         )
-        cpu = self._storage.storage_backends["LocalCPUBackend"]
-        assert isinstance(cpu, ECLocalCPUBackend)
-        self._cpu = cpu
-        disk = self._storage.storage_backends.get("LocalDiskBackend")
-        self._disk = disk if isinstance(disk, ECLocalDiskBackend) else None
-        for name, backend in self._storage.storage_backends.items():
-            if hasattr(backend, "snapshot"):  # disk and remote: health and their own counters
-                self.stats.watch_tier(tier_name(name), backend.snapshot)
-        self._reader = TierReader(self._storage, cpu, self.stats)
+        self._cpu = self._storage.cpu
+        self._disk = self._storage.disk
+        for tier in self._storage.every_tier():
+            self.stats.watch_tier(tier.name, tier.snapshot)  # None: the tier keeps none
+        self._reader = TierReader(self._storage, self.stats)
         self._keys: dict[str, ECKey] = {}
         self._replayer = RemoteReplayer(self._storage, _frame_bytes, lambda: self._closed)
         self._replayer.attach()
@@ -164,11 +159,7 @@ class ECCache:
 
     @property
     def tiers(self) -> list[str]:
-        return [
-            tier_name(name)
-            for name in self._storage.storage_backends
-            if name != "LocalCPUBackend" or self._cpu.use_hot
-        ]
+        return [tier.name for tier in self._storage.tiers()]
 
     def key(self, mm_hash: str) -> ECKey:
         # A key is a pure function of (identity, mm_hash) and its SHA-256 costs
@@ -236,16 +227,10 @@ class ECCache:
             header = codec.encode_header(key, tensor)
         size = codec.frame_size(header, tensor)
         self._check_fits(size)
-        if self._cpu.use_hot and self._cpu.contains(key):
+        if self._cpu.holds_entries and self._cpu.contains(key):
             self.stats.add("put_skipped_existing")
             return True
-        memory_obj = self._storage.allocate(
-            torch.Size([size]),
-            torch.uint8,
-            MemoryFormat.EC_TD,
-            eviction=True,
-            busy_loop=False,
-        )
+        memory_obj = self._cpu.allocate_frame(size)
         buffer = None if memory_obj is None else _frame_bytes(memory_obj)
         if memory_obj is None or buffer is None:
             self.stats.add("put_rejected")
@@ -277,12 +262,12 @@ class ECCache:
         self._watch.poll_disk()
         key = self.key(mm_hash)
         self._reader.settle(key)  # answer after a pending promotion of it
-        for name, backend in self._storage.get_active_storage_backends():
+        for tier in self._storage.tiers():
             try:
-                if backend.contains(key):
-                    return tier_name(name)
+                if tier.contains(key):
+                    return tier.name
             except Exception as exc:
-                self._tier_failed(name, "contains", exc)
+                self._reader.tier_failed(tier, "contains", exc)
         return None
 
     def get(
@@ -300,6 +285,35 @@ class ECCache:
         if device.type == "cpu":
             return self._read_to_host(key, pin_memory)
         return self._get_batch([key], device, pin_memory)[0]
+
+    @contextlib.contextmanager
+    def borrow(self, mm_hash: str) -> Iterator[torch.Tensor | None]:
+        """The tensor stored under ``mm_hash`` without a copy, or None on a miss;
+        valid only inside the ``with`` block.
+
+        For consumers that copy it onward anyway (to a device, into a larger
+        batch). A CPU hit is a view of the pool buffer, held (neither evicted
+        nor reused) until the block exits: read it, never write to it. A hit
+        below the CPU tier is the tensor read for this call.
+        """
+        self._check_open()
+        self._watch.poll_disk()
+        key = self.key(mm_hash)
+        started = time.perf_counter()
+        try:
+            hit = self._reader.read(key)
+            if hit is None:
+                self.stats.miss(time.perf_counter() - started)
+                yield None
+                return
+            self.stats.hit(hit.tier, hit.payload.data.size, time.perf_counter() - started)
+            try:
+                yield hit.payload.tensor
+            finally:
+                if hit.memory_obj is not None:
+                    hit.memory_obj.ref_count_down()
+        finally:
+            self._reader.done()
 
     def get_many(
         self,
@@ -319,15 +333,18 @@ class ECCache:
     ) -> torch.Tensor | None:
         """``key``'s tensor in host memory; any CPU-pool buffer is released on return."""
         started = time.perf_counter()
-        hit = self._reader.read(key, prefetched)
-        if hit is None:
-            self.stats.miss(time.perf_counter() - started)
-            return None
         try:
-            out = codec.copy_out(hit.payload, _CPU, False, pin_memory)
+            hit = self._reader.read(key, prefetched)
+            if hit is None:
+                self.stats.miss(time.perf_counter() - started)
+                return None
+            try:
+                out = codec.copy_out(hit.payload, _CPU, False, pin_memory)
+            finally:
+                if hit.memory_obj is not None:
+                    hit.memory_obj.ref_count_down()
         finally:
-            if hit.memory_obj is not None:
-                hit.memory_obj.ref_count_down()
+            self._reader.done()
         self.stats.hit(hit.tier, hit.payload.data.size, time.perf_counter() - started)
         return out
 
@@ -348,19 +365,22 @@ class ECCache:
         try:
             for key in keys:
                 started = time.perf_counter()
-                hit = self._reader.read(key, prefetched)
-                if hit is None:
-                    self.stats.miss(time.perf_counter() - started)
-                    results.append(None)
-                    continue
-                tier, memory_obj, payload = hit
-                if memory_obj is not None:
-                    held.append(memory_obj)
-                out = codec.copy_out(payload, device, async_copy, pin_memory)
-                if not async_copy and memory_obj is not None:
-                    # Copied already: free the buffer now, so a batch larger
-                    # than the CPU pool does not starve its own later reads.
-                    held.pop().ref_count_down()
+                try:
+                    hit = self._reader.read(key, prefetched)
+                    if hit is None:
+                        self.stats.miss(time.perf_counter() - started)
+                        results.append(None)
+                        continue
+                    tier, memory_obj, payload = hit
+                    if memory_obj is not None:
+                        held.append(memory_obj)
+                    out = codec.copy_out(payload, device, async_copy, pin_memory)
+                    if not async_copy and memory_obj is not None:
+                        # Copied already: free the buffer now, so a batch larger
+                        # than the CPU pool does not starve its own later reads.
+                        held.pop().ref_count_down()
+                finally:
+                    self._reader.done()
                 results.append(out)
                 self.stats.hit(tier, payload.data.size, time.perf_counter() - started)
             if async_copy and held:
@@ -369,9 +389,6 @@ class ECCache:
             for memory_obj in held:
                 memory_obj.ref_count_down()
         return results
-
-    def _tier_failed(self, name: str, operation: str, exc: Exception) -> None:
-        self._reader.tier_failed(name, operation, exc)
 
     # -- purges by other processes --------------------------------------------
 
@@ -389,7 +406,7 @@ class ECCache:
         self._purge_stop = threading.Event()
         self._watch = MarkerWatch(disk_dir, interval, self._purged)
         self._watch_thread: threading.Thread | None = None
-        if disk_dir is None and not inventory.remote_configured(self.config):
+        if disk_dir is None and not selection.remote_configured(self.config):
             return
         self._watch_thread = threading.Thread(
             target=self._watch_loop, name="ec-purge-watch", daemon=True
@@ -398,9 +415,9 @@ class ECCache:
 
     def _watch_loop(self) -> None:
         catalog = None
-        if inventory.remote_configured(self.config):
+        if selection.remote_configured(self.config):
             try:
-                catalog = inventory.open_remote(self.config)
+                catalog = selection.open_remote(self.config)
             except Exception as exc:
                 logger.warning("Purges through the remote tier will not be noticed: %s", exc)
         try:
@@ -434,28 +451,28 @@ class ECCache:
             if tier == "remote" and self._disk is not None:
                 self._purge_own_disk(selector)
             self._drop_cpu(selector)
-            for backend in self._storage.storage_backends.values():
-                if hasattr(backend, "forget_stored"):
-                    backend.forget_stored()
+            for tier in self._storage.every_tier():
+                tier.forget_stored()
             if self._disk is not None:
                 self._disk.forget_missing()  # one stat per indexed file, once per purge
 
-    def _purge_own_disk(self, selector: inventory.Selector) -> None:
+    def _purge_own_disk(self, selector: selection.Selector) -> None:
         directory = self.config.values["local_disk"]
         try:
-            entries = inventory.scan_disk(directory, selector)
-            inventory.read_headers(entries, None)
-            for entry in inventory.filter_headers(entries, selector):
-                inventory.delete_disk(entry)
+            entries = selection.scan_disk(directory, selector)
+            for entry in entries:
+                selection.read_disk_header(entry)
+            for entry in selection.filter_headers(entries, selector):
+                selection.delete_disk(entry)
         except OSError as exc:
             logger.warning("Applying a purge to %s failed: %s", directory, exc)
 
-    def _drop_cpu(self, selector: inventory.Selector) -> None:
+    def _drop_cpu(self, selector: selection.Selector) -> None:
         dropped = 0
         for key, _ in self._cpu.entries():
             if not selector.matches_name(key.to_string()):
                 continue
-            identity = getattr(key, "identity", None)
+            identity = key.identity if isinstance(key, ECKey) else None
             known = selector.weights is not None and identity is not None
             if known and identity.weights != selector.weights:
                 continue
@@ -471,9 +488,7 @@ class ECCache:
     def pending_writes(self) -> int:
         """Accepted writes not yet on every tier (disk and remote uploads, promotions)."""
         return self._reader.pending() + sum(
-            backend.pending_writes()
-            for backend in self._storage.storage_backends.values()
-            if hasattr(backend, "pending_writes")
+            tier.pending_writes() for tier in self._storage.every_tier()
         )
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -512,8 +527,8 @@ class ECCache:
         self._storage.close()
         # LMCache stops its event loop but leaves the loop's to_thread pool
         # (a non-daemon thread) running; stop it so close() leaves nothing behind.
-        loop = getattr(self._storage, "loop", None)
-        if loop is not None and not loop.is_running() and not loop.is_closed():
+        loop = self._storage.loop
+        if not loop.is_running() and not loop.is_closed():
             loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
 

@@ -19,154 +19,48 @@ entry is a miss and the stale index entry is dropped.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-from . import codec
 from .config import ECConfig
-from .key import KEY_FORMAT_VERSION, ECKey, slug
-from .tiers.local_disk import entry_stem
+from .selection import (
+    Entry,
+    RemoteUnavailable,
+    Selector,
+    delete_disk,
+    filter_headers,
+    open_remote,
+    read_disk_header,
+    remote_configured,
+    scan_disk,
+)
 
+__all__ = [
+    "Entry",
+    "RemoteUnavailable",
+    "Selector",
+    "delete",
+    "delete_disk",
+    "filter_age",
+    "filter_headers",
+    "open_remote",
+    "read_disk_header",
+    "read_headers",
+    "remote_configured",
+    "scan_cpu",
+    "scan_disk",
+    "scan_remote",
+    "select",
+]
 
-class RemoteUnavailable(RuntimeError):
-    """The remote tier is configured but cannot be opened."""
-
-
-@dataclass
-class Entry:
-    """One stored entry; ``header`` is None until read, ``error`` if unreadable."""
-
-    tier: str
-    name: str
-    size: int
-    path: str | None = None
-    mtime: float | None = None
-    header: dict[str, Any] | None = None
-    error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def created(self) -> float | None:
-        if self.header is not None and "created" in self.header:
-            return float(self.header["created"])
-        return self.mtime
-
-    def age(self, now: float | None = None) -> float | None:
-        created = self.created
-        return None if created is None else (now or time.time()) - created
-
-
-@dataclass(frozen=True)
-class Selector:
-    """Which entries a command acts on; empty fields match everything."""
-
-    namespace: str | None = None
-    model: str | None = None
-    older_than: float | None = None  # seconds
-    weights: str | None = None  # the header's ``weights`` field ("" for none)
-    created_before: float | None = None  # epoch seconds (a purge applied later)
-
-    @property
-    def needs_headers(self) -> bool:
-        return (
-            self.older_than is not None
-            or self.weights is not None
-            or (self.created_before is not None)
-        )
-
-    def name_prefix(self) -> str:
-        """The longest storage-name prefix shared by every selected entry."""
-        prefix = f"ec{KEY_FORMAT_VERSION}."
-        if self.namespace is None:
-            return prefix
-        prefix += slug(self.namespace) + "."
-        return prefix + slug(self.model) + "." if self.model is not None else prefix
-
-    def matches_name(self, name: str) -> bool:
-        if not ECKey.is_storage_name(name):
-            return False
-        parts = name.split(".")
-        if self.namespace is not None and parts[1] != slug(self.namespace):
-            return False
-        return self.model is None or parts[2] == slug(self.model)
-
-    def matches_age(self, entry: Entry, now: float) -> bool:
-        if self.older_than is None:
-            return True
-        age = entry.age(now)
-        return age is not None and age >= self.older_than
-
-    def matches_header(self, entry: Entry, now: float) -> bool:
-        """Age, weights and creation-time conditions (headers read where needed)."""
-        if not self.matches_age(entry, now):
-            return False
-        if self.created_before is not None:
-            created = entry.created
-            if created is None or created >= self.created_before:
-                return False
-        if self.weights is None:
-            return True
-        return entry.header is not None and str(entry.header.get("weights", "")) == self.weights
-
-
-# -- disk ----------------------------------------------------------------------
-
-
-def scan_disk(directory: str, selector: Selector = Selector()) -> list[Entry]:
-    """Entries of a disk tier directory whose names match (sizes from ``stat``)."""
-    found: list[Entry] = []
-    try:
-        scan = os.scandir(directory)
-    except FileNotFoundError:
-        return found
-    with scan:
-        for item in scan:
-            name = item.name
-            stem = entry_stem(name)
-            if stem is None or not selector.matches_name(stem):
-                continue
-            try:
-                stat = item.stat()
-            except OSError:
-                continue  # removed while scanning
-            found.append(Entry("disk", stem, stat.st_size, item.path, stat.st_mtime))
-    found.sort(key=lambda e: e.mtime or 0.0)
-    return found
-
-
-def read_disk_header(entry: Entry) -> None:
-    """Fill ``entry.header`` from the file's frame header (or ``entry.error``)."""
-    assert entry.path is not None
-    try:
-        with open(entry.path, "rb") as stream:
-            prefix = stream.read(codec.PREFIX_SIZE)
-            header_len, _, _, header_sum = codec.read_prefix(prefix)
-            raw = stream.read(header_len)
-        if len(raw) < header_len:
-            raise codec.CorruptEntryError("truncated header")
-        entry.header = codec.parse_header(raw, header_sum)
-    except codec.CorruptEntryError as exc:
-        entry.error = exc.reason
-    except OSError as exc:
-        entry.error = f"unreadable: {exc.strerror or exc}"
-
-
-def delete_disk(entry: Entry) -> bool:
-    assert entry.path is not None
-    try:
-        os.remove(entry.path)
-    except FileNotFoundError:
-        return False
-    return True
+_EVERYTHING = Selector()
 
 
 # -- cpu (in-process) ----------------------------------------------------------
 
 
-def scan_cpu(cache: Any, selector: Selector = Selector()) -> list[Entry]:
+def scan_cpu(cache: Any, selector: Selector = _EVERYTHING) -> list[Entry]:
     """Entries of the CPU tier of ``cache`` (an ``ECCache`` in this process)."""
     found = []
     for key, size in cache._cpu.entries():
@@ -179,26 +73,7 @@ def scan_cpu(cache: Any, selector: Selector = Selector()) -> list[Entry]:
 # -- remote --------------------------------------------------------------------
 
 
-def remote_configured(config: ECConfig) -> bool:
-    """A remote tier this module can inspect (``remote_url``) is configured."""
-    return bool(config.values.get("remote_url"))
-
-
-def open_remote(config: ECConfig) -> Any | None:
-    """The remote catalog of ``config``, None if no remote tier is configured."""
-    if not remote_configured(config):
-        return None
-    try:
-        from .remote.catalog import open_catalog
-    except ImportError as exc:
-        raise RemoteUnavailable(f"remote catalog support is not available: {exc}") from None
-    try:
-        return open_catalog(config)
-    except Exception as exc:
-        raise RemoteUnavailable(f"cannot open the remote tier: {exc}") from exc
-
-
-def scan_remote(catalog: Any, selector: Selector = Selector()) -> list[Entry]:
+def scan_remote(catalog: Any, selector: Selector = _EVERYTHING) -> list[Entry]:
     found = []
     for name, size in catalog.list(selector.name_prefix()):
         if selector.matches_name(name):
@@ -264,14 +139,6 @@ def filter_age(
 ) -> Iterator[Entry]:
     now = time.time() if now is None else now
     return (e for e in entries if selector.matches_age(e, now))
-
-
-def filter_headers(
-    entries: Iterable[Entry], selector: Selector, now: float | None = None
-) -> Iterator[Entry]:
-    """Entries whose headers (read already) meet the age/weights/creation conditions."""
-    now = time.time() if now is None else now
-    return (e for e in entries if selector.matches_header(e, now))
 
 
 def delete(entry: Entry, catalog: Any | None) -> bool:

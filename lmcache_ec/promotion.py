@@ -3,8 +3,9 @@
 A disk hit is read into fresh memory, verified and handed to the caller as
 is; copying it into the CPU pool too (a pool allocation, a second read, its
 checksum) is work the reader need not wait for. ``Promoter`` does it on one
-daemon thread, in a quiet moment: once no read has started for ``idle``
-seconds, or once the oldest queued promotion has waited ``max_wait``. A
+daemon thread, in a quiet moment: once no read is in progress and none has
+started or ended for ``idle`` seconds, or once the oldest queued promotion
+has waited ``max_wait``. A
 burst of reads therefore does not compete with its own promotions for the
 interpreter (on a small host that costs the reads more than the promotion
 saves); they run in the gap after it, e.g. while the GPU computes.
@@ -56,9 +57,19 @@ class Promoter:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._last_read = 0.0
+        self._reads = 0  # in progress: a long copy-out is not a quiet moment
+        self._reads_lock = threading.Lock()
 
     def reading(self) -> None:
         """Note that a read starts: queued promotions wait for a quiet moment."""
+        with self._reads_lock:
+            self._reads += 1
+        self._last_read = time.monotonic()
+
+    def read_done(self) -> None:
+        """Note that a read (its copy-out included) has ended."""
+        with self._reads_lock:
+            self._reads -= 1
         self._last_read = time.monotonic()
 
     def submit(self, key: ECKey, *args: Any) -> bool:
@@ -131,7 +142,8 @@ class Promoter:
                     return
                 now = time.monotonic()
                 key, (queued_at, args) = next(iter(self._queue.items()))
-                quiet, waited = now - self._last_read, now - queued_at
+                quiet = 0.0 if self._reads else now - self._last_read
+                waited = now - queued_at
                 if quiet < self._idle and waited < self._max_wait:
                     self._cond.wait(min(self._idle - quiet, self._max_wait - waited))
                     continue

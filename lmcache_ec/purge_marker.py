@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .inventory import Selector
+from .selection import Selector
 
 logger = logging.getLogger(__name__)
 

@@ -27,19 +27,18 @@ from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 import torch
-from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.memory_management import MemoryObj
 
 from . import codec
 from .key import ECKey
 from .metrics import ECStats
 from .promotion import Promoter
-from .tiers import tier_name
+from .tiers import ECStorageManager
+from .tiers.contract import Tier, TierKind
 
 logger = logging.getLogger(__name__)
 
 _PAYLOAD = "_ec_payload"  # attribute holding a buffer's verified layout
-CPU_BACKEND = "LocalCPUBackend"
-LOCAL_BACKENDS = (CPU_BACKEND, "LocalDiskBackend")
 
 
 class Hit(NamedTuple):
@@ -49,7 +48,7 @@ class Hit(NamedTuple):
 
 
 class Prefetched(NamedTuple):
-    backend: Any  # the tier the frames came from
+    tier: Tier  # the tier the frames came from
     frames: dict[ECKey, bytes | None]  # None: that tier does not have the key
 
 
@@ -61,11 +60,14 @@ def frame_bytes(memory_obj: MemoryObj) -> torch.Tensor | None:
     """The bytes of a frame buffer, possibly followed by allocator padding.
 
     ``MemoryObj.tensor`` builds three views per call; frames carry their own
-    lengths, so the pool slice itself is enough.
+    lengths, so the pool slice itself (``raw_tensor``, None once invalidated)
+    is enough.
     """
-    raw = getattr(memory_obj, "raw_data", None)
-    if isinstance(raw, torch.Tensor) and raw.dtype == torch.uint8 and raw.dim() == 1:
-        return raw if getattr(memory_obj, "valid", True) else None
+    raw = memory_obj.raw_tensor
+    if raw is None:
+        return None
+    if raw.dtype == torch.uint8 and raw.dim() == 1:
+        return raw
     return memory_obj.tensor
 
 
@@ -81,9 +83,9 @@ def remember_payload(memory_obj: MemoryObj, payload: codec.Payload) -> None:
 
 
 class TierReader:
-    def __init__(self, storage: Any, cpu: Any, stats: ECStats) -> None:
+    def __init__(self, storage: ECStorageManager, stats: ECStats) -> None:
         self._storage = storage
-        self._cpu = cpu
+        self._cpu = storage.cpu
         self._stats = stats
         self._promoter = Promoter(self._promote_from)
 
@@ -102,28 +104,35 @@ class TierReader:
     def close(self, timeout: float) -> None:
         self._promoter.close(timeout)
 
+    def done(self) -> None:
+        """The caller is done with the last ``read`` (copied out or released)."""
+        self._promoter.read_done()
+
     def read(self, key: ECKey, prefetched: Prefetched | None = None) -> Hit | None:
         """The first verified hit for ``key``, or None (miss, or corrupt and dropped).
 
         ``prefetched``: frames already fetched for a batch (``prefetch``).
+        Every call is followed by one ``done()``, once the hit is copied out:
+        promotions wait until then.
         """
         self._promoter.reading()
         self._promoter.settle(key)  # a read after a disk hit is a CPU hit
+        cpu = self._cpu
         try:
-            if self._cpu.use_hot:
+            if cpu.holds_entries:
                 try:
-                    memory_obj = self._cpu.get_blocking(key)
+                    memory_obj = cpu.get_blocking(key)
                 except Exception as exc:
-                    self.tier_failed(CPU_BACKEND, "get", exc)
+                    self.tier_failed(cpu, "get", exc)
                     memory_obj = None
                 if memory_obj is not None:
                     payload = getattr(memory_obj, _PAYLOAD, None)
                     if payload is not None and payload.name == key.storage_name:
-                        return Hit("cpu", memory_obj, payload)
-                    return self._from_buffer(key, 0, CPU_BACKEND, memory_obj)
-            for level, (name, backend) in enumerate(self._storage.get_active_storage_backends()):
-                if backend is not self._cpu:
-                    hit = self._from_backend(key, level, name, backend, prefetched)
+                        return Hit(cpu.name, memory_obj, payload)
+                    return self._from_buffer(key, 0, cpu, memory_obj)
+            for level, tier in enumerate(self._storage.tiers()):
+                if tier is not cpu:
+                    hit = self._from_tier(key, level, tier, prefetched)
                     if hit is not None:
                         return hit
         except _Dropped:
@@ -131,79 +140,70 @@ class TierReader:
         return None
 
     def prefetch(self, keys: Sequence[ECKey]) -> Prefetched | None:
-        """Frames of the ``keys`` no local tier holds, from the first remote tier
-        in one request (Redis: ``MGET``); None when there is nothing to batch.
+        """Frames of the ``keys`` no local tier holds, from the first tier beyond
+        them in one request (Redis: ``MGET``); None when there is nothing to batch.
 
         Only existence is checked locally, so a batch larger than the CPU pool
         holds no pool memory here; ``read`` then walks each key as usual and
         takes its frame from the batch when it reaches that tier.
         """
         local = []
-        for name, backend in self._storage.get_active_storage_backends():
-            if name not in LOCAL_BACKENDS:
+        for tier in self._storage.tiers():
+            if not tier.kind.local:
                 break
-            if backend is not self._cpu or self._cpu.use_hot:
-                local.append(backend)
+            local.append(tier)
         else:
             return None  # no remote tier
-        if not getattr(backend, "reads_frame_batches", False):
+        if not tier.batched_reads:
             return None
         wanted = [key for key in dict.fromkeys(keys) if not self._held_locally(key, local)]
         if len(wanted) < 2:
             return None
         try:
-            frames = backend.get_frames(wanted)
+            frames = tier.read_many(wanted)
         except Exception as exc:
-            self.tier_failed(name, "get", exc)
+            self.tier_failed(tier, "get", exc)
             return None
-        return Prefetched(backend, dict(zip(wanted, frames, strict=True)))
+        return Prefetched(tier, dict(zip(wanted, frames, strict=True)))
 
     @staticmethod
-    def _held_locally(key: ECKey, local: list[Any]) -> bool:
-        for backend in local:
+    def _held_locally(key: ECKey, local: list[Tier]) -> bool:
+        for tier in local:
             try:
-                if backend.contains(key):
+                if tier.contains(key):
                     return True
             except Exception:
                 pass  # the read itself reports a failing tier
         return False
 
-    def _from_backend(
-        self, key: ECKey, level: int, name: str, backend: Any, prefetched: Prefetched | None
+    def _from_tier(
+        self, key: ECKey, level: int, tier: Tier, prefetched: Prefetched | None
     ) -> Hit | None:
-        data = memory_obj = None
         try:
-            if (
-                prefetched is not None
-                and prefetched.backend is backend
-                and key in prefetched.frames
-            ):
+            if prefetched is not None and prefetched.tier is tier and key in prefetched.frames:
                 data = prefetched.frames.pop(key)
-            elif getattr(backend, "reads_frames", False):
-                data = backend.get_frame(key)
             else:
-                memory_obj = backend.get_blocking(key)
+                data = tier.read(key)
         except Exception as exc:
-            self.tier_failed(name, "get", exc)
+            self.tier_failed(tier, "get", exc)
             return None
-        if data is not None:
-            from_bytes = isinstance(data, bytes)
-            try:
-                payload = (
-                    codec.decode_bytes(data, key) if from_bytes else codec.decode_parts(data, key)
-                )
-            except Exception as exc:
-                self._drop(key, name, exc)
-            if from_bytes:
-                self._promote_bytes(key, data, payload, level)
-            elif self._cpu.use_hot or level > 1:  # some tier above wants it
-                self._promoter.submit(key, level, self._cpu.stamp())
-            return Hit(tier_name(name), None, payload)
-        if memory_obj is None:
+        if data is None:
             return None
-        return self._from_buffer(key, level, name, memory_obj)
+        if isinstance(data, MemoryObj):
+            return self._from_buffer(key, level, tier, data)
+        # Fresh memory: whole bytes (remote) or parts read from a file (disk).
+        from_bytes = isinstance(data, bytes)
+        try:
+            payload = codec.decode_bytes(data, key) if from_bytes else codec.decode_parts(data, key)
+        except Exception as exc:
+            self._drop(key, tier, exc)
+        if from_bytes:
+            self._promote_bytes(key, data, payload, level)
+        elif level > 0:  # some tier above wants it
+            self._promoter.submit(key, tier, self._cpu.stamp())
+        return Hit(tier.name, None, payload)
 
-    def _from_buffer(self, key: ECKey, level: int, name: str, memory_obj: MemoryObj) -> Hit | None:
+    def _from_buffer(self, key: ECKey, level: int, tier: Tier, memory_obj: MemoryObj) -> Hit | None:
         payload = getattr(memory_obj, _PAYLOAD, None)
         if payload is None or payload.name != key.storage_name:
             buffer = frame_bytes(memory_obj)
@@ -211,56 +211,47 @@ class TierReader:
                 memory_obj.ref_count_down()
                 return None
             try:
-                payload = codec.decode_payload(buffer, key, verify_payload=level > 0)
+                # A CPU-pool frame never left this process: its header suffices.
+                verify = tier.kind is not TierKind.CPU
+                payload = codec.decode_payload(buffer, key, verify_payload=verify)
             except Exception as exc:
                 memory_obj.ref_count_down()
-                self._drop(key, name, exc)
+                self._drop(key, tier, exc)
             remember_payload(memory_obj, payload)
         if level > 0:
-            self._submit(key, memory_obj, self._tiers_above(level))
-        return Hit(tier_name(name), memory_obj, payload)
+            self._write_above(key, memory_obj, self._storage.tiers()[:level])
+        return Hit(tier.name, memory_obj, payload)
 
-    def _drop(self, key: ECKey, name: str, exc: Exception) -> NoReturn:
+    def _drop(self, key: ECKey, tier: Tier, exc: Exception) -> NoReturn:
         # Stored bytes are untrusted (shared disks and stores): whatever they
         # make the decoder raise, the answer is a miss, never an error.
         reason = exc.reason if isinstance(exc, codec.CorruptEntryError) else repr(exc)
         self._stats.add("integrity_failures")
-        logger.warning("Dropping corrupt entry %s from %s: %s", key, name, reason)
+        logger.warning("Dropping corrupt entry %s from %s: %s", key, tier.name, reason)
         self.remove_everywhere(key)
         raise _Dropped from None
 
     # -- promotion -----------------------------------------------------------
 
-    def _tiers_above(self, level: int) -> list[tuple[str, Any]]:
-        tiers = []
-        for upper, (name, backend) in enumerate(self._storage.get_active_storage_backends()):
-            if upper >= level:
-                break
-            if backend is not self._cpu or self._cpu.use_hot:
-                tiers.append((name, backend))
-        return tiers
-
-    def _submit(self, key: ECKey, memory_obj: MemoryObj, tiers: list[tuple[str, Any]]) -> None:
-        for name, backend in tiers:
+    def _write_above(self, key: ECKey, memory_obj: MemoryObj, tiers: list[Tier]) -> None:
+        for tier in tiers:
             try:
-                backend.batched_submit_put_task([key], [memory_obj])
+                tier.write(key, memory_obj)
             except Exception as exc:
-                self.tier_failed(name, "promote", exc)
+                self.tier_failed(tier, "promote", exc)
 
-    def _promote_from(self, key: ECKey, level: int, since: int) -> None:
-        """On the promoter thread: read ``key`` again from tier ``level`` into the
+    def _promote_from(self, key: ECKey, source: Tier, since: int) -> None:
+        """On the promoter thread: read ``key`` again from ``source`` into the
         CPU pool, verify it and hand it to the tiers above. ``since``: the CPU
         tier's use tick when the caller read it; the pool buffer may evict only
         entries not used after that (``ECLocalCPUBackend.allocate_after``)."""
-        tiers = self._tiers_above(level)
-        source = None
-        for upper, (_, backend) in enumerate(self._storage.get_active_storage_backends()):
-            if upper == level:
-                source = backend
-                break
-        if not tiers or not hasattr(source, "read_into_pool"):
+        tiers = self._storage.tiers()
+        if source not in tiers:
+            return  # bypassed or closed since
+        above = tiers[: tiers.index(source)]
+        if not above:
             return
-        if self._cpu.use_hot and self._cpu.contains(key):
+        if self._cpu.holds_entries and self._cpu.contains(key):
             return
         memory_obj = source.read_into_pool(key, lambda size: self._cpu.allocate_after(size, since))
         if memory_obj is None:
@@ -271,7 +262,7 @@ class TierReader:
                 # Verified again: the entry may have changed since the caller's read.
                 payload = codec.decode_payload(buffer, key)
                 remember_payload(memory_obj, payload)
-                self._submit(key, memory_obj, tiers)
+                self._write_above(key, memory_obj, above)
         except codec.CorruptEntryError:
             pass  # the next read of the entry finds it and drops it
         finally:
@@ -279,13 +270,11 @@ class TierReader:
 
     def _promote_bytes(self, key: ECKey, data: Any, payload: codec.Payload, level: int) -> None:
         """One copy of a verified frame into the CPU pool, for the tiers above ``level``."""
-        tiers = self._tiers_above(level)
-        if not tiers:
+        above = self._storage.tiers()[:level]
+        if not above:
             return
         size = len(data)
-        memory_obj = self._cpu.allocate(
-            torch.Size([size]), torch.uint8, MemoryFormat.EC_TD, busy_loop=False
-        )
+        memory_obj = self._cpu.allocate_frame(size)
         buffer = None if memory_obj is None else frame_bytes(memory_obj)
         if buffer is None:
             if memory_obj is not None:
@@ -294,7 +283,7 @@ class TierReader:
         try:
             np.copyto(buffer.numpy()[:size], np.frombuffer(data, dtype=np.uint8))
             remember_payload(memory_obj, payload.over(buffer))
-            self._submit(key, memory_obj, tiers)
+            self._write_above(key, memory_obj, above)
         finally:
             memory_obj.ref_count_down()
 
@@ -303,12 +292,12 @@ class TierReader:
     def remove_everywhere(self, key: ECKey) -> None:
         # Not StorageManager.remove: one tier failing (a read-only disk) must
         # neither stop the others nor reach the caller.
-        for name, backend in self._storage.storage_backends.items():
+        for tier in self._storage.every_tier():
             try:
-                backend.remove(key)
+                tier.remove(key)
             except Exception as exc:
-                self.tier_failed(name, "remove", exc)
+                self.tier_failed(tier, "remove", exc)
 
-    def tier_failed(self, name: str, operation: str, exc: Exception) -> None:
-        self._stats.tier_error(tier_name(name))
-        logger.warning("%s tier failed on %s: %s", tier_name(name), operation, exc)
+    def tier_failed(self, tier: Tier, operation: str, exc: Exception) -> None:
+        self._stats.tier_error(tier.name)
+        logger.warning("%s tier failed on %s: %s", tier.name, operation, exc)

@@ -20,16 +20,16 @@ from lmcache.v1.memory_management import MemoryObj
 
 from . import codec
 from .key import ECKey
+from .tiers import ECStorageManager
+from .tiers.contract import Tier, TierKind
 
 logger = logging.getLogger(__name__)
-
-LOCAL_BACKENDS = ("LocalCPUBackend", "LocalDiskBackend")
 
 
 class RemoteReplayer:
     def __init__(
         self,
-        storage: Any,
+        storage: ECStorageManager,
         frame_bytes: Callable[[MemoryObj], Any],
         is_closed: Callable[[], bool],
     ) -> None:
@@ -40,21 +40,20 @@ class RemoteReplayer:
         self._lock = threading.Lock()
 
     def attach(self) -> None:
-        """Hook every remote backend that remembers missed keys."""
-        for name, backend in self._storage.storage_backends.items():
-            if hasattr(backend, "take_missed"):
-                backend.on_recovered = lambda n=name, b=backend: self.start(n, b)
+        """Be called back by every tier that comes back up (the remote ones)."""
+        for tier in self._storage.every_tier():
+            tier.on_recovered = lambda t=tier: self.start(t)
 
-    def start(self, name: str, remote: Any) -> None:
+    def start(self, remote: Tier) -> None:
         with self._lock:
-            if name in self._running or self._is_closed():
+            if remote.name in self._running or self._is_closed():
                 return
-            self._running.add(name)
+            self._running.add(remote.name)
         threading.Thread(
-            target=self._run, args=(name, remote), name="ec-remote-replay", daemon=True
+            target=self._run, args=(remote,), name="ec-remote-replay", daemon=True
         ).start()
 
-    def _run(self, name: str, remote: Any) -> None:
+    def _run(self, remote: Tier) -> None:
         try:
             keys = remote.take_missed()
             for done, key in enumerate(keys):
@@ -64,20 +63,22 @@ class RemoteReplayer:
                 self._replay(key, remote)
             if keys:
                 logger.info(
-                    "Remote tier %s: %d entries written during the outage re-sent", name, len(keys)
+                    "Remote tier %s: %d entries written during the outage re-sent",
+                    remote.name,
+                    len(keys),
                 )
         except Exception as exc:  # never let a replay failure escape the thread
-            logger.warning("Re-sending entries to %s failed: %s", name, exc)
+            logger.warning("Re-sending entries to %s failed: %s", remote.name, exc)
         finally:
             with self._lock:
-                self._running.discard(name)
+                self._running.discard(remote.name)
 
-    def _replay(self, key: ECKey, remote: Any) -> None:
-        for name in LOCAL_BACKENDS:
-            backend = self._storage.storage_backends.get(name)
-            if backend is None:
+    def _replay(self, key: ECKey, remote: Tier) -> None:
+        cpu = self._storage.cpu
+        for tier in self._storage.every_tier():
+            if not tier.kind.local:
                 continue
-            memory_obj = backend.get_blocking(key)
+            memory_obj = tier.read_into_pool(key, cpu.allocate_frame)
             if memory_obj is None:
                 continue
             try:
@@ -85,8 +86,8 @@ class RemoteReplayer:
                 if buffer is None:
                     continue
                 # CPU frames never left this process; disk frames are re-checked.
-                codec.decode_payload(buffer, key, verify_payload=name != "LocalCPUBackend")
-                remote.submit_put_task(key, memory_obj)
+                codec.decode_payload(buffer, key, verify_payload=tier.kind is not TierKind.CPU)
+                remote.write(key, memory_obj)
                 remote.counters["resent"] += 1
             except codec.CorruptEntryError as exc:
                 logger.warning("Not re-sending corrupt local entry %s: %s", key, exc.reason)

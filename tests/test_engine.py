@@ -9,6 +9,7 @@ import torch
 
 from lmcache_ec import ECCache
 from tests.conftest import bit_equal, make_tensor
+from tests.copies import CopyCounter
 
 SHAPES = [(256, 2560), (512, 5376), (1024, 2048)]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -231,3 +232,50 @@ def test_cpu_pool_is_not_touched_at_start():
         grown = _rss_bytes() - before
         assert cache.cpu_capacity == 4 * 1024**3
         assert grown < 256 * 1024**2, f"RSS grew {grown / 1e6:.0f} MB at construction"
+
+
+def test_borrow_is_a_view_of_the_pool_held_inside_the_block():
+    config = {"local_cpu": True, "max_local_cpu_size": 0.02}
+    with ECCache.from_config(config, model="org/borrow") as cache:
+        tensor = make_tensor((16, 64), torch.float16, seed=7)
+        assert cache.put("img", tensor)
+        memory_obj = cache._cpu.hot_cache[cache.key("img")]
+        held = memory_obj.get_ref_count()
+        pool = cache._cpu.memory_allocator.buffer
+        with CopyCounter() as counter, cache.borrow("img") as view:
+            assert view is not None and torch.equal(view, tensor)
+            start = pool.data_ptr()
+            assert start <= view.data_ptr() < start + pool.numel()  # no copy: the pool itself
+            assert memory_obj.get_ref_count() == held + 1  # not evicted or reused meanwhile
+        assert counter.copies == []
+        assert memory_obj.get_ref_count() == held
+        with cache.borrow("absent") as missing:
+            assert missing is None
+        snapshot = cache.stats.snapshot()
+        assert snapshot["hits"] == {"cpu": 1} and snapshot["misses"] == 1
+
+
+def test_borrow_releases_the_pool_buffer_when_the_block_raises():
+    config = {"local_cpu": True, "max_local_cpu_size": 0.02}
+    with ECCache.from_config(config, model="org/borrow") as cache:
+        assert cache.put("img", make_tensor((16, 64), torch.float16, seed=8))
+        memory_obj = cache._cpu.hot_cache[cache.key("img")]
+        held = memory_obj.get_ref_count()
+        with pytest.raises(KeyError), cache.borrow("img"):
+            raise KeyError("consumer failed")
+        assert memory_obj.get_ref_count() == held
+
+
+def test_borrow_from_disk_is_the_tensor_read_for_the_call(tmp_path):
+    config = {
+        "local_cpu": False,
+        "max_local_cpu_size": 0.02,
+        "local_disk": str(tmp_path),
+        "max_local_disk_size": 0.02,
+    }
+    with ECCache.from_config(config, model="org/borrow") as cache:
+        tensor = make_tensor((16, 64), torch.bfloat16, seed=9)
+        assert cache.put("img", tensor) and cache.flush()
+        with cache.borrow("img") as view:
+            assert view is not None and torch.equal(view, tensor)
+        assert cache.stats.snapshot()["hits"] == {"disk": 1}

@@ -10,6 +10,7 @@ in an adapter that implements the same contract from LMCache's public
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -43,6 +44,8 @@ class Tier(Protocol):
     name: str  # user-facing: "cpu", "disk", "remote", "remote-<plugin>", …
     backend_name: str  # the key in LMCache's ``StorageManager.storage_backends``
     batched_reads: bool  # ``read_many`` is one round trip, not a loop
+    available: bool  # False while the tier is known to be down (remote)
+    counters: Counter[str]  # the tier's own event counts, shown by ``snapshot``
     # Called by a tier that comes back up (remote); the replayer sets it.
     on_recovered: Callable[[], None] | None
 
@@ -60,7 +63,12 @@ class Tier(Protocol):
     def read_into_pool(
         self, key: ECKey, allocate: Callable[[int], MemoryObj | None]
     ) -> MemoryObj | None:
-        """The frame copied into a buffer from ``allocate`` (promotion), or ``None``."""
+        """The frame in a CPU-pool buffer, or ``None``: the tier's own buffer
+        (cpu), else a copy into one from ``allocate`` (disk; promotion, replay)."""
+
+    def write(self, key: ECKey, memory_obj: MemoryObj) -> None:
+        """Store a verified frame buffer (promotion, replay); the tier takes its
+        own reference. Lower tiers write in the background."""
 
     def remove(self, key: ECKey, force: bool = True) -> bool: ...
 
@@ -72,6 +80,9 @@ class Tier(Protocol):
     def take_missed(self) -> list[ECKey]:
         """Keys whose writes were lost while the tier was down (replayed on recovery)."""
 
+    def remember_missed(self, keys: Sequence[ECKey]) -> None:
+        """Give back keys a replay could not finish (the tier went down again)."""
+
     def forget_stored(self) -> None:
         """Drop any memory of what the tier already holds (after a purge)."""
 
@@ -82,6 +93,7 @@ class TierDefaults:
     """What a tier that keeps no health, replay or promotion state answers."""
 
     batched_reads = False
+    available = True
     on_recovered: Callable[[], None] | None = None
 
     def read_many(self, keys: Sequence[ECKey]) -> list[Any]:
@@ -92,6 +104,10 @@ class TierDefaults:
     ) -> MemoryObj | None:
         return None
 
+    def write(self, key: ECKey, memory_obj: MemoryObj) -> None:
+        # LMCache's StorageBackendInterface: every backend has it.
+        self.batched_submit_put_task([key], [memory_obj])  # type: ignore[attr-defined]
+
     def snapshot(self) -> dict[str, Any] | None:
         return None
 
@@ -100,6 +116,9 @@ class TierDefaults:
 
     def take_missed(self) -> list[ECKey]:
         return []
+
+    def remember_missed(self, keys: Sequence[ECKey]) -> None:
+        return None
 
     def forget_stored(self) -> None:
         return None

@@ -7,6 +7,8 @@ which makes the CPU tier FIFO for encoder outputs.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,10 +32,18 @@ class ECLocalCPUBackend(TierDefaults, LocalCPUBackend):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._used = {}
+        self.counters: Counter[str] = Counter()
         super().__init__(*args, **kwargs)
+
+    memory_allocator: HostPoolAllocator
 
     def initialize_allocator(self, config: Any, metadata: Any = None) -> HostPoolAllocator:
         return HostPoolAllocator(int(config.max_local_cpu_size * 1024**3))
+
+    @property
+    def holds_entries(self) -> bool:
+        """False with ``local_cpu`` off: the pool then only lends buffers."""
+        return self.use_hot
 
     @property
     def capacity(self) -> int:
@@ -60,6 +70,15 @@ class ECLocalCPUBackend(TierDefaults, LocalCPUBackend):
 
     def read(self, key: CacheEngineKey) -> MemoryObj | None:
         return self.get_blocking(key)
+
+    def read_into_pool(
+        self, key: CacheEngineKey, allocate: Callable[[int], MemoryObj | None]
+    ) -> MemoryObj | None:
+        return self.get_blocking(key)  # already in the pool
+
+    def allocate_frame(self, size: int) -> MemoryObj | None:
+        """A pool buffer of ``size`` bytes, evicting as needed; None if there is no room now."""
+        return self.allocate(torch.Size([size]), torch.uint8, MemoryFormat.EC_TD, busy_loop=False)
 
     def submit_put_task(self, key: CacheEngineKey, memory_obj: MemoryObj, *args: Any, **kw: Any):
         with self.cpu_lock:
@@ -99,4 +118,4 @@ class ECLocalCPUBackend(TierDefaults, LocalCPUBackend):
             return [(k, obj.get_physical_size()) for k, obj in self.hot_cache.items()]
 
     def used_bytes(self) -> int:
-        return self.memory_allocator.pin_allocator.total_allocated_size
+        return self.memory_allocator.used_bytes()

@@ -5,17 +5,26 @@ LMCache's ``CreateStorageBackends`` fixes the hierarchy
 three from lmcache-ec's subclasses (the remote ones from ``remote_url`` and
 remote storage plugins, see ``lmcache_ec.remote.backend``) and leaves the
 rest — storage plugins — to upstream, in upstream's order.
+
+``tiers()`` is what the rest of lmcache-ec sees: the tiers in that order,
+each a ``Tier`` (``contract.py``); upstream's plugins are wrapped in
+``PluginTier``. Backend names (LMCache's keys) are known here only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 from lmcache import torch_device_type
 from lmcache.v1.storage_backend import is_cuda_worker
+from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
+from .contract import Tier, TierDefaults, TierKind
 from .local_cpu import ECLocalCPUBackend
 from .local_disk import ECLocalDiskBackend
 
@@ -43,7 +52,74 @@ def tier_name(backend_name: str) -> str:
     return backend_name.removeprefix("RemoteBackend-")
 
 
+class PluginTier(TierDefaults):
+    """A storage plugin LMCache builds after our tiers, seen through LMCache's
+    public ``StorageBackendInterface`` (frames come back as pool buffers)."""
+
+    kind = TierKind.PLUGIN
+
+    def __init__(self, backend_name: str, backend: StorageBackendInterface) -> None:
+        self.backend = backend
+        self.backend_name = backend_name
+        self.name = tier_name(backend_name)
+        self.counters: Counter[str] = Counter()
+        self.on_recovered: Callable[[], None] | None = None
+
+    def contains(self, key: Any, pin: bool = False) -> bool:
+        return self.backend.contains(key, pin)
+
+    def read(self, key: Any) -> Any:
+        return self.backend.get_blocking(key)
+
+    def write(self, key: Any, memory_obj: Any) -> None:
+        self.backend.batched_submit_put_task([key], [memory_obj])
+
+    def remove(self, key: Any, force: bool = True) -> bool:
+        return self.backend.remove(key, force)
+
+    def close(self) -> None:
+        self.backend.close()
+
+
 class ECStorageManager(StorageManager):
+    _tier_of: dict[str, tuple[Any, Tier]]  # backend name -> (backend, its Tier)
+
+    @property
+    def cpu(self) -> ECLocalCPUBackend:
+        """The CPU tier: also the pool every frame buffer comes from."""
+        cpu = self.storage_backends[CPU_BACKEND]
+        assert isinstance(cpu, ECLocalCPUBackend)
+        return cpu
+
+    @property
+    def disk(self) -> ECLocalDiskBackend | None:
+        disk = self.storage_backends.get(DISK_BACKEND)
+        return disk if isinstance(disk, ECLocalDiskBackend) else None
+
+    def tiers(self) -> list[Tier]:
+        """The tiers a read walks, in hierarchy order: built, not bypassed or
+        frozen by LMCache, and holding entries (the CPU tier not when
+        ``local_cpu`` is off: its pool then only lends buffers)."""
+        return [
+            self._tier(name, backend)
+            for name, backend in self.get_active_storage_backends()
+            if name != CPU_BACKEND or backend.holds_entries
+        ]
+
+    def every_tier(self) -> list[Tier]:
+        """Every tier built, in hierarchy order (removal, flushing, purges, stats)."""
+        return [self._tier(name, backend) for name, backend in self.storage_backends.items()]
+
+    def _tier(self, name: str, backend: Any) -> Tier:
+        # Not set in __init__: StorageManager.__init__ builds the tiers first.
+        cache = self.__dict__.setdefault("_tier_of", {})
+        known = cache.get(name)
+        if known is not None and known[0] is backend:
+            return known[1]
+        tier = backend if isinstance(backend, TierDefaults) else PluginTier(name, backend)
+        cache[name] = (backend, tier)
+        return tier
+
     def create_backends(self) -> dict[str, str]:
         try:
             return self._create_backends()
@@ -76,8 +152,12 @@ class ECStorageManager(StorageManager):
                 )
                 self.storage_backends[DISK_BACKEND] = disk
                 created[DISK_BACKEND] = type(disk).__name__
-            if not any(name.startswith(REMOTE_BACKEND) for name in self.storage_backends):
+            remote = self.config.remote_url or self.config.remote_storage_plugins
+            if remote and not any(
+                name.startswith(REMOTE_BACKEND) for name in self.storage_backends
+            ):
                 # Bounded, self-healing remote tiers; upstream then skips its own.
+                # Imported only then: no remote tier, no redis or boto3 import.
                 from ..remote.backend import create_remote_backends
 
                 remotes = create_remote_backends(
