@@ -132,7 +132,7 @@ def test_missing_config_file_is_a_usage_error(tmp_path, invoke):
 
 
 def test_model_served_from_a_tmp_path_is_listed_indexed_and_kept(
-    config_file, disk_dir, invoke_json
+    config_file, disk_dir, invoke, invoke_json
 ):
     """A model path like /tmp/models/x puts ``.tmp-`` into storage names."""
     model = "/tmp/models/x"
@@ -152,6 +152,9 @@ def test_model_served_from_a_tmp_path_is_listed_indexed_and_kept(
         assert restarted.contains("image") == "disk"
         assert torch.equal(restarted.get("image"), tensor)
     assert os.listdir(disk_dir) == [name]
+    invoke("purge", "--config", config_file, "--model", model)
+    assert not (disk_dir / name).exists()
+    assert invoke_json("stats", "--config", config_file)["tiers"]["disk"]["entries"] == 0
 
 
 def test_purge_and_ls_by_weights_version(config_file, disk_dir, invoke, invoke_json):
