@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -34,10 +36,8 @@ def _directory_bytes(disk_dir) -> int:
     """Every file of the directory, entries and writes in progress alike."""
     total = 0
     for name in os.listdir(disk_dir):
-        try:
+        with contextlib.suppress(FileNotFoundError):  # published or removed meanwhile
             total += os.stat(os.path.join(disk_dir, name)).st_size
-        except FileNotFoundError:
-            pass
     return total
 
 
@@ -57,8 +57,6 @@ WRITER = textwrap.dedent(
 
 
 def test_three_processes_share_one_limit(disk_dir, tmp_path):
-    import json
-
     limit_frames = 8
     config = _config(disk_dir, limit_frames)
     limit = int(FRAME * limit_frames)
