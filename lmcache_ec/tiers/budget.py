@@ -156,6 +156,11 @@ class DirectoryBudget:
         idle = [e for e in scan.entries if e.mtime_ns <= cutoff or e.name in self._own]
         return idle  # already least recently used first
 
+    def ledger(self) -> int | None:
+        """The bytes the ledger holds now (None: no usable ledger)."""
+        with self._locked():
+            return self._read()
+
     def usage(self) -> tuple[int, int]:
         """(bytes, entries) in the directory now, from a scan (no lock)."""
         scan = self.layout.scan(reclaim=False)
