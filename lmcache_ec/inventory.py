@@ -6,6 +6,8 @@ What can be seen from here:
   knows the file names); the frame header (identity, full mm_hash, shape,
   dtype, created time) is read from the first bytes of the file, the payload
   is never read.
+- **node**: the same, for every namespace directory of this user's node tier
+  on this machine (``node_tier``; ``tiers/node.py``).
 - **remote**: through ``lmcache_ec.remote.catalog.open_catalog(config)``
   (Redis / S3 listing, header reads and deletes).
 - **cpu**: lives inside the process that owns the ``ECCache``; ``scan_cpu``
@@ -116,14 +118,39 @@ class Selector:
 # -- disk ----------------------------------------------------------------------
 
 
-def scan_disk(directory: str, selector: Selector = Selector()) -> list[Entry]:
-    """Entries of a disk tier directory whose names match (sizes from ``stat``),
-    least recently used first. Temp files are neither listed nor removed."""
+def scan_disk(directory: str, selector: Selector = Selector(), tier: str = "disk") -> list[Entry]:
+    """Entries of a disk (or node) tier directory whose names match (sizes from
+    ``stat``), least recently used first. Temp files are neither listed nor removed."""
     return [
-        Entry("disk", e.name, e.size, e.path, e.mtime_ns / 1e9)
+        Entry(tier, e.name, e.size, e.path, e.mtime_ns / 1e9)
         for e in DirectoryLayout(directory).scan(reclaim=False).entries
         if selector.matches_name(e.name)
     ]
+
+
+def directory_usage(directory: str) -> dict[str, int]:
+    """What a disk or node tier directory holds now, every process's entries
+    included: entries, their bytes, and the bytes of writes in progress."""
+    scan = DirectoryLayout(directory).scan(reclaim=False)
+    return {
+        "entries": len(scan.entries),
+        "bytes": sum(e.size for e in scan.entries),
+        "writing_bytes": scan.temp_bytes,
+    }
+
+
+def node_configured(config: ECConfig) -> bool:
+    return bool(config.values.get("node_tier"))
+
+
+def scan_node(config: ECConfig, selector: Selector = Selector()) -> list[Entry]:
+    """Entries of this user's node tier on this machine, every namespace."""
+    from .tiers.node import node_dirs
+
+    found: list[Entry] = []
+    for directory in node_dirs(config.values["node_dir"]):
+        found.extend(scan_disk(directory, selector, tier="node"))
+    return found
 
 
 def read_disk_header(entry: Entry) -> None:
@@ -208,7 +235,7 @@ def read_headers(
     entries: Iterable[Entry], catalog: Any | None, advance: Callable[[], None] = lambda: None
 ) -> None:
     for entry in entries:
-        if entry.tier == "disk":
+        if entry.tier in ("disk", "node"):
             read_disk_header(entry)
         elif entry.tier == "remote" and catalog is not None:
             read_remote_header(catalog, entry)
@@ -219,7 +246,7 @@ def select(
     config: ECConfig,
     selector: Selector,
     *,
-    tiers: Iterable[str] = ("disk", "remote"),
+    tiers: Iterable[str] = ("node", "disk", "remote"),
     catalog: Any | None = None,
     problems: list[str] | None = None,
 ) -> list[Entry]:
@@ -230,6 +257,8 @@ def select(
     """
     tiers = set(tiers)
     found: list[Entry] = []
+    if "node" in tiers and node_configured(config):
+        found.extend(scan_node(config, selector))
     if "disk" in tiers and config.values.get("local_disk"):
         found.extend(scan_disk(config.values["local_disk"], selector))
     if "remote" in tiers and catalog is not None:
@@ -259,7 +288,7 @@ def filter_headers(
 
 def delete(entry: Entry, catalog: Any | None) -> bool:
     """Delete one entry from its tier; True if it was there."""
-    if entry.tier == "disk":
+    if entry.tier in ("disk", "node"):
         return delete_disk(entry)
     if entry.tier == "remote" and catalog is not None:
         return bool(catalog.delete(entry.name))

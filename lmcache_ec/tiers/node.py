@@ -44,10 +44,25 @@ def node_tier_enabled(config: Any) -> bool:
     return bool(tier_setting(config, "node_tier"))
 
 
+def node_root(node_dir: str) -> str:
+    """Where this user's node-tier directories live (one per namespace)."""
+    return os.path.join(node_dir, f"lmcache-ec-{os.getuid()}", "node")
+
+
 def node_path(node_dir: str, namespace: str) -> str:
     """The node tier's directory for this user and namespace (made, 0700)."""
-    user = private_dir(os.path.join(node_dir, f"lmcache-ec-{os.getuid()}"))
-    return private_dir(os.path.join(private_dir(os.path.join(user, "node")), slug(namespace)))
+    private_dir(os.path.dirname(node_root(node_dir)))
+    return private_dir(os.path.join(private_dir(node_root(node_dir)), slug(namespace)))
+
+
+def node_dirs(node_dir: str) -> list[str]:
+    """Every namespace directory of this user's node tier (none are made)."""
+    root = node_root(node_dir)
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    return [os.path.join(root, n) for n in names if os.path.isdir(os.path.join(root, n))]
 
 
 class ECNodeBackend(FrameDirectoryTier):
