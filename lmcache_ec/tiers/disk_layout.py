@@ -221,6 +221,18 @@ class DirectoryLayout:
             with contextlib.suppress(OSError):
                 os.remove(temp)
 
+    def replace_file(self, filename: str, data: bytes) -> None:
+        """Write a non-entry file (``filename``) atomically, replacing any
+        previous one; its temp file is reclaimed like an entry's. Raises ``OSError``."""
+        temp = self.temp_path(filename)
+        try:
+            with open(temp, "wb") as stream:
+                stream.write(data)
+            os.replace(temp, os.path.join(self.path, filename))
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(temp)
+
     def remove(self, path: str) -> bool:
         """Delete an entry file; False if it was gone already."""
         try:
