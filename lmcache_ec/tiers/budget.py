@@ -46,12 +46,19 @@ class DirectoryBudget:
         self._own: set[str] = set()  # entries this process wrote
         self._local = threading.Lock()  # flock is per open file, not per thread
         self._fd = -1  # the ledger, while locked
+        self._ledger: str | None = None
 
     def _ledger_path(self) -> str:
         # By inode: a directory deleted and made again starts a new ledger.
-        stat = os.stat(self.layout.path)
-        ledgers = private_dir(os.path.join(runtime_dir(), "ledgers"))
-        return os.path.join(ledgers, f"{stat.st_dev}-{stat.st_ino}")
+        if self._ledger is None:
+            stat = os.stat(self.layout.path)
+            ledgers = private_dir(os.path.join(runtime_dir(), "ledgers"))
+            self._ledger = os.path.join(ledgers, f"{stat.st_dev}-{stat.st_ino}")
+        return self._ledger
+
+    def directory_changed(self) -> None:
+        """The directory was made again: find its ledger anew."""
+        self._ledger = None
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[int]:

@@ -280,6 +280,7 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         # Deleted under us (rm -rf, a cleanup job): make it again rather than
         # failing every later write until a restart.
         os.makedirs(self.path, mode=self.dir_mode, exist_ok=True)
+        self.budget.directory_changed()
         self.counters["dir_recreated"] += 1
         logger.warning("%s tier directory %s was missing; created it again", self.name, self.path)  # type: ignore[attr-defined]
 
