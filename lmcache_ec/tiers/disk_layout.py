@@ -15,6 +15,10 @@ A directory's size ledger (``budget.py``) lives outside it, in this user's
 node-local runtime directory (``runtime_dir``), keyed by the directory's
 device and inode: every process on the node that shares the directory finds it.
 
+Pids are compared within one pid namespace: processes sharing a directory
+from different containers should share it too, or a live writer's temp file
+may be reclaimed (its write is then lost, never torn).
+
 Guarantees: a reader sees a whole frame or none (written to a temp name, then
 published by ``link`` — never replacing an entry another process wrote — or
 by ``rename`` where links are unsupported). A crash leaves at most a temp file,
@@ -138,6 +142,10 @@ class DirectoryLayout:
         self.path = path
 
     def path_of(self, name: str) -> str:
+        """The entry file of storage name ``name``; ``ValueError`` for a name
+        that would leave the directory (storage names never do)."""
+        if "/" in name or "\0" in name or name.startswith("."):
+            raise ValueError(f"not a storage name: {name!r:.80}")
         return os.path.join(self.path, entry_file(name))
 
     def temp_path(self, name: str) -> str:

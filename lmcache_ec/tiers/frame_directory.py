@@ -75,7 +75,11 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         self._in_flight: set[ECKey] = set()
         self._seen: set[ECKey] = set()  # entries known to exist, to count vanished ones
         self._flight_lock = threading.Lock()
-        trimmed = self.budget.trim()  # raises OSError: an unusable directory fails here
+        try:
+            trimmed = self.budget.trim()
+        except OSError as exc:  # e.g. no room for the ledger: writes will say so too
+            trimmed = 0
+            logger.warning("%s tier %s: size check at start failed: %s", self.name, path, exc)  # type: ignore[attr-defined]
         self.rebuilt_entries = len(self.layout.scan(reclaim=False).entries)
         if self.rebuilt_entries or trimmed:
             logger.info(
