@@ -11,6 +11,7 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pytest
 import torch
 
 from lmcache_ec import ECCache
@@ -56,9 +57,10 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_three_processes_share_one_limit(disk_dir, tmp_path):
+@pytest.mark.parametrize("residency", [0.0, 5.0], ids=["global-lru", "fresh-protected"])
+def test_three_processes_share_one_limit(disk_dir, residency):
     limit_frames = 8
-    config = _config(disk_dir, limit_frames)
+    config = _config(disk_dir, limit_frames, residency)
     limit = int(FRAME * limit_frames)
     per_process = 5 * limit_frames // 3 + 1  # 5x the capacity in all
     procs = [
@@ -83,6 +85,8 @@ def test_three_processes_share_one_limit(disk_dir, tmp_path):
     assert samples[-1] <= limit
     counters = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
     assert all(c.get("write_errors", 0) == 0 for c in counters)
+    if residency == 0:  # every process wrote, evicting each other's entries
+        assert all(c.get("skipped_no_room", 0) == 0 for c in counters)
     # Whatever survived, from whichever process, reads back exact.
     names = {e.name for e in DirectoryLayout(str(disk_dir)).scan().entries}
     with ECCache.from_config(config, model="org/vlm") as cache:
