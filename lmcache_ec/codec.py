@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 import time
 import warnings
@@ -291,38 +290,6 @@ class FrameParts(NamedTuple):
     # xxh3 of the payload's first (prefix's payload length) bytes, taken while
     # reading; None if not taken (the payload is then hashed when decoded)
     payload_sum: int | None = None
-
-
-READ_CHUNK = 512 * 1024  # hashed right after it lands, while it is still in cache
-
-
-def read_frame_parts(fd: int, size: int) -> FrameParts:
-    """Read the ``size``-byte frame file ``fd`` as ``FrameParts``, hashing the
-    payload as it arrives (read-then-hash in cache-sized pieces costs less than
-    one read plus a hash over memory). Buffers are sized from ``size``, never
-    from the prefix; a shorter file reads as a truncated frame."""
-    prefix = os.pread(fd, PREFIX_SIZE, 0)
-    try:
-        header_len, payload_len, *_ = read_prefix(prefix)
-    except CorruptEntryError:
-        return FrameParts(prefix, np.empty(0, dtype=np.uint8))  # decoding rejects it
-    rest = max(size - PREFIX_SIZE, 0)
-    header = os.pread(fd, min(header_len, rest), PREFIX_SIZE)
-    start = PREFIX_SIZE + len(header)
-    payload = np.empty(rest - len(header), dtype=np.uint8)
-    hashed = min(payload_len, payload.size)
-    digest = xxhash.xxh3_64()
-    done = 0
-    while done < payload.size:
-        got = os.preadv(fd, [payload[done : done + READ_CHUNK]], start + done)
-        if got <= 0:
-            break  # truncated under us: decoding rejects what is missing
-        if done < hashed:
-            digest.update(payload[done : min(done + got, hashed)])
-        done += got
-    if done < payload.size:
-        payload = payload[:done]
-    return FrameParts(prefix + header, payload, digest.intdigest() if done >= hashed else None)
 
 
 def decode_parts(parts: FrameParts, key: ECKey) -> Payload:

@@ -96,6 +96,9 @@ def _addressing_style(value: Any) -> str | None:
     return None if value in ADDRESSING_STYLES else f"must be one of {ADDRESSING_STYLES}"
 
 
+# Settings the tiers read from LMCache's extra_config as ``lmcache_ec.<name>``.
+TIER_SETTINGS = ("min_residency_s", "node_tier", "max_node_size", "node_dir", "namespace")
+
 SCHEMA: dict[str, Option] = {
     opt.name: opt
     for opt in (
@@ -130,6 +133,42 @@ SCHEMA: dict[str, Option] = {
             "Disk tier capacity in GB; least recently used entries are removed beyond it.",
             True,
             _size_gb,
+        ),
+        # -- sharing a directory, and the node tier (tiers/budget.py, tiers/node.py)
+        Option(
+            "min_residency_s",
+            "float",
+            5.0,
+            "Seconds after its last use during which an entry of the disk or node tier "
+            "is safe from other processes' evictions: a process over the directory's limit "
+            "evicts its own entries first, then others' idle ones, else skips the write.",
+            False,
+            _non_negative,
+        ),
+        Option(
+            "node_tier",
+            "bool",
+            False,
+            "One host copy per node: entries live in shared memory (node_dir) for every "
+            "process of this user and namespace; the CPU pool then only stages transfers.",
+            False,
+        ),
+        Option(
+            "max_node_size",
+            "float",
+            4.0,
+            "Node tier capacity in GB, shared by every process on the node (LRU).",
+            False,
+            _size_gb,
+        ),
+        Option(
+            "node_dir",
+            "str",
+            "/dev/shm",
+            "Shared-memory file system of the node tier (a directory per user and "
+            "namespace is made under it, mode 0700).",
+            False,
+            _non_empty,
         ),
         Option(
             "remote_url",
@@ -343,6 +382,8 @@ class ECConfig:
         if not self.values.get("local_disk"):
             settings.pop("max_local_disk_size", None)
         extra = dict(settings.get("extra_config") or {})
+        # What our directory tiers read beyond LMCache's own settings (LMCache drops unknown keys).
+        extra.update({f"lmcache_ec.{k}": self.values[k] for k in TIER_SETTINGS})
         attach(extra, self.remote_settings())
         settings["extra_config"] = extra
         return LMCacheEngineConfig.from_defaults(**settings)

@@ -2,9 +2,12 @@
 
 What can be seen from here:
 
-- **disk**: every ``<storage_name>.pt`` file of the configured directory; the
-  frame header (identity, full mm_hash, shape, dtype, created time) is read
-  from the first bytes of the file, the payload is never read.
+- **disk**: every entry of the configured directory (``tiers/disk_layout.py``
+  knows the file names); the frame header (identity, full mm_hash, shape,
+  dtype, created time) is read from the first bytes of the file, the payload
+  is never read.
+- **node**: the same, for every namespace directory of this user's node tier
+  on this machine (``node_tier``; ``tiers/node.py``).
 - **remote**: through ``lmcache_ec.remote.catalog.open_catalog(config)``
   (Redis / S3 listing, header reads and deletes).
 - **cpu**: lives inside the process that owns the ``ECCache``; ``scan_cpu``
@@ -24,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .config import ECConfig
+from .tiers.disk_layout import DirectoryLayout
 from .selection import (
     Entry,
     RemoteUnavailable,
@@ -42,19 +46,47 @@ __all__ = [
     "Selector",
     "delete",
     "delete_disk",
+    "directory_usage",
     "filter_age",
     "filter_headers",
     "open_remote",
     "read_disk_header",
     "read_headers",
+    "node_configured",
     "remote_configured",
     "scan_cpu",
     "scan_disk",
+    "scan_node",
     "scan_remote",
     "select",
 ]
 
 _EVERYTHING = Selector()
+
+
+def directory_usage(directory: str) -> dict[str, int]:
+    """What a disk or node tier directory holds now, every process's entries
+    included: entries, their bytes, and the bytes of writes in progress."""
+    scan = DirectoryLayout(directory).scan(reclaim=False)
+    return {
+        "entries": len(scan.entries),
+        "bytes": sum(e.size for e in scan.entries),
+        "writing_bytes": scan.temp_bytes,
+    }
+
+
+def node_configured(config: ECConfig) -> bool:
+    return bool(config.values.get("node_tier"))
+
+
+def scan_node(config: ECConfig, selector: Selector = _EVERYTHING) -> list[Entry]:
+    """Entries of this user's node tier on this machine, every namespace."""
+    from .tiers.node import node_dirs
+
+    found: list[Entry] = []
+    for directory in node_dirs(config.values["node_dir"]):
+        found.extend(scan_disk(directory, selector, tier="node"))
+    return found
 
 
 # -- cpu (in-process) ----------------------------------------------------------
@@ -100,7 +132,7 @@ def read_headers(
     entries: Iterable[Entry], catalog: Any | None, advance: Callable[[], None] = lambda: None
 ) -> None:
     for entry in entries:
-        if entry.tier == "disk":
+        if entry.tier in ("disk", "node"):
             read_disk_header(entry)
         elif entry.tier == "remote" and catalog is not None:
             read_remote_header(catalog, entry)
@@ -111,7 +143,7 @@ def select(
     config: ECConfig,
     selector: Selector,
     *,
-    tiers: Iterable[str] = ("disk", "remote"),
+    tiers: Iterable[str] = ("node", "disk", "remote"),
     catalog: Any | None = None,
     problems: list[str] | None = None,
 ) -> list[Entry]:
@@ -122,6 +154,8 @@ def select(
     """
     tiers = set(tiers)
     found: list[Entry] = []
+    if "node" in tiers and node_configured(config):
+        found.extend(scan_node(config, selector))
     if "disk" in tiers and config.values.get("local_disk"):
         found.extend(scan_disk(config.values["local_disk"], selector))
     if "remote" in tiers and catalog is not None:
@@ -143,7 +177,7 @@ def filter_age(
 
 def delete(entry: Entry, catalog: Any | None) -> bool:
     """Delete one entry from its tier; True if it was there."""
-    if entry.tier == "disk":
+    if entry.tier in ("disk", "node"):
         return delete_disk(entry)
     if entry.tier == "remote" and catalog is not None:
         return bool(catalog.delete(entry.name))

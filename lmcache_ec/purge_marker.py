@@ -4,9 +4,9 @@
 JSON record — a *generation* — to each tier it purged:
 
 - disk: the file ``<local_disk>/ec-purge-generation.json`` (written to a
-  temporary name and renamed). It does not end in ``.pt``, so the disk tier's
-  index, its temp-file sweep, ``ls``, ``stats`` and ``purge`` never take it
-  for an entry;
+  temporary name and renamed, see ``tiers/disk_layout.py``). It is not an
+  entry's file name, so the disk tier, ``ls``, ``stats`` and ``purge`` never
+  take it for an entry;
 - remote: the key (Redis) or object (S3, under the prefix)
   ``ec-purge-generation.json``, which is not a storage name (those start with
   ``ec1.``), so listings skip it. Readers of the store keep it recently used.
@@ -120,15 +120,9 @@ def disk_path(directory: str) -> str:
 
 def write_disk(directory: str, marker: PurgeMarker) -> None:
     """Write the record atomically (temporary file + rename); raises ``OSError``."""
-    final = disk_path(directory)
-    temp = f"{final}.{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        with open(temp, "wb") as stream:
-            stream.write(marker.to_bytes())
-        os.replace(temp, final)
-    finally:
-        if os.path.exists(temp):
-            os.remove(temp)
+    from .tiers.disk_layout import DirectoryLayout
+
+    DirectoryLayout(directory).replace_file(MARKER_NAME, marker.to_bytes())
 
 
 def disk_signature(directory: str) -> tuple[int, int, int] | None:

@@ -20,7 +20,7 @@ from typing import Any
 from . import codec
 from .config import ECConfig
 from .key import KEY_FORMAT_VERSION, ECKey, slug
-from .tiers.local_disk import entry_stem
+from .tiers.disk_layout import DirectoryLayout, read_header_file
 
 
 class RemoteUnavailable(RuntimeError):
@@ -107,39 +107,21 @@ class Selector:
 # -- disk ----------------------------------------------------------------------
 
 
-def scan_disk(directory: str, selector: Selector = Selector()) -> list[Entry]:
-    """Entries of a disk tier directory whose names match (sizes from ``stat``)."""
-    found: list[Entry] = []
-    try:
-        scan = os.scandir(directory)
-    except FileNotFoundError:
-        return found
-    with scan:
-        for item in scan:
-            name = item.name
-            stem = entry_stem(name)
-            if stem is None or not selector.matches_name(stem):
-                continue
-            try:
-                stat = item.stat()
-            except OSError:
-                continue  # removed while scanning
-            found.append(Entry("disk", stem, stat.st_size, item.path, stat.st_mtime))
-    found.sort(key=lambda e: e.mtime or 0.0)
-    return found
+def scan_disk(directory: str, selector: Selector = Selector(), tier: str = "disk") -> list[Entry]:
+    """Entries of a disk (or node) tier directory whose names match (sizes from
+    ``stat``), least recently used first. Temp files are neither listed nor removed."""
+    return [
+        Entry(tier, e.name, e.size, e.path, e.mtime_ns / 1e9)
+        for e in DirectoryLayout(directory).scan(reclaim=False).entries
+        if selector.matches_name(e.name)
+    ]
 
 
 def read_disk_header(entry: Entry) -> None:
     """Fill ``entry.header`` from the file's frame header (or ``entry.error``)."""
     assert entry.path is not None
     try:
-        with open(entry.path, "rb") as stream:
-            prefix = stream.read(codec.PREFIX_SIZE)
-            header_len, _, _, header_sum = codec.read_prefix(prefix)
-            raw = stream.read(header_len)
-        if len(raw) < header_len:
-            raise codec.CorruptEntryError("truncated header")
-        entry.header = codec.parse_header(raw, header_sum)
+        entry.header = read_header_file(entry.path)
     except codec.CorruptEntryError as exc:
         entry.error = exc.reason
     except OSError as exc:

@@ -9,6 +9,7 @@ import torch
 
 from lmcache_ec import codec
 from lmcache_ec.key import EncoderIdentity
+from lmcache_ec.tiers.disk_layout import read_frame_parts
 from tests.conftest import bit_equal, make_tensor
 
 IDENTITY = EncoderIdentity(model="m")
@@ -83,7 +84,7 @@ def _read_parts(tmp_path, data: bytes, size: int | None = None) -> codec.FramePa
     path.write_bytes(data)
     fd = os.open(path, os.O_RDONLY)
     try:
-        return codec.read_frame_parts(fd, len(data) if size is None else size)
+        return read_frame_parts(fd, len(data) if size is None else size)
     finally:
         os.close(fd)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from lmcache_ec import ECCache
+from lmcache_ec.tiers.disk_layout import TEMP_PREFIX
 from tests.conftest import bit_equal, make_tensor
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +67,7 @@ def _disk_only(disk_dir, frames: float, frame: int) -> dict:
         "max_local_cpu_size": 0.05,
         "local_disk": str(disk_dir),
         "max_local_disk_size": frame * frames / 1024**3,
+        "min_residency_s": 0,  # each test's earlier engines left entries to evict
     }
 
 
@@ -124,8 +126,9 @@ def test_lru_order_survives_restart(disk_dir):
 
 
 def test_stale_temporary_files_are_cleaned_and_fresh_ones_kept(local_config, disk_dir):
-    stale = disk_dir / "ec1.a.b.pt.tmp-1-2"
-    fresh = disk_dir / "ec1.a.b.pt.tmp-3-4"
+    writer = os.getpid()  # alive: only age makes its temp file stale
+    stale = disk_dir / f"{TEMP_PREFIX}{writer}-2.ec1.a.b"
+    fresh = disk_dir / f"{TEMP_PREFIX}{writer}-4.ec1.a.b"
     stale.write_bytes(b"x")
     fresh.write_bytes(b"x")
     old = time.time() - 7200

@@ -1,4 +1,8 @@
-"""``ls``, ``purge`` and ``stats``: what the persistent tiers hold, and removing it."""
+"""``ls``, ``purge`` and ``stats``: what the shared tiers hold, and removing it.
+
+The disk and remote tiers, and the node tier of this machine (``node_tier``):
+every process's entries, whichever process wrote them.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ NamespaceOption = Annotated[
     str | None, typer.Option("--namespace", "-n", help="Only entries of this namespace.")
 ]
 TierOption = Annotated[
-    str, typer.Option("--tier", help="disk, remote or all (the persistent tiers).")
+    str,
+    typer.Option("--tier", help="disk, node (this machine's), remote, or all of them."),
 ]
 AgeOption = Annotated[
     str | None,
@@ -54,7 +59,12 @@ PROGRESS_THRESHOLD = 200  # entries; below this the work is instant
 
 
 def _tiers(tier: str) -> tuple[str, ...]:
-    choices = {"disk": ("disk",), "remote": ("remote",), "all": ("disk", "remote")}
+    choices = {
+        "disk": ("disk",),
+        "node": ("node",),
+        "remote": ("remote",),
+        "all": ("node", "disk", "remote"),
+    }
     if tier not in choices:
         fail(f"--tier must be one of {', '.join(choices)}, not {tier!r}", 2)
     return choices[tier]
@@ -74,6 +84,8 @@ class _Session:
                 self.problems.append(f"remote tier skipped: {exc}")
         if tiers == ("disk",) and not config.values.get("local_disk"):
             self.problems.append("no disk tier configured (local_disk is unset)")
+        if tiers == ("node",) and not inventory.node_configured(config):
+            self.problems.append("no node tier configured (node_tier is off)")
 
     def close(self) -> None:
         if self.catalog is not None:
@@ -285,7 +297,7 @@ def stats(
     as_json: JsonOption = False,
 ) -> None:
     """Entries and bytes per persistent tier; hit/miss counters of a running engine."""
-    session = _Session(load(config), ("disk", "remote"))
+    session = _Session(load(config), ("node", "disk", "remote"))
     tiers: dict[str, Any] = {}
     groups: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
     try:
@@ -295,12 +307,26 @@ def stats(
     finally:
         session.close()
     values = session.config.values
+    if inventory.node_configured(session.config):
+        from ..tiers.node import node_dirs, node_root
+
+        tiers["node"] = {
+            "entries": 0,
+            "bytes": 0,
+            "capacity": int(values["max_node_size"] * 1024**3),  # per namespace directory
+            "location": node_root(values["node_dir"]),
+            "writing_bytes": sum(
+                inventory.directory_usage(d)["writing_bytes"] for d in node_dirs(values["node_dir"])
+            ),
+        }
     if values.get("local_disk"):
         tiers["disk"] = {
             "entries": 0,
             "bytes": 0,
-            "capacity": values["max_local_disk_size"] * 1024**3,
+            "capacity": int(values["max_local_disk_size"] * 1024**3),
             "location": values["local_disk"],
+            # Writes in progress, any process's: reserved under the limit too.
+            "writing_bytes": inventory.directory_usage(values["local_disk"])["writing_bytes"],
         }
     if session.catalog is not None:
         tiers["remote"] = {
@@ -336,7 +362,7 @@ def stats(
 
 
 def _print_stats(tiers: dict[str, Any], groups: dict, counters: Any, url: str | None) -> None:
-    table = Table(title="Persistent tiers")
+    table = Table(title="Shared tiers (every process's entries)")
     for column in ("tier", "entries", "bytes", "capacity", "location"):
         table.add_column(
             column, justify="right" if column in ("entries", "bytes", "capacity") else "left"

@@ -27,6 +27,7 @@ from lmcache.v1.storage_backend.storage_manager import StorageManager
 from .contract import Tier, TierDefaults, TierKind
 from .local_cpu import ECLocalCPUBackend
 from .local_disk import ECLocalDiskBackend
+from .node import ECNodeBackend, node_tier_enabled
 
 
 class _NoControllerFilter(logging.Filter):
@@ -41,8 +42,14 @@ for _name in ("local_cpu_backend", "local_disk_backend"):
 
 CPU_BACKEND = "LocalCPUBackend"
 DISK_BACKEND = "LocalDiskBackend"
+NODE_BACKEND = "NodeBackend"
 REMOTE_BACKEND = "RemoteBackend"
-TIER_NAMES = {CPU_BACKEND: "cpu", DISK_BACKEND: "disk", REMOTE_BACKEND: "remote"}
+TIER_NAMES = {
+    CPU_BACKEND: "cpu",
+    NODE_BACKEND: "node",
+    DISK_BACKEND: "disk",
+    REMOTE_BACKEND: "remote",
+}
 
 
 def tier_name(backend_name: str) -> str:
@@ -146,6 +153,13 @@ class ECStorageManager(StorageManager):
                 cpu = ECLocalCPUBackend(self.config, self.metadata, dst_device)
                 self.storage_backends[CPU_BACKEND] = cpu
                 created[CPU_BACKEND] = type(cpu).__name__
+            if node_tier_enabled(self.config) and NODE_BACKEND not in self.storage_backends:
+                # One host copy per node (node.py): the shared tier holds the
+                # entries; the private pool only stages transfers.
+                node = ECNodeBackend(self.config, cpu, dst_device)
+                cpu.use_hot = False
+                self.storage_backends[NODE_BACKEND] = node
+                created[NODE_BACKEND] = type(node).__name__
             if self.config.local_disk and DISK_BACKEND not in self.storage_backends:
                 disk = ECLocalDiskBackend(
                     self.config, self.loop, cpu, dst_device, None, self.metadata

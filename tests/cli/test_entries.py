@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 
 import torch
 
 from lmcache_ec import ECCache
 
-from .conftest import populate
+from .conftest import populate, write_config
 
 
 def _files(disk_dir) -> set[str]:
@@ -132,7 +134,7 @@ def test_missing_config_file_is_a_usage_error(tmp_path, invoke):
 
 
 def test_model_served_from_a_tmp_path_is_listed_indexed_and_kept(
-    config_file, disk_dir, invoke_json
+    config_file, disk_dir, invoke, invoke_json
 ):
     """A model path like /tmp/models/x puts ``.tmp-`` into storage names."""
     model = "/tmp/models/x"
@@ -152,6 +154,9 @@ def test_model_served_from_a_tmp_path_is_listed_indexed_and_kept(
         assert restarted.contains("image") == "disk"
         assert torch.equal(restarted.get("image"), tensor)
     assert os.listdir(disk_dir) == [name]
+    invoke("purge", "--config", config_file, "--model", model)
+    assert not (disk_dir / name).exists()
+    assert invoke_json("stats", "--config", config_file)["tiers"]["disk"]["entries"] == 0
 
 
 def test_purge_and_ls_by_weights_version(config_file, disk_dir, invoke, invoke_json):
@@ -166,3 +171,49 @@ def test_purge_and_ls_by_weights_version(config_file, disk_dir, invoke, invoke_j
     assert sorted(r["weights"] for r in left) == ["", "v2"]
     assert os.path.exists(disk_dir / "ec-purge-generation.json")
     assert len(_files(disk_dir)) == 2
+
+
+def test_stats_reports_the_whole_shared_directory(config_file, disk_dir, invoke_json):
+    """Entries of every process on the directory, the limit, nothing in flight."""
+    with (
+        ECCache.from_config(config_file, model="org/model-a") as first,
+        ECCache.from_config(config_file, model="org/model-b") as second,
+    ):
+        for i in range(3):
+            assert first.put(f"a{i}", torch.ones(4, 8, dtype=torch.bfloat16))
+            assert second.put(f"b{i}", torch.ones(4, 8, dtype=torch.bfloat16))
+        assert first.flush(10) and second.flush(10)
+        disk = invoke_json("stats", "--config", config_file)["tiers"]["disk"]
+    assert disk["entries"] == 6
+    assert disk["bytes"] == sum(os.path.getsize(disk_dir / n) for n in _files(disk_dir))
+    assert disk["capacity"] == 1024**3
+    assert disk["writing_bytes"] == 0
+
+
+def test_node_tier_is_listed_and_purged(tmp_path, disk_dir, invoke, invoke_json):
+    node_dir = tempfile.mkdtemp(prefix="ec-node-cli-", dir="/dev/shm")
+    try:
+        config = write_config(
+            tmp_path / "node.yaml",
+            local_disk=str(disk_dir),
+            node_tier=True,
+            node_dir=node_dir,
+            max_node_size=0.01,
+        )
+        tensor = torch.ones(4, 8, dtype=torch.bfloat16)
+        with ECCache.from_config(config, model="org/model-a") as cache:
+            assert cache.put("image", tensor)
+            assert cache.flush(10)
+            assert cache.contains("image") == "node"
+            listed = invoke_json("ls", "--config", config, "--tier", "node")
+            assert [(row["tier"], row["mm_hash"]) for row in listed] == [("node", "image")]
+            stats = invoke_json("stats", "--config", config)["tiers"]
+            assert stats["node"]["entries"] == 1 and stats["disk"]["entries"] == 1
+            assert stats["node"]["capacity"] == int(0.01 * 1024**3)
+            result = invoke("purge", "--config", config, "--model", "org/model-a")
+            assert "node: deleted 1 entries" in result.stdout
+            # The node tier is read by every process directly: gone at once.
+            assert cache.contains("image") is None
+        assert invoke_json("ls", "--config", config) == []
+    finally:
+        shutil.rmtree(node_dir, ignore_errors=True)

@@ -149,10 +149,10 @@ MUTATIONS: list[Mutation] = [
     # -- atomic disk writes
     Mutation(
         "disk-write-in-place",
-        "disk writes go to a temporary name, renamed when whole",
-        "lmcache_ec/tiers/local_disk.py",
-        'tmp = f"{path}{TMP_MARKER}{os.getpid()}-{threading.get_ident()}"',
-        "tmp = path",
+        "disk writes go to a temporary name, published when whole",
+        "lmcache_ec/tiers/disk_layout.py",
+        "        temp = self.temp_path(name)\n",
+        "        temp = self.path_of(name)\n",
         ("tests/faults/test_concurrency.py::test_writer_killed_mid_write_leaves_no_torn_entry",),
     ),
     # -- remote calls are bounded by remote_timeout
@@ -184,9 +184,9 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "disk-tier-fifo",
         "disk tier hits refresh LRU order",
-        "lmcache_ec/tiers/local_disk.py",
-        "                    self.dict.move_to_end(key)\n",
-        "                    pass\n",
+        "lmcache_ec/tiers/frame_directory.py",
+        "        self.layout.touch(path)\n",
+        "        pass\n",
         (
             f"{T_DISK}::test_disk_capacity_evicts_least_recently_used",
             f"{T_DISK}::test_lru_order_survives_restart",

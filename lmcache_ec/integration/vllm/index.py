@@ -3,7 +3,7 @@
 ``lookup`` is called on the scheduler's hot path. It consults, in order:
 
 1. what workers reported saving or staging (``note_present``), in memory;
-2. the disk tier: one ``stat`` of ``<local_disk>/<storage_name>.pt`` (local
+2. the disk tier: one ``stat`` of the entry's file in ``local_disk`` (local
    and sub-microsecond in the page cache; positive answers are remembered);
 3. the remote tier: answered from a cache filled by a background thread
    (``RemoteCatalog.lookup``). An item not yet checked is queued and reported
@@ -33,6 +33,7 @@ from typing import Any
 from ...config import SCHEMA
 from ...key import EncoderIdentity
 from ...purge_marker import MarkerWatch, PurgeMarker
+from ...tiers.disk_layout import entry_file
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class TierIndex:
                     return tier
                 del self._known[identifier]
         if self.disk_dir is not None:
-            path = os.path.join(self.disk_dir, self.storage_name(identifier) + ".pt")
+            path = os.path.join(self.disk_dir, entry_file(self.storage_name(identifier)))
             if os.path.exists(path):
                 self.note_present(identifier, "disk")
                 return "disk"

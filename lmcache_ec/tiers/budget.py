@@ -1,0 +1,174 @@
+"""One size limit per directory, kept by every process that writes to it.
+
+Accounting is a ledger file (the bytes in use, decimal) read and rewritten
+under an ``flock`` on itself. It lives in this user's node-local runtime
+directory (``disk_layout.runtime_dir``), named by the directory's device and
+inode, so the directory holds nothing but entries and every process on the
+node finds the same ledger. A writer *reserves* its
+entry's size before writing the temp file, so the directory (entries plus
+writes in progress) never holds more than the limit. Removals subtract.
+
+The ledger can only over-count (a writer killed after reserving, an entry
+deleted by ``purge`` or by hand): when a reservation does not fit, the
+directory is scanned under the lock, the ledger reset to the truth, and
+least recently used entries (oldest mtime; hits refresh it, see
+``disk_layout.touch``) evicted down to a low-water mark, so a full directory
+is scanned once per ``1 - LOW_WATER`` of its size written, not per write.
+
+Whose work may go: an entry is evicted only if it was not used for
+``min_residency`` seconds, or was written by the evicting process itself.
+A process's burst therefore evicts its own oldest entries first and never
+takes another process's fresh entries (which that process may be about to
+read); a write that finds no such room is skipped (counted), not forced.
+Eviction never touches a temp file of a live writer. Crash-safe: the lock
+dies with its holder, and a lost reservation is corrected by the next scan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+from .disk_layout import DirectoryLayout, Scan, private_dir, runtime_dir
+
+LOW_WATER = 15 / 16  # evict down to this share of the limit
+
+
+class DirectoryBudget:
+    def __init__(self, layout: DirectoryLayout, limit: int, min_residency: float) -> None:
+        self.layout = layout
+        self.limit = limit
+        self.min_residency = min_residency
+        self._own: set[str] = set()  # entries this process wrote
+        self._local = threading.Lock()  # flock is per open file, not per thread
+        self._fd = -1  # the ledger, while locked
+        self._ledger: str | None = None
+
+    def _ledger_path(self) -> str:
+        # By inode: a directory deleted and made again starts a new ledger.
+        if self._ledger is None:
+            stat = os.stat(self.layout.path)
+            ledgers = private_dir(os.path.join(runtime_dir(), "ledgers"))
+            self._ledger = os.path.join(ledgers, f"{stat.st_dev}-{stat.st_ino}")
+        return self._ledger
+
+    def directory_changed(self) -> None:
+        """The directory was made again: find its ledger anew."""
+        self._ledger = None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[int]:
+        with self._local:
+            fd = os.open(self._ledger_path(), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._fd = fd
+                yield fd
+            finally:
+                self._fd = -1
+                os.close(fd)  # releases the lock
+
+    def _read(self) -> int | None:
+        try:
+            return int(os.pread(self._fd, 32, 0))
+        except (OSError, ValueError):
+            return None  # none yet, or damaged: a scan answers
+
+    def _write(self, used: int) -> None:
+        # Under the lock; a torn write reads as damaged and is rescanned.
+        data = str(max(used, 0)).encode()
+        os.pwrite(self._fd, data, 0)
+        os.ftruncate(self._fd, len(data))
+
+    def reserve(self, name: str, size: int) -> bool:
+        """Room for a ``size``-byte write of entry ``name``, evicting if needed;
+        False if the limit leaves none. Raises ``OSError`` (directory unusable)."""
+        if size > self.limit:
+            return False
+        with self._locked():
+            used = self._read()
+            if used is None or used + size > self.limit:
+                used = self._make_room(size)
+                if used is None:
+                    return False
+            self._write(used + size)
+        return True
+
+    def wrote(self, name: str) -> None:
+        """The reserved entry is published: it is this process's own."""
+        self._own.add(name)
+
+    def release(self, size: int) -> None:
+        """Give back a reservation (the write failed or was not needed)."""
+        self._subtract(size)
+
+    def removed(self, name: str, size: int) -> None:
+        """An entry of ``size`` bytes was deleted by this process."""
+        self._own.discard(name)
+        self._subtract(size)
+
+    def _subtract(self, size: int) -> None:
+        with contextlib.suppress(OSError), self._locked():
+            used = self._read()
+            if used is not None:
+                self._write(used - size)
+
+    def trim(self) -> int:
+        """Evict (LRU, no residency protection) to the limit; at start-up, where
+        the limit may have shrunk. The number of entries evicted."""
+        with self._locked():
+            scan = self.layout.scan()
+            used = scan.total
+            evicted = 0
+            for entry in scan.entries:
+                if used <= self.limit:
+                    break
+                try:
+                    evicted += self.layout.remove(entry.path)
+                except OSError:
+                    continue  # read-only: it stays, and counts
+                used -= entry.size
+            self._write(used)
+        return evicted
+
+    def _make_room(self, size: int) -> int | None:
+        """Under the lock: the true usage after evicting for ``size`` more
+        bytes, or None if it cannot fit (the ledger is still corrected)."""
+        scan = self.layout.scan()
+        self._own.intersection_update(e.name for e in scan.entries)  # others evicted some
+        used = scan.total
+        if used + size <= self.limit:
+            return used
+        target = min(self.limit - size, int(self.limit * LOW_WATER))
+        for entry in self._victims(scan):
+            if used <= target:
+                break
+            try:
+                self.layout.remove(entry.path)
+            except OSError:
+                continue  # read-only: it stays, and counts
+            self._own.discard(entry.name)
+            used -= entry.size
+        if used + size > self.limit:
+            self._write(used)
+            return None
+        return used
+
+    def _victims(self, scan: Scan) -> list:
+        cutoff = time.time_ns() - int(self.min_residency * 1e9)
+        idle = [e for e in scan.entries if e.mtime_ns <= cutoff or e.name in self._own]
+        return idle  # already least recently used first
+
+    def ledger(self) -> int | None:
+        """The bytes the ledger holds now (None: no usable ledger)."""
+        with self._locked():
+            return self._read()
+
+    def usage(self) -> tuple[int, int]:
+        """(bytes, entries) in the directory now, from a scan (no lock)."""
+        scan = self.layout.scan(reclaim=False)
+        return scan.total, len(scan.entries)

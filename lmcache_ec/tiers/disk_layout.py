@@ -1,0 +1,297 @@
+"""How a directory of frames is laid out: the one place that knows file names.
+
+Used by the disk and node tiers, the scheduler's index, ``inventory`` and the
+CLI. A directory holds:
+
+- entries: ``<storage_name>.pt`` (the suffix is upstream LMCache's), each one
+  whole self-verifying frame (``codec.py``);
+- writes in progress: ``.tmp-<pid>-<seq>.<storage_name>``. The leading dot
+  means no temp name is ever a storage name (those start with ``ec``), whatever
+  the model path (``/tmp/models/x`` gives a ``tmp-…`` slug); the pid lets any
+  process reclaim a dead writer's leftovers at once;
+- the purge marker (``purge_marker.py``), which is not an entry.
+
+A directory's size ledger (``budget.py``) lives outside it, in this user's
+node-local runtime directory (``runtime_dir``), keyed by the directory's
+device and inode: every process on the node that shares the directory finds it.
+
+Pids are compared within one pid namespace: processes sharing a directory
+from different containers should share it too, or a live writer's temp file
+may be reclaimed (its write is then lost, never torn).
+
+Guarantees: a reader sees a whole frame or none (written to a temp name, then
+published by ``link`` — never replacing an entry another process wrote — or
+by ``rename`` where links are unsupported). A crash leaves at most a temp file,
+reclaimed by the next scan. Recency is the file's mtime, set explicitly at
+write and on every hit (``touch``), so LRU order is shared by every process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO, NamedTuple
+
+import numpy as np
+import xxhash
+
+from ..codec import PREFIX_SIZE, CorruptEntryError, FrameParts, parse_header, read_prefix
+from ..key import ECKey
+
+SUFFIX = ".pt"
+TEMP_PREFIX = ".tmp-"
+STALE_TEMP_SECONDS = 3600  # a live writer's temp file older than this is abandoned
+
+_seq = itertools.count()
+_clock_lock = threading.Lock()
+_last_ns = 0
+
+
+def entry_file(name: str) -> str:
+    """The file name of the entry stored under ``name``."""
+    return name + SUFFIX
+
+
+def entry_stem(filename: str) -> str | None:
+    """The storage name of an entry's file name, or None for any other file."""
+    if not filename.endswith(SUFFIX):
+        return None
+    stem = filename[: -len(SUFFIX)]
+    return stem if ECKey.is_storage_name(stem) else None
+
+
+def is_temp(filename: str) -> bool:
+    return filename.startswith(TEMP_PREFIX)
+
+
+def temp_owner(filename: str) -> int | None:
+    """The pid that wrote a temp file, None if the name carries none."""
+    try:
+        return int(filename[len(TEMP_PREFIX) :].split("-", 1)[0])
+    except ValueError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, another user's
+    return True
+
+
+def private_dir(path: str) -> str:
+    """``path``, made if missing, mode 0700; ``PermissionError`` if it is not
+    this user's own private directory (another user may have made it first
+    in a world-writable parent such as /dev/shm)."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    stat = os.lstat(path)
+    if stat.st_uid != os.getuid() or stat.st_mode & 0o077 or not os.path.isdir(path):
+        raise PermissionError(f"{path} is not a private directory of this user")
+    return path
+
+
+def runtime_dir(base: str = "/dev/shm") -> str:
+    """This user's node-local directory for shared state (ledgers, the node tier)."""
+    if not os.path.isdir(base) or not os.access(base, os.W_OK):
+        base = tempfile.gettempdir()
+    return private_dir(os.path.join(base, f"lmcache-ec-{os.getuid()}"))
+
+
+def use_stamp() -> int:
+    """A strictly increasing wall-clock stamp (ns) for mtimes: ties would make
+    LRU order arbitrary between entries used within one clock tick."""
+    global _last_ns
+    with _clock_lock:
+        _last_ns = max(time.time_ns(), _last_ns + 1)
+        return _last_ns
+
+
+def _open_new(path: str) -> BinaryIO:
+    return open(path, "wb")
+
+
+class Stored(NamedTuple):
+    name: str  # storage name
+    path: str
+    size: int
+    mtime_ns: int
+
+
+class Scan(NamedTuple):
+    entries: list[Stored]  # least recently used first
+    temp_bytes: int  # writes in progress (live writers)
+
+    @property
+    def total(self) -> int:
+        return self.temp_bytes + sum(e.size for e in self.entries)
+
+
+class DirectoryLayout:
+    """One directory of frame files."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def path_of(self, name: str) -> str:
+        """The entry file of storage name ``name``; ``ValueError`` for a name
+        that would leave the directory (storage names never do)."""
+        if "/" in name or "\0" in name or name.startswith("."):
+            raise ValueError(f"not a storage name: {name!r:.80}")
+        return os.path.join(self.path, entry_file(name))
+
+    def temp_path(self, name: str) -> str:
+        return os.path.join(self.path, f"{TEMP_PREFIX}{os.getpid()}-{next(_seq)}.{name}")
+
+    # -- scanning ------------------------------------------------------------
+
+    def scan(self, *, reclaim: bool = True) -> Scan:
+        """Entries by recency and the bytes of live writes; a dead writer's
+        temp files (or any older than ``STALE_TEMP_SECONDS``) are removed."""
+        entries: list[Stored] = []
+        temp_bytes = 0
+        now = time.time()
+        for item in self._items():
+            name = item.name
+            try:
+                if is_temp(name):
+                    stat = item.stat()
+                    owner = temp_owner(name)
+                    dead = owner is None or not _alive(owner)
+                    if reclaim and (dead or now - stat.st_mtime > STALE_TEMP_SECONDS):
+                        os.remove(item.path)
+                    else:
+                        temp_bytes += stat.st_size
+                    continue
+                stem = entry_stem(name)
+                if stem is None:
+                    continue
+                stat = item.stat()
+            except OSError:
+                continue  # vanished while scanning
+            entries.append(Stored(stem, item.path, stat.st_size, stat.st_mtime_ns))
+        entries.sort(key=lambda e: e.mtime_ns)
+        return Scan(entries, temp_bytes)
+
+    def _items(self) -> Iterator[os.DirEntry]:
+        try:
+            scan = os.scandir(self.path)
+        except FileNotFoundError:
+            return
+        with scan:
+            yield from scan
+
+    # -- one entry -----------------------------------------------------------
+
+    def size_of(self, name: str) -> int | None:
+        try:
+            return os.stat(self.path_of(name)).st_size
+        except OSError:
+            return None
+
+    def touch(self, path: str) -> None:
+        """Mark an entry used now (shared LRU order); a vanished file is ignored."""
+        stamp = use_stamp()
+        with contextlib.suppress(OSError):
+            os.utime(path, ns=(stamp, stamp))
+
+    def write(
+        self, name: str, buffer: Any, opener: Callable[[str], BinaryIO] | None = None
+    ) -> bool:
+        """Publish ``buffer`` as entry ``name`` atomically; False if an entry of
+        that name already exists (it is left as it is). ``opener(temp_path)``
+        opens the temp file for writing. Raises ``OSError``."""
+        temp = self.temp_path(name)
+        final = self.path_of(name)
+        try:
+            with (opener or _open_new)(temp) as stream:
+                stream.write(buffer)
+            stamp = use_stamp()
+            os.utime(temp, ns=(stamp, stamp))
+            try:
+                os.link(temp, final)  # never replaces another writer's entry
+            except FileExistsError:
+                return False
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
+                    raise
+                os.replace(temp, final)  # no hard links here
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(temp)
+
+    def replace_file(self, filename: str, data: bytes) -> None:
+        """Write a non-entry file (``filename``) atomically, replacing any
+        previous one; its temp file is reclaimed like an entry's. Raises ``OSError``."""
+        temp = self.temp_path(filename)
+        try:
+            with open(temp, "wb") as stream:
+                stream.write(data)
+            os.replace(temp, os.path.join(self.path, filename))
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(temp)
+
+    def remove(self, path: str) -> bool:
+        """Delete an entry file; False if it was gone already."""
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+
+# -- reading frames --------------------------------------------------------------
+
+READ_CHUNK = 512 * 1024  # hashed right after it lands, while it is still in cache
+
+
+def read_frame_parts(fd: int, size: int) -> FrameParts:
+    """Read the ``size``-byte frame file ``fd`` as ``FrameParts``, hashing the
+    payload as it arrives (read-then-hash in cache-sized pieces costs less than
+    one read plus a hash over memory). Buffers are sized from ``size``, never
+    from the prefix; a shorter file reads as a truncated frame."""
+    prefix = os.pread(fd, PREFIX_SIZE, 0)
+    try:
+        header_len, payload_len, *_ = read_prefix(prefix)
+    except CorruptEntryError:
+        return FrameParts(prefix, np.empty(0, dtype=np.uint8))  # decoding rejects it
+    rest = max(size - PREFIX_SIZE, 0)
+    header = os.pread(fd, min(header_len, rest), PREFIX_SIZE)
+    start = PREFIX_SIZE + len(header)
+    payload = np.empty(rest - len(header), dtype=np.uint8)
+    hashed = min(payload_len, payload.size)
+    digest = xxhash.xxh3_64()
+    done = 0
+    while done < payload.size:
+        got = os.preadv(fd, [payload[done : done + READ_CHUNK]], start + done)
+        if got <= 0:
+            break  # truncated under us: decoding rejects what is missing
+        if done < hashed:
+            digest.update(payload[done : min(done + got, hashed)])
+        done += got
+    if done < payload.size:
+        payload = payload[:done]
+    return FrameParts(prefix + header, payload, digest.intdigest() if done >= hashed else None)
+
+
+def read_header_file(path: str) -> dict[str, Any]:
+    """The verified frame header of an entry file (payload not read).
+
+    Raises ``CorruptEntryError`` (not a frame) or ``OSError``."""
+    with open(path, "rb") as stream:
+        prefix = stream.read(PREFIX_SIZE)
+        header_len, _, _, header_sum = read_prefix(prefix)
+        raw = stream.read(header_len)
+    if len(raw) < header_len:
+        raise CorruptEntryError("truncated header")
+    return parse_header(raw, header_sum)

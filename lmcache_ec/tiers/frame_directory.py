@@ -1,0 +1,352 @@
+"""A tier that keeps frames as files in one directory shared by processes.
+
+The disk tier (``local_disk.py``) and the node tier (``node.py``) are this
+class on two directories. It implements LMCache's ``StorageBackendInterface``
+(what ``StorageManager`` calls: ``contains``, ``batched_submit_put_task``,
+``get_blocking``, ``remove``, ``get_allocator_backend``, ``close``…) and the
+``Tier`` contract, and keeps no private index: the directory is the index, so
+every process sees every other's writes, evictions and purges at once
+(``contains`` is one ``stat``), and a restart finds everything.
+
+- Layout, atomic writes, temp files, recency: ``disk_layout.py``.
+- One size limit for the directory, kept by every process: ``budget.py``.
+- No exception from I/O: failed writes are logged and counted
+  (``snapshot()``), a vanished file is a miss, a directory deleted under a
+  running engine is created again by the next write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any, BinaryIO
+
+import torch
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
+
+from ..codec import PREFIX_SIZE, FrameParts
+from ..config import SCHEMA
+from ..key import ECKey
+from .budget import DirectoryBudget
+from .contract import TierDefaults
+from .disk_layout import DirectoryLayout, read_frame_parts
+
+logger = logging.getLogger(__name__)
+
+
+SEEN_MAX = 1 << 16
+
+
+def tier_setting(config: Any, name: str) -> Any:
+    """An lmcache-ec option carried in LMCache's ``extra_config`` (``ECConfig.to_lmcache``),
+    or its default for a config built without it."""
+    value = (getattr(config, "extra_config", None) or {}).get(f"lmcache_ec.{name}")
+    return SCHEMA[name].default if value is None else value
+
+
+class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
+    # Reads for the caller go through get_frame (no CPU-pool buffer);
+    # read_into_pool serves promotion and LMCache's get_blocking.
+    reads_frames = True
+    dir_mode = 0o755
+
+    def __init__(
+        self,
+        path: str,
+        limit: int,
+        min_residency: float,
+        local_cpu_backend: Any,
+        dst_device: str,
+    ) -> None:
+        super().__init__(dst_device)
+        os.makedirs(path, mode=self.dir_mode, exist_ok=True)
+        self.path = path
+        self.max_cache_size = limit
+        self.layout = DirectoryLayout(path)
+        self.budget = DirectoryBudget(self.layout, limit, min_residency)
+        self.local_cpu_backend = local_cpu_backend
+        self.counters: Counter[str] = Counter()
+        self._last_write_ok = True
+        self._in_flight: set[ECKey] = set()
+        self._seen: set[ECKey] = set()  # entries known to exist, to count vanished ones
+        self._flight_lock = threading.Lock()
+        try:
+            trimmed = self.budget.trim()
+        except OSError as exc:  # e.g. no room for the ledger: writes will say so too
+            trimmed = 0
+            logger.warning("%s tier %s: size check at start failed: %s", self.name, path, exc)  # type: ignore[attr-defined]
+        self.rebuilt_entries = len(self.layout.scan(reclaim=False).entries)
+        if self.rebuilt_entries or trimmed:
+            logger.info(
+                "%s tier %s: %d entries (%d evicted to fit %d bytes)",
+                self.name,  # type: ignore[attr-defined]
+                path,
+                self.rebuilt_entries,
+                trimmed,
+                limit,
+            )
+
+    # -- health --------------------------------------------------------------
+
+    @property
+    def write_errors(self) -> int:
+        return self.counters["write_errors"]
+
+    def snapshot(self) -> dict[str, Any]:
+        """Health and counters, for stats exporters; ``failures`` are I/O errors."""
+        counters = dict(self.counters)
+        failures = sum(counters.get(n, 0) for n in ("write_errors", "read_errors", "remove_errors"))
+        return {"available": self._last_write_ok, **counters, "failures": failures}
+
+    def pending_writes(self) -> int:
+        with self._flight_lock:
+            return len(self._in_flight)
+
+    # -- lookups -------------------------------------------------------------
+
+    def path_of(self, key: ECKey) -> str:
+        return self.layout.path_of(key.to_string())
+
+    _key_to_path = path_of  # LMCache's name for it
+
+    def contains(self, key: ECKey, pin: bool = False) -> bool:
+        return os.path.exists(self.path_of(key))
+
+    def exists_in_put_tasks(self, key: ECKey) -> bool:
+        with self._flight_lock:
+            return key in self._in_flight
+
+    def entries(self) -> list[tuple[ECKey, int, str]]:
+        """(key, bytes, path) of every entry, least recently used first."""
+        return [(ECKey(e.name), e.size, e.path) for e in self.layout.scan(reclaim=False).entries]
+
+    def forget_missing(self) -> int:
+        """Nothing to forget: no private index can go stale."""
+        return 0
+
+    def pin(self, key: ECKey) -> bool:
+        return False
+
+    def unpin(self, key: ECKey) -> bool:
+        return False
+
+    def touch_cache(self) -> None:
+        return None
+
+    def get_allocator_backend(self) -> Any:
+        return self.local_cpu_backend
+
+    # -- reads ---------------------------------------------------------------
+
+    def read(self, key: ECKey) -> FrameParts | None:
+        return self.get_frame(key)
+
+    def _open(self, key: ECKey, path: str) -> int | None:
+        try:
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            if key in self._seen:  # deleted under us (purge, rm, another's eviction)
+                self._seen.discard(key)
+                self.counters["vanished"] += 1
+            return None
+        except OSError as exc:
+            self._read_failed(path, exc)
+            return None
+
+    def _read_failed(self, path: str, exc: OSError) -> None:
+        self.counters["read_errors"] += 1
+        logger.warning("%s read of %s failed: %s", self.name, path, exc)  # type: ignore[attr-defined]
+
+    def get_frame(self, key: ECKey) -> FrameParts | None:
+        """The entry read into fresh memory: prefix and header, then the payload
+        straight into an array of its own, hashed as it lands."""
+        path = self.path_of(key)
+        fd = self._open(key, path)
+        if fd is None:
+            return None
+        try:
+            parts = read_frame_parts(fd, os.fstat(fd).st_size)
+        except OSError as exc:
+            self._read_failed(path, exc)
+            return None
+        finally:
+            os.close(fd)
+        self._used(key, path)
+        return parts
+
+    def get_blocking(self, key: ECKey) -> MemoryObj | None:
+        return self.read_into_pool(key, self._pool_buffer)
+
+    def _pool_buffer(self, size: int) -> MemoryObj | None:
+        return self.local_cpu_backend.allocate(
+            torch.Size([size]), torch.uint8, MemoryFormat.EC_TD, busy_loop=False
+        )
+
+    def read_into_pool(
+        self, key: ECKey, allocate: Callable[[int], MemoryObj | None]
+    ) -> MemoryObj | None:
+        """The entry read into a CPU-pool buffer from ``allocate(size)``."""
+        path = self.path_of(key)
+        fd = self._open(key, path)
+        if fd is None:
+            return None
+        try:
+            with open(fd, "rb", closefd=True) as stream:
+                size = os.fstat(stream.fileno()).st_size
+                # At least a frame prefix, so an empty file reads as a corrupt frame.
+                memory_obj = allocate(max(size, PREFIX_SIZE))
+                if memory_obj is None:
+                    self.counters["read_skipped_no_memory"] += 1
+                    return None
+                try:
+                    read = stream.readinto(memory_obj.byte_array)
+                except OSError:
+                    memory_obj.ref_count_down()
+                    raise
+        except OSError as exc:
+            self._read_failed(path, exc)
+            return None
+        if read < memory_obj.get_physical_size():
+            # Truncated under us: a deterministic tail the checksum rejects.
+            memory_obj.tensor[read:] = 0
+        self._used(key, path)
+        return memory_obj
+
+    def _used(self, key: ECKey, path: str) -> None:
+        self.layout.touch(path)
+        self._remember(key)
+
+    def _remember(self, key: ECKey) -> None:
+        if len(self._seen) >= SEEN_MAX:
+            self._seen.clear()  # only the "vanished" count is approximate then
+        self._seen.add(key)
+
+    # -- writes --------------------------------------------------------------
+
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[ECKey],
+        memory_objs: Sequence[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback: Callable[[ECKey], None] | None = None,
+    ) -> None:
+        for key, memory_obj in zip(keys, memory_objs, strict=True):
+            self.submit_put_task(key, memory_obj, on_complete_callback)
+
+    def submit_put_task(
+        self,
+        key: ECKey,
+        memory_obj: MemoryObj,
+        on_complete_callback: Callable[[ECKey], None] | None = None,
+    ) -> None:
+        if memory_obj.get_physical_size() > self.max_cache_size:
+            self.counters["skipped_too_large"] += 1
+            return
+        with self._flight_lock:
+            if key in self._in_flight:
+                return
+            self._in_flight.add(key)
+        if self.contains(key):
+            # The same key is the same encoder output: another process (or an
+            # earlier run) wrote it already.
+            self.counters["skipped_existing"] += 1
+            self._landed(key)
+            return
+        memory_obj.ref_count_up()  # released by write_entry
+        if not self._dispatch(key, memory_obj, on_complete_callback):
+            memory_obj.ref_count_down()
+            self._landed(key)
+
+    def _dispatch(
+        self, key: ECKey, memory_obj: MemoryObj, callback: Callable[[ECKey], None] | None
+    ) -> bool:
+        """Run ``write_entry`` (here, or on a writer thread); False if refused."""
+        self.write_entry(key, memory_obj, callback)
+        return True
+
+    def _landed(self, key: ECKey) -> None:
+        with self._flight_lock:
+            self._in_flight.discard(key)
+
+    def _open_tmp(self, temp: str) -> BinaryIO:
+        try:
+            return open(temp, "wb")
+        except FileNotFoundError:
+            self._recreate()
+            return open(temp, "wb")
+
+    def _recreate(self) -> None:
+        # Deleted under us (rm -rf, a cleanup job): make it again rather than
+        # failing every later write until a restart.
+        os.makedirs(self.path, mode=self.dir_mode, exist_ok=True)
+        self.budget.directory_changed()
+        self.counters["dir_recreated"] += 1
+        logger.warning("%s tier directory %s was missing; created it again", self.name, self.path)  # type: ignore[attr-defined]
+
+    def _reserve(self, name: str, size: int) -> bool:
+        try:
+            return self.budget.reserve(name, size)
+        except FileNotFoundError:
+            self._recreate()
+            return self.budget.reserve(name, size)
+
+    def write_entry(
+        self, key: ECKey, memory_obj: MemoryObj, callback: Callable[[ECKey], None] | None
+    ) -> None:
+        """Reserve room, write, publish; every failure is counted, none raised."""
+        name = key.to_string()
+        size = memory_obj.get_physical_size()
+        try:
+            if not self._reserve(name, size):
+                self.counters["skipped_no_room"] += 1
+                return
+            try:
+                published = self.layout.write(name, memory_obj.byte_array, self._open_tmp)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    self.budget.release(size)
+                raise
+            if published:
+                self.budget.wrote(name)
+                self._remember(key)
+            else:
+                self.budget.release(size)
+                self.counters["skipped_existing"] += 1
+        except OSError as exc:
+            self.counters["write_errors"] += 1
+            self._last_write_ok = False
+            logger.warning("%s write of %s failed: %s", self.name, name, exc)  # type: ignore[attr-defined]
+            return
+        finally:
+            memory_obj.ref_count_down()
+            self._landed(key)
+        self._last_write_ok = True
+        if callback is not None:
+            try:
+                callback(key)
+            except Exception as exc:
+                logger.warning("on_complete_callback failed for %s: %s", key, exc)
+
+    def remove(self, key: ECKey, force: bool = True) -> bool:
+        name = key.to_string()
+        path = self.layout.path_of(name)
+        try:
+            size = os.stat(path).st_size
+            os.remove(path)
+        except FileNotFoundError:
+            return False  # not there, or another process removed it first
+        except OSError as exc:
+            self.counters["remove_errors"] += 1
+            logger.warning("%s removal of %s failed: %s", self.name, key, exc)  # type: ignore[attr-defined]
+            return False
+        with contextlib.suppress(OSError):
+            self.budget.removed(name, size)
+        return True
+
+    def close(self) -> None:
+        return None

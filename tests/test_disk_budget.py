@@ -1,0 +1,177 @@
+"""One size limit per directory, kept by every process sharing it (``budget.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmcache_ec import ECCache
+from lmcache_ec.tiers.disk_layout import TEMP_PREFIX, DirectoryLayout
+from tests.conftest import bit_equal, make_tensor
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPE = (128, 1024)  # float16: 256 KB payload
+FRAME = SHAPE[0] * SHAPE[1] * 2 + 4096  # a generous upper bound of one frame
+
+
+def _config(disk_dir, frames: float, residency: float = 5.0) -> dict:
+    return {
+        "local_cpu": False,
+        "max_local_cpu_size": 0.05,
+        "local_disk": str(disk_dir),
+        "max_local_disk_size": FRAME * frames / 1024**3,
+        "min_residency_s": residency,
+    }
+
+
+def _directory_bytes(disk_dir) -> int:
+    """Every file of the directory, entries and writes in progress alike."""
+    total = 0
+    for name in os.listdir(disk_dir):
+        with contextlib.suppress(FileNotFoundError):  # published or removed meanwhile
+            total += os.stat(os.path.join(disk_dir, name)).st_size
+    return total
+
+
+WRITER = textwrap.dedent(
+    """
+    import json, sys, torch
+    from lmcache_ec import ECCache
+    from tests.conftest import make_tensor
+    config, rank, count = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    with ECCache.from_config(config, model="org/vlm") as cache:
+        for i in range(count):
+            assert cache.put(f"r{rank}-{i}", make_tensor((128, 1024), torch.float16, seed=i))
+        assert cache.flush(60)
+        print(json.dumps(cache.stats.snapshot()["tiers"]["disk"]))
+    """
+)
+
+
+@pytest.mark.parametrize("residency", [0.0, 5.0], ids=["global-lru", "fresh-protected"])
+def test_three_processes_share_one_limit(disk_dir, residency):
+    limit_frames = 8
+    config = _config(disk_dir, limit_frames, residency)
+    limit = int(FRAME * limit_frames)
+    per_process = 5 * limit_frames // 3 + 1  # 5x the capacity in all
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, json.dumps(config), str(rank), str(per_process)],
+            cwd=ROOT,
+            env={**os.environ, "LMCACHE_LOG_LEVEL": "ERROR"},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(3)
+    ]
+    samples = []
+    while any(p.poll() is None for p in procs):
+        samples.append(_directory_bytes(disk_dir))
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    samples.append(_directory_bytes(disk_dir))
+    frame = os.path.getsize(next(iter(disk_dir.glob("*.pt"))))
+    assert len(samples) > 3
+    assert max(samples) <= limit + frame, (max(samples), limit)
+    assert samples[-1] <= limit
+    counters = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+    assert all(c.get("write_errors", 0) == 0 for c in counters)
+    if residency == 0:  # every process wrote, evicting each other's entries
+        assert all(c.get("skipped_no_room", 0) == 0 for c in counters)
+    # Whatever survived, from whichever process, reads back exact.
+    names = {e.name for e in DirectoryLayout(str(disk_dir)).scan().entries}
+    with ECCache.from_config(config, model="org/vlm") as cache:
+        kept = {
+            (rank, i)
+            for rank in range(3)
+            for i in range(per_process)
+            if cache.key(f"r{rank}-{i}").storage_name in names
+        }
+        assert len(kept) == len(names) >= limit_frames // 2
+        for rank, i in kept:
+            expected = make_tensor(SHAPE, torch.float16, seed=i)
+            assert bit_equal(cache.get(f"r{rank}-{i}"), expected)
+
+
+def test_a_burst_never_evicts_another_process_fresh_entries(disk_dir):
+    tensors = [make_tensor(SHAPE, torch.float16, seed=i) for i in range(8)]
+    config = _config(disk_dir, 4.5, residency=600)
+    with (
+        ECCache.from_config(config, model="m") as first,
+        ECCache.from_config(config, model="m") as second,
+    ):
+        for i in range(3):
+            assert first.put(f"a{i}", tensors[i])
+        assert first.flush(10)
+        for i in range(5):
+            assert second.put(f"b{i}", tensors[3 + i])
+            assert second.flush(10)
+        # The burst made room from its own oldest entries; the other engine's stay.
+        assert [first.contains(f"a{i}") for i in range(3)] == ["disk"] * 3
+        assert second.contains("b4") == "disk"
+        assert second.contains("b0") is None
+        assert _directory_bytes(disk_dir) <= FRAME * 4.5
+        assert all(bit_equal(first.get(f"a{i}"), tensors[i]) for i in range(3))
+
+
+def test_idle_entries_of_any_process_go_least_recently_used_first(disk_dir):
+    tensors = [make_tensor(SHAPE, torch.float16, seed=i) for i in range(4)]
+    config = _config(disk_dir, 3.5, residency=0)
+    with (
+        ECCache.from_config(config, model="m") as first,
+        ECCache.from_config(config, model="m") as second,
+    ):
+        for i in range(3):
+            assert first.put(f"e{i}", tensors[i])
+            assert first.flush(10)
+        # A hit in one engine refreshes the entry for every engine on the directory.
+        assert bit_equal(second.get("e0"), tensors[0])
+        assert second.put("e3", tensors[3])
+        assert second.flush(10)
+        stored = [f"e{i}" for i in range(4) if first.contains(f"e{i}") == "disk"]
+        assert stored == ["e0", "e2", "e3"]
+
+
+def test_dead_writers_temp_files_are_reclaimed_at_once(local_config, disk_dir):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = disk_dir / f"{TEMP_PREFIX}{dead.pid}-0.ec1.a.b"
+    live = disk_dir / f"{TEMP_PREFIX}{os.getpid()}-0.ec1.a.b"
+    orphan.write_bytes(b"half a frame")
+    live.write_bytes(b"being written")
+    with ECCache.from_config(local_config, model="m"):
+        pass
+    assert not orphan.exists() and live.exists()
+
+
+def test_concurrent_writers_in_one_process_keep_the_limit(disk_dir):
+    config = _config(disk_dir, 6, residency=0)
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append(_directory_bytes(disk_dir))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with ECCache.from_config(config, model="m") as cache:
+            for i in range(30):
+                assert cache.put(f"x{i}", make_tensor(SHAPE, torch.float16, seed=i))
+            assert cache.flush(30)
+    finally:
+        done.set()
+        sampler.join()
+    frame = os.path.getsize(next(iter(disk_dir.glob("*.pt"))))
+    assert max(samples) <= FRAME * 6 + frame
+    assert _directory_bytes(disk_dir) <= FRAME * 6

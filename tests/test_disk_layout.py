@@ -1,0 +1,53 @@
+"""The directory layout: which file is an entry, a write in progress, or neither."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from lmcache_ec.key import EncoderIdentity
+from lmcache_ec.purge_marker import MARKER_NAME
+from lmcache_ec.tiers.disk_layout import (
+    TEMP_PREFIX,
+    DirectoryLayout,
+    entry_stem,
+    is_temp,
+    temp_owner,
+)
+
+
+def _name(model: str) -> str:
+    return EncoderIdentity(model=model, dtype="bfloat16").key("image").storage_name
+
+
+@pytest.mark.parametrize("model", ["/tmp/models/x", "tmp-model", ".tmp-1-2", "org/vlm.pt"])
+def test_entry_and_temp_names_never_meet(tmp_path, model):
+    layout = DirectoryLayout(str(tmp_path))
+    name = _name(model)
+    entry = os.path.basename(layout.path_of(name))
+    temp = os.path.basename(layout.temp_path(name))
+    assert entry_stem(entry) == name and not is_temp(entry)
+    assert is_temp(temp) and entry_stem(temp) is None
+    assert temp_owner(temp) == os.getpid()
+
+
+def test_scan_lists_entries_only_and_counts_live_writes(tmp_path):
+    layout = DirectoryLayout(str(tmp_path))
+    name = _name("/tmp/models/x")
+    assert layout.write(name, torch.zeros(100, dtype=torch.uint8).numpy())
+    assert not layout.write(name, torch.ones(100, dtype=torch.uint8).numpy())  # kept as is
+    (tmp_path / MARKER_NAME).write_text("{}")
+    (tmp_path / f"{TEMP_PREFIX}{os.getpid()}-9.{name}").write_bytes(b"x" * 10)
+    (tmp_path / "notes.txt").write_text("kept")
+    scan = layout.scan()
+    assert [e.name for e in scan.entries] == [name]
+    assert scan.temp_bytes == 10 and scan.total == 110
+    assert (tmp_path / layout.path_of(name)).read_bytes() == bytes(100)
+
+
+@pytest.mark.parametrize("bad", ["../escape", "a/b", ".hidden", "nul\0byte"])
+def test_names_that_leave_the_directory_are_refused(tmp_path, bad):
+    with pytest.raises(ValueError):
+        DirectoryLayout(str(tmp_path)).path_of(bad)

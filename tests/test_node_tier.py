@@ -1,0 +1,207 @@
+"""The node tier: one host copy per node, shared by its processes (``tiers/node.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmcache_ec import ECCache
+from lmcache_ec.tiers.disk_layout import TEMP_PREFIX, DirectoryLayout
+from lmcache_ec.tiers.node import node_path
+from tests.conftest import bit_equal, make_tensor
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPE = (256, 1024)  # bfloat16: 512 KB payload
+IMAGES = 6
+RANKS = 4
+
+
+@pytest.fixture
+def node_base():
+    base = tempfile.mkdtemp(prefix="ec-node-test-", dir="/dev/shm")
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _config(node_base: str) -> dict:
+    return {
+        "local_cpu": True,  # the node tier takes its role: the pool only stages
+        "max_local_cpu_size": 0.05,
+        "local_disk": None,
+        "node_tier": True,
+        "node_dir": node_base,
+        "max_node_size": 0.5,
+        "namespace": "node-test",
+    }
+
+
+def _tensor(i: int) -> torch.Tensor:
+    return make_tensor(SHAPE, torch.bfloat16, seed=i)
+
+
+RANK = textwrap.dedent(
+    """
+    import json, sys, torch
+    from lmcache_ec import ECCache
+    from tests.conftest import bit_equal, make_tensor
+    config, images = json.loads(sys.argv[1]), int(sys.argv[2])
+    tensors = [make_tensor((256, 1024), torch.bfloat16, seed=i) for i in range(images)]
+    with ECCache.from_config(config, model="org/vlm", dtype=torch.bfloat16) as cache:
+        # Every rank computes the same encoder outputs and stores them.
+        stored = [cache.put(f"img-{i}", t) for i, t in enumerate(tensors)]
+        where = [cache.contains(f"img-{i}") for i in range(images)]
+        exact = [bit_equal(cache.get(f"img-{i}"), t) for i, t in enumerate(tensors)]
+        node = cache.stats.snapshot()["tiers"]["node"]
+        print(json.dumps({
+            "stored": stored, "where": where, "exact": exact, "tiers": cache.tiers,
+            "pool_bytes": cache._cpu.used_bytes(),
+            "cpu_entries": len(cache._cpu.entries()),
+            "skipped_existing": node.get("skipped_existing", 0),
+        }))
+    """
+)
+
+
+def test_four_ranks_hold_each_image_once(node_base):
+    config = _config(node_base)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, json.dumps(config), str(IMAGES)],
+            cwd=ROOT,
+            env={**os.environ, "LMCACHE_LOG_LEVEL": "ERROR"},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(RANKS)
+    ]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    reports = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+    for report in reports:
+        assert report["tiers"] == ["node"]
+        assert all(report["stored"]) and all(report["exact"])
+        assert report["where"] == ["node"] * IMAGES
+        # No private copy: the pool staged the puts and holds nothing now.
+        assert report["pool_bytes"] == 0 and report["cpu_entries"] == 0
+    # Host memory: each image once in /dev/shm, whichever rank wrote it.
+    directory = node_path(node_base, "node-test")
+    files = os.listdir(directory)
+    assert not [f for f in files if f.startswith(TEMP_PREFIX)]
+    entries = DirectoryLayout(directory).scan().entries
+    assert len(entries) == IMAGES
+    frame = entries[0].size
+    assert all(e.size == frame for e in entries)
+    shm_bytes = sum(os.stat(os.path.join(directory, f)).st_blocks * 512 for f in files)
+    assert frame * IMAGES <= shm_bytes < frame * IMAGES + 4096 * IMAGES
+    assert sum(r["skipped_existing"] for r in reports) == (RANKS - 1) * IMAGES
+    assert stat_mode(directory) == 0o700
+
+
+def stat_mode(path: str) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
+def _mapped_file(address: int) -> str | None:
+    """The file mapped at ``address`` in this process, from /proc/self/maps."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5] if len(fields) > 5 else None
+    return None
+
+
+def test_reads_are_views_of_the_shared_frame(node_base):
+    tensor = _tensor(1)
+    with ECCache.from_config(_config(node_base), model="m", dtype=torch.bfloat16) as cache:
+        assert cache.put("img", tensor)
+        out = cache.get("img")
+        assert bit_equal(out, tensor)
+        path = cache._storage.storage_backends["NodeBackend"].path_of(cache.key("img"))
+        assert _mapped_file(out.data_ptr()) == path  # no private copy
+        out.fill_(0)  # the caller owns what it got: private pages, not the frame
+        assert bit_equal(cache.get("img"), tensor)
+        assert cache._cpu.used_bytes() == 0
+
+
+KILLED = textwrap.dedent(
+    """
+    import os, sys, time, json, torch
+    from lmcache_ec import ECCache
+    from lmcache_ec.tiers.frame_directory import FrameDirectoryTier
+    from tests.conftest import make_tensor
+
+    config = json.loads(sys.argv[1])
+    open_tmp = FrameDirectoryTier._open_tmp
+
+    class PausedHalfway:
+        def __init__(self, stream, path):
+            self.stream, self.path = stream, path
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            return self.stream.__exit__(*exc)
+        def write(self, buffer):
+            data = memoryview(buffer).cast("B")
+            self.stream.write(data[: len(data) // 2])
+            self.stream.flush()
+            print("HALF", self.path, flush=True)
+            time.sleep(600)
+
+    def paused(self, path):
+        stream = open_tmp(self, path)
+        return PausedHalfway(stream, path) if "pause" in sys.argv else stream
+
+    FrameDirectoryTier._open_tmp = paused
+    with ECCache.from_config(config, model="m", dtype=torch.bfloat16) as cache:
+        for i in range(3):
+            assert cache.put(f"done-{i}", make_tensor((256, 1024), torch.bfloat16, seed=i))
+        sys.argv.append("pause")
+        cache.put("killed", make_tensor((256, 1024), torch.bfloat16, seed=9))
+    """
+)
+
+
+def test_writer_killed_mid_write_leaves_the_node_tier_consistent(node_base):
+    config = _config(node_base)
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED, json.dumps(config)],
+        cwd=ROOT,
+        env={**os.environ, "LMCACHE_LOG_LEVEL": "ERROR"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = child.stdout.readline()
+        assert line.startswith("HALF "), line
+        temp = line.split(" ", 1)[1].strip()
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.stdout.close()
+    assert os.path.exists(temp)  # the torn write is only a temp file
+    with ECCache.from_config(config, model="m", dtype=torch.bfloat16) as cache:
+        assert not os.path.exists(temp)  # reclaimed at start: its writer is dead
+        assert cache.contains("killed") is None
+        assert cache.get("killed") is None
+        assert all(bit_equal(cache.get(f"done-{i}"), _tensor(i)) for i in range(3))
+        assert cache.stats.snapshot()["integrity_failures"] == 0
+        node = cache._storage.storage_backends["NodeBackend"]
+        on_shm = sum(size for _, size, _ in node.entries())
+        assert node.budget.ledger() == on_shm  # no bytes leaked in the accounting
+        # And it is writable again.
+        assert cache.put("killed", _tensor(9))
+        assert bit_equal(cache.get("killed"), _tensor(9))
