@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .config import ECConfig
-from .tiers.disk_layout import DirectoryLayout
 from .selection import (
     Entry,
     RemoteUnavailable,
@@ -39,6 +38,7 @@ from .selection import (
     remote_configured,
     scan_disk,
 )
+from .tiers.disk_layout import DirectoryLayout
 
 __all__ = [
     "Entry",
@@ -49,10 +49,10 @@ __all__ = [
     "directory_usage",
     "filter_age",
     "filter_headers",
+    "node_configured",
     "open_remote",
     "read_disk_header",
     "read_headers",
-    "node_configured",
     "remote_configured",
     "scan_cpu",
     "scan_disk",
