@@ -67,9 +67,13 @@ def _glob_escape(text: str) -> str:
 def _metadata(length: int) -> bytes:
     """LMCache's ``RemoteMetadata`` of a frame: ``length`` uint8 bytes, EC format."""
     import torch
+    from lmcache.v1 import protocol
     from lmcache.v1.memory_management import MemoryFormat
     from lmcache.v1.protocol import RemoteMetadata
 
+    if protocol.REMOTE_METADATA_FMT is None:
+        # Set by RemoteBackend's constructor; a process with only a catalog has none.
+        protocol.init_remote_metadata_info(1)
     return RemoteMetadata(
         length, [torch.Size([length])], [torch.uint8], MemoryFormat.EC_TD
     ).serialize()

@@ -10,26 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 from collections import OrderedDict
 
 import pytest
 import torch
-from lmcache.utils import CacheEngineKey, DiskCacheMetadata
+from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_allocators.mixed_memory_allocator import MixedMemoryAllocator
 from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator
 from lmcache.v1.memory_management import MemoryFormat
+from lmcache.v1.protocol import RemoteMetadata
+from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.cache_policy.lru import LRUCachePolicy
 from lmcache.v1.storage_backend.connector import InstrumentedRemoteConnector
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
-from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend, LocalDiskWorker
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 from lmcache_ec import ECCache
-from lmcache_ec.key import ECKey, EncoderIdentity
+from lmcache_ec.key import EncoderIdentity
 from lmcache_ec.tiers.allocator import HostPoolAllocator
+from lmcache_ec.tiers.frame_directory import FrameDirectoryTier
 
 MODEL = "org/upstream-contract"
 
@@ -159,59 +160,33 @@ def test_local_cpu_backend_allocate_and_put_signatures():
     assert MemoryFormat.EC_TD.name == "EC_TD"
 
 
-# -- the disk tier (tiers/local_disk.py) -------------------------------------------
+# -- the directory tiers (tiers/frame_directory.py, tiers/node.py) -------------------
 
 
-def test_local_disk_backend_index_and_locks(cache):
-    """ECLocalDiskBackend rebuilds, adopts and evicts entries in upstream's index
-    (``dict`` of ``DiskCacheMetadata`` under ``disk_lock``, sizes in
-    ``current_cache_size``/``usage``/``max_cache_size``): upstream keeps no index
-    across restarts and offers no hook to fill it."""
-    disk = cache._disk
-    for name in ("dict", "disk_lock", "current_cache_size", "usage", "max_cache_size", "path"):
-        assert hasattr(disk, name), _says(
-            f"LocalDiskBackend.{name}", "tiers/local_disk.py", "its persistent index"
-        )
-    assert isinstance(disk.dict, OrderedDict)
-    fields = ["path", "size", "shape", "dtype", "cached_positions", "fmt", "pin_count"]
-    meta = DiskCacheMetadata("p", 1, torch.Size([1]), torch.uint8, None, MemoryFormat.EC_TD, 0)
-    assert [getattr(meta, f) for f in fields[:2]] == ["p", 1], _says(
-        "DiskCacheMetadata's positional fields", "tiers/local_disk.py", "index entries"
+def test_storage_backend_interface_is_what_frame_directory_implements():
+    """The disk and node tiers implement LMCache's public ``StorageBackendInterface``
+    (no subclass of ``LocalDiskBackend``): a new abstract method upstream must be
+    implemented before they can be built."""
+    missing = set(StorageBackendInterface.__abstractmethods__) - {
+        name for name in dir(FrameDirectoryTier) if callable(getattr(FrameDirectoryTier, name))
+    }
+    assert not missing, _says(
+        f"StorageBackendInterface (new abstract methods {sorted(missing)})",
+        "tiers/frame_directory.py",
+        "the disk and node tiers",
     )
-    assert _params(LocalDiskBackend.insert_key)[:6] == [
-        "self",
-        "key",
-        "size",
-        "shape",
-        "dtype",
-        "fmt",
-    ]
-
-
-def test_local_disk_backend_paths_are_storage_names(cache):
-    """Files are found again by name: ``_key_to_path`` must stay
-    ``<dir>/<key.to_string()>.pt`` (disk scans, inventory and purges rely on it)."""
-    key = ECKey.from_storage_name(cache.key("x").storage_name)
-    path = cache._disk._key_to_path(key)
-    assert path.endswith("/" + key.storage_name + ".pt"), _says(
-        "LocalDiskBackend._key_to_path's naming", "tiers/local_disk.py", "finding entries"
+    assert not getattr(FrameDirectoryTier, "__abstractmethods__", None), _says(
+        "StorageBackendInterface's abstract methods", "tiers/frame_directory.py", "building tiers"
     )
 
 
-def test_local_disk_worker_put_tasks():
-    """Writes in flight are tracked in upstream's ``disk_worker``
-    (``try_insert_put_task``/``remove_put_task``, ``put_tasks`` under
-    ``put_lock``): ``pending_writes`` and admission read them."""
-    for name in ("try_insert_put_task", "remove_put_task"):
-        assert callable(getattr(LocalDiskWorker, name, None)), _says(
-            f"LocalDiskWorker.{name}", "tiers/local_disk.py", "writes in flight"
-        )
-    worker = LocalDiskWorker.__new__(LocalDiskWorker)
-    worker.put_lock = threading.Lock()
-    worker.put_tasks = []
-    assert worker.try_insert_put_task("k") and worker.put_tasks == ["k"]
-    worker.remove_put_task("k")
-    assert worker.put_tasks == []
+def test_local_cpu_backend_use_hot_turns_its_cache_off(cache):
+    """With the node tier on, the CPU tier keeps no entries: ``use_hot = False``
+    makes upstream's ``submit_put_task`` drop them (the pool only stages)."""
+    cpu = cache._storage.storage_backends["LocalCPUBackend"]
+    assert isinstance(cpu.use_hot, bool), _says(
+        "LocalCPUBackend.use_hot", "tiers/manager.py", "a CPU pool that only stages"
+    )
 
 
 # -- the storage manager (tiers/manager.py, engine.py) -----------------------------
@@ -280,4 +255,56 @@ def test_remote_backend_and_connector_bases():
         )
     assert callable(getattr(InstrumentedRemoteConnector, "getWrappedConnector", None)), _says(
         "InstrumentedRemoteConnector.getWrappedConnector", "remote/backend.py", "blocking reads"
+    )
+
+
+def test_remote_backend_state_it_manages():
+    """ECRemoteBackend keeps upstream's structure and drives its state:
+    ``connection`` (re)built by ``init_connection``, ``put_tasks`` under ``lock``
+    (uploads in flight, de-duplicated), ``serializer`` (a frame into bytes),
+    ``failure_time``/``min_reconnect_interval`` (upstream's reconnect pacing)."""
+    source = inspect.getsource(RemoteBackend)
+    for name in (
+        "self.connection",
+        "self.put_tasks",
+        "self.lock",
+        "self.serializer",
+        "self.failure_time",
+        "self.min_reconnect_interval",
+    ):
+        assert name in source, _says(f"RemoteBackend.{name[5:]}", "remote/backend.py", "uploads")
+    assert callable(getattr(RemoteBackend, "init_connection", None)), _says(
+        "RemoteBackend.init_connection", "remote/backend.py", "reconnecting"
+    )
+
+
+def test_remote_metadata_fields():
+    """Redis entries carry LMCache's ``RemoteMetadata`` next to the frame, the
+    naming a plain LMCache Redis writer uses (remote/redis_store.py)."""
+    assert _params(RemoteMetadata.__init__)[1:5] == ["length", "shapes", "dtypes", "fmt"], _says(
+        "RemoteMetadata's fields", "remote/redis_store.py", "the metadata key"
+    )
+    from lmcache.v1 import protocol
+
+    assert hasattr(protocol, "REMOTE_METADATA_FMT") and callable(
+        getattr(protocol, "init_remote_metadata_info", None)
+    ), _says("protocol.init_remote_metadata_info", "remote/redis_store.py", "metadata keys")
+    if protocol.REMOTE_METADATA_FMT is None:
+        protocol.init_remote_metadata_info(1)
+    meta = RemoteMetadata(8, [torch.Size([8])], [torch.uint8], MemoryFormat.EC_TD)
+    assert isinstance(meta.serialize(), (bytes, bytearray)), _says(
+        "RemoteMetadata.serialize", "remote/redis_store.py", "the metadata key"
+    )
+    assert hasattr(MemoryFormat, "EC_TD"), _says(
+        "MemoryFormat.EC_TD", "remote/, tiers/", "encoder frames in CPU buffers"
+    )
+
+
+def test_config_definitions_name_lmcache_keys():
+    """``ec:`` refuses LMCache keys naming the replacement; which keys are
+    LMCache's comes from ``lmcache.v1.config._CONFIG_DEFINITIONS`` (config.py)."""
+    from lmcache.v1.config import _CONFIG_DEFINITIONS
+
+    assert "chunk_size" in _CONFIG_DEFINITIONS and "remote_url" in _CONFIG_DEFINITIONS, _says(
+        "lmcache.v1.config._CONFIG_DEFINITIONS", "config.py", "naming LMCache keys in errors"
     )
