@@ -75,10 +75,12 @@ def cold_cpu(ours: Any) -> Any:
 
 
 def disk_path(ours: Any, mm_hash: str) -> str:
-    """The file the disk tier keeps ``mm_hash`` in (storage name + upstream's suffix)."""
-    from ..tiers.local_disk import SUFFIX
+    """The file the disk tier keeps ``mm_hash`` in (named by the disk layout)."""
+    from ..tiers.disk_layout import entry_file
 
-    return os.path.join(ours.config.values["local_disk"], ours.key(mm_hash).storage_name + SUFFIX)
+    return os.path.join(
+        ours.config.values["local_disk"], entry_file(ours.key(mm_hash).storage_name)
+    )
 
 
 def timed_put(cache: Any, mm_hash: str, tensor: torch.Tensor) -> tuple[float, float, bool]:
