@@ -1,0 +1,172 @@
+"""Claims: "this instance is encoding that item", announced in a shared store.
+
+Instances sharing tiers use them so one new image is encoded once, not once
+per instance it reaches while the first still encodes it: the first to
+``claim`` an item's storage name encodes it; the others wait for its output
+to land (at most their own bound) and then load it.
+
+A claim is a hint, never a lock. It expires after its ``ttl_s``, so a holder
+that dies holds nobody up past the TTL; an expired claim is taken over by the
+next claimant. At worst (a takeover racing another) two instances encode the
+same item — a duplicate, never a wrong tensor.
+
+``ClaimStore`` is what the scheduler needs; ``DirectoryClaims`` keeps claims
+as files in a directory (one node, or a directory every node mounts). Remote
+stores offer the same two methods (``SET NX PX`` on Redis).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from typing import Protocol, runtime_checkable
+
+logger = logging.getLogger(__name__)
+
+_SUFFIX = ".claim"
+_MAX_BYTES = 4096
+_SWEEP_EVERY_S = 60.0  # expired claim files of dead holders are removed this often
+
+
+@runtime_checkable
+class ClaimStore(Protocol):
+    def claim(self, name: str, ttl_s: float) -> bool:
+        """Announce that this process works on ``name`` for ``ttl_s`` seconds.
+
+        Returns True if the claim is now ours (free, expired, or already ours),
+        False while another holder's claim is live. Never raises for a store
+        failure: the caller then simply works on ``name`` (returns True).
+        """
+        ...
+
+    def release(self, name: str) -> None:
+        """Withdraw our claim on ``name`` (nothing if it is not ours)."""
+        ...
+
+
+def owner_token() -> str:
+    """Who holds a claim: host, process and a random part (pids are reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class DirectoryClaims:
+    """Claims as files ``<directory>/<name>.claim`` holding owner and expiry.
+
+    A claim is written to a private file and hard-linked into place (exclusive
+    like ``O_EXCL``, and never seen half-written), so of two claimants one wins. An
+    expired claim is first renamed away (one renamer succeeds), then created
+    afresh the same way. Expiry is wall-clock time (``time.time``): clocks
+    of nodes sharing the directory must roughly agree (within a TTL).
+    """
+
+    def __init__(self, directory: str, owner: str | None = None) -> None:
+        self.directory = directory
+        self.owner = owner or owner_token()
+        self._next_sweep = 0.0
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+
+    def _path(self, name: str) -> str:
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"not a claim name: {name!r:.80}")
+        return os.path.join(self.directory, name + _SUFFIX)
+
+    def claim(self, name: str, ttl_s: float) -> bool:
+        path = self._path(name)
+        try:
+            self._sweep()
+            if self._create(path, ttl_s):
+                return True
+            held = _read(path)
+            if held is None:
+                return self._create(path, ttl_s)  # released meanwhile
+            owner, expires = held
+            if owner == self.owner:
+                return True
+            if time.time() < expires:
+                return False
+            return self._take_over(path, held, ttl_s)
+        except OSError as exc:
+            logger.debug("Claim of %.40s not made (%s); working on it anyway", name, exc)
+            return True
+
+    def release(self, name: str) -> None:
+        path = self._path(name)
+        held = _read(path)
+        if held is not None and held[0] == self.owner:
+            with contextlib.suppress(OSError):  # gone already
+                os.unlink(path)
+
+    def _create(self, path: str, ttl_s: float) -> bool:
+        """Create the claim file, complete, iff none exists (written aside, then linked)."""
+        record = json.dumps({"owner": self.owner, "expires": time.time() + ttl_s}).encode()
+        aside = f"{path}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, record)
+        finally:
+            os.close(fd)
+        try:
+            os.link(aside, path)  # atomic and exclusive, like O_EXCL, and never half-written
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(aside)
+
+    def _take_over(self, path: str, expired: tuple[str, float], ttl_s: float) -> bool:
+        """Replace the expired claim ``expired`` by ours; False if someone was faster."""
+        aside = f"{path}.{secrets.token_hex(6)}.stale"
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False  # another claimant is taking it over right now
+        try:
+            if _read(aside) != expired:
+                # A fresh claim made meanwhile: put it back unless yet another exists.
+                with contextlib.suppress(FileExistsError):
+                    os.link(aside, path)
+                return False
+            return self._create(path, ttl_s)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(aside)
+
+    def _sweep(self) -> None:
+        """Remove claim files long expired (holders that died), now and then."""
+        now = time.time()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + _SWEEP_EVERY_S
+        with os.scandir(self.directory) as scan:
+            for entry in scan:
+                if not entry.name.endswith((_SUFFIX, ".stale", ".tmp")):
+                    continue
+                try:
+                    if entry.name.endswith(_SUFFIX):
+                        held = _read(entry.path)
+                        stale = held is not None and held[1] < now
+                    else:  # a file of a claim or takeover in progress, or of one that died
+                        stale = entry.stat().st_mtime < now - _SWEEP_EVERY_S
+                    if stale:
+                        os.unlink(entry.path)
+                except OSError:
+                    continue
+
+
+def _read(path: str) -> tuple[str, float] | None:
+    """(owner, expires) of a claim file; None if absent. Garbage reads as expired."""
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(_MAX_BYTES)
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(data)
+        return str(record["owner"]), float(record["expires"])
+    except (ValueError, KeyError, TypeError):
+        return "", 0.0
