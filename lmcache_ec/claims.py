@@ -21,12 +21,23 @@ import contextlib
 import json
 import logging
 import os
+import queue
 import secrets
 import socket
+import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 logger = logging.getLogger(__name__)
+
+
+def claims_dir_for(disk_dir: str) -> str:
+    """Claims of instances sharing the disk tier ``disk_dir``: a directory beside
+    it (``<disk_dir>.claims``), so nothing that lists the tier meets them."""
+    return os.path.normpath(disk_dir) + ".claims"
+
 
 _SUFFIX = ".claim"
 _MAX_BYTES = 4096
@@ -170,3 +181,82 @@ def _read(path: str) -> tuple[str, float] | None:
         return str(record["owner"]), float(record["expires"])
     except (ValueError, KeyError, TypeError):
         return "", 0.0
+
+
+class ClaimAgent:
+    """Claims made and released by a background thread: callers never wait on the store.
+
+    ``ask(name)`` starts a claim and returns None until the store answered,
+    then the answer once (True: ours). The store is opened in the thread
+    (it may be remote); a store that raises counts as "ours" — encode as
+    without claims.
+    """
+
+    _MAX_ANSWERS = 4096  # answers nobody collected (requests gone) are dropped oldest first
+
+    def __init__(self, open_store: Callable[[], ClaimStore | None], ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)
+        self._pending: set[str] = set()
+        self._answers: OrderedDict[str, bool] = OrderedDict()
+        self._queue: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
+        self._no_store = False  # no store to share: every claim is ours at once
+        self._thread = threading.Thread(
+            target=self._loop, args=(open_store,), name="ec-claims", daemon=True
+        )
+        self._thread.start()
+
+    def ask(self, name: str) -> bool | None:
+        if self._no_store:
+            return True
+        with self._lock:
+            if name in self._answers:
+                return self._answers.pop(name)
+            if name in self._pending:
+                return None
+            self._pending.add(name)
+        self._queue.put(("claim", name))
+        return None
+
+    def wait_answer(self, name: str, timeout: float) -> None:
+        with self._answered:
+            self._answered.wait_for(lambda: name not in self._pending, timeout)
+
+    def release(self, name: str) -> None:
+        self._queue.put(("release", name))
+
+    def _loop(self, open_store: Callable[[], ClaimStore | None]) -> None:
+        try:
+            store = open_store()
+        except Exception as exc:
+            logger.warning("Claim store unavailable; every instance encodes: %s", exc)
+            store = None
+        self._no_store = store is None
+        while (order := self._queue.get()) is not None:
+            action, name = order
+            won = True
+            try:
+                if store is not None and action == "claim":
+                    won = bool(store.claim(name, self.ttl_s))
+                elif store is not None:
+                    store.release(name)
+            except Exception as exc:  # a store should not raise; encode if it does
+                logger.debug("Claim store failed (%s): %s", action, exc)
+            if action != "claim":
+                continue
+            with self._lock:
+                self._pending.discard(name)
+                self._answers[name] = won
+                if len(self._answers) > self._MAX_ANSWERS:
+                    self._answers.popitem(last=False)
+                self._answered.notify_all()
+        close = getattr(store, "close", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                close()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Send what is queued (releases included), then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout)

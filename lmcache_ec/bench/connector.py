@@ -87,7 +87,7 @@ def bench_connector(
     example = ECExampleConnector(example_config, ECConnectorRole.SCHEDULER)
     ready = [_hash(n, "ready") for n in range(items)]
     unknown = [_hash(n, "unknown") for n in range(items)]
-    scheduler.scheduler._ready.update(ready)  # as after the workers' staging reports
+    scheduler.scheduler.mark_ready(ready)  # as after the workers' staging reports
     runs: dict[str, list[float]] = {"ready": [], "unknown": [], "example": []}
     for _ in range(5):
         runs["ready"].append(_per_call_us(scheduler.has_cache_item, ready))

@@ -114,7 +114,7 @@ def run_connector(
     try:
         progress("has_cache_item")
         ready, unknown, fresh = _ids("ready", items), _ids("unknown", items), _ids("fresh", items)
-        scheduler.scheduler._ready.update(ready)  # as after the workers' staging reports
+        scheduler.scheduler.mark_ready(ready)  # as after the workers' staging reports
         small = tensors[0][:1].clone()
         for identifier in ready:  # the baselines hold these items too
             upstream.put(identifier, small)
