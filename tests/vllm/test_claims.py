@@ -92,7 +92,7 @@ def test_a_dead_claim_holder_delays_the_image_at_most_the_bound(model_config, ex
 
 def test_claims_can_be_turned_off(model_config, extra, disk_dir):
     image = image_hash("claimed-but-ignored.png")
-    engine = Engine(make_vllm_config(model_config, "ec_both", {**extra}))
+    engine = Engine(make_vllm_config(model_config, "ec_both", {**extra, "claim_encodes": False}))
     try:
         engine.step()  # the scheduler learns the encoder weights, part of the name
         name = engine.connector.scheduler.index.storage_name(image)
