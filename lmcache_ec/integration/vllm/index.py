@@ -109,11 +109,11 @@ class DiskListing:
                         complete = False  # too large to hold: check entries one by one
                         break
         except FileNotFoundError:
-            pass  # no entries yet; creating the directory changes what we look at
+            pass  # no entries yet; creating the directory changes its time from -1
         except OSError as exc:
             logger.debug("Listing %s failed: %s", self.directory, exc)
             complete = False
-        racy = before is not None and time.time_ns() - before < _RACY_S * 1e9
+        racy = before is None or time.time_ns() - before < _RACY_S * 1e9
         self.names = frozenset(names)
         self._listed_at = before if complete and not racy else None
         self._seen = before
@@ -136,8 +136,12 @@ def _watch(listing_ref: weakref.ref[DiskListing], stop: threading.Event, every: 
 
 
 def _mtime_ns(directory: str) -> int | None:
+    """The directory's modification time; -1 if it does not exist (no entries), None
+    if it cannot be read."""
     try:
         return os.stat(directory).st_mtime_ns
+    except FileNotFoundError:
+        return -1
     except OSError:
         return None
 
@@ -195,7 +199,7 @@ class TierIndex:
     def storage_name(self, identifier: str) -> str:
         name = self._names.get(identifier)
         if name is None:
-            name = self.identity.key(identifier).storage_name
+            name = self.identity.storage_name(identifier)
             self._names[identifier] = name
             if len(self._names) > _MAX_NAMES:
                 self._names.popitem(last=False)
@@ -304,7 +308,7 @@ class TierIndex:
                     identity, generation = self.identity, self._generation
                 if catalog is not None and time.monotonic() >= self._remote_down_until:
                     try:  # one round trip for everything asked meanwhile
-                        names = [identity.key(identifier).storage_name for identifier in batch]
+                        names = [identity.storage_name(identifier) for identifier in batch]
                         answers = catalog.lookup_many(names)
                     except Exception as exc:  # the catalog should not raise; be sure
                         logger.debug("Remote existence check failed: %s", exc)
