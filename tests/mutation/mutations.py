@@ -229,7 +229,7 @@ MUTATIONS: list[Mutation] = [
         "scheduler-promises-unstaged-load",
         "a consumer's scheduler promises a load only for items staged on every rank",
         "lmcache_ec/integration/vllm/scheduler.py",
-        "hit = self.items.state(identifier) in (S.READY, S.PROMISED)",
+        "hit = item is not None and item.state in (S.READY, S.PROMISED)",
         "hit = self.index.lookup(identifier) not in (None, PENDING)",
         # vLLM's own flow asks has_cache_item only once ensure_cache_available has
         # waited for staging (tests/vllm/test_prefetch.py), so ask it directly.

@@ -109,18 +109,23 @@ class ItemTable:
         """The one place an item changes state. UNKNOWN drops the record, unless a
         ``retry_after`` is still to come (then it is FAILED)."""
         item = self._items.get(identifier)
-        old = S.UNKNOWN if item is None else item.state
+        if item is None:
+            if state is S.UNKNOWN:
+                return None
+            if state not in ALLOWED[S.UNKNOWN]:
+                logger.warning("Item %.24s: unexpected transition unknown -> %s", identifier, state)
+            item = self._items[identifier] = Item(state, deadline)
+            self._by_state[state].add(identifier)
+            return item
+        old = item.state
         if state not in ALLOWED[old] and state is not old:
             logger.warning("Item %.24s: unexpected transition %s -> %s", identifier, old, state)
-        if item is not None:
-            self._by_state[old].discard(identifier)
-            if state is S.UNKNOWN and item.retry_after > 0:
-                state, deadline = S.FAILED, item.retry_after
+        self._by_state[old].discard(identifier)
         if state is S.UNKNOWN:
-            self._items.pop(identifier, None)
-            return None
-        if item is None:
-            item = self._items[identifier] = Item(state)
+            if item.retry_after <= 0:
+                del self._items[identifier]
+                return None
+            state, deadline = S.FAILED, item.retry_after
         item.state, item.deadline = state, deadline
         item.ranks, item.direct = 0, False
         self._by_state[state].add(identifier)

@@ -460,9 +460,10 @@ class TierScheduler:
         self._count("lookups")
         self._begin_step()
         if self.is_consumer:
-            hit = self.items.state(identifier) in (S.READY, S.PROMISED)
-            if hit:
-                self._promise(identifier)
+            item = self.items.get(identifier)
+            hit = item is not None and item.state in (S.READY, S.PROMISED)
+            if hit and item.state is S.READY:
+                self.items.move(identifier, S.PROMISED, item.deadline)
         else:
             # Encode-only producer: what the tiers hold need not be encoded again.
             hit = (
@@ -473,11 +474,6 @@ class TierScheduler:
         if hit:
             self._count("lookup_hits")
         return hit
-
-    def _promise(self, identifier: str) -> None:
-        item = self.items.get(identifier)
-        if item is not None and item.state is S.READY:
-            self.items.move(identifier, S.PROMISED, item.deadline)
 
     def update_state_after_alloc(self, request: Any, index: int) -> None:
         feature = request.mm_features[index]
