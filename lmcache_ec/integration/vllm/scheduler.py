@@ -21,6 +21,12 @@ Call order per engine step (vLLM's scheduler):
    computed instead — or, on a consumer-only instance, which has no encoder
    work to fall back on, its waiting requests are reported through
    ``take_unavailable_requests`` and vLLM fails them (retryable).
+   On an ``ec_both`` instance, an item no tier holds is first *claimed* in
+   a store the instances share (``claims.py``): if another instance holds a
+   live claim, it is encoding the item, and the request is deferred until
+   the output lands (then prefetched) or ``claim_wait_s`` passes (then
+   encoded here). Claims are withdrawn when the output is saved or the
+   request ends unencoded, and expire on their own.
 2. ``has_cache_item(id)`` — True only for items staged on every rank (a
    producer-only instance: for items the tiers hold, so it skips re-encoding).
 3. ``update_state_after_alloc(request, i)`` — called for computed *and*
@@ -37,6 +43,10 @@ returns, so the next step already knows. Until one is known, nothing is
 looked up (every item is encoded). On a change, every prefetch queued,
 staging or staged is given up (those items are computed) and answers made
 under the old weights are ignored.
+
+Every item the scheduler tracks has one record with one state and its
+deadline (``items.py``: the states, their deadlines and the allowed
+transitions); ``ItemTable.move`` is the one place a state changes.
 
 Why staging: a load placed into vLLM's encoder cache cannot fail later —
 the tensor is already in worker memory. A direct tier read at the last moment
