@@ -4,13 +4,13 @@
 
 1. what workers reported saving or staging (``note_present``), in memory;
 2. the disk tier: a listing of ``<local_disk>`` (``DiskListing``) kept by a
-   background thread, trusted while the directory is unchanged since it was
-   taken: ``lookup`` ``stat``-s the directory at most every
-   ``disk_check_s``, never an entry. While the directory changes faster than
-   the listing catches up (another process writing; within a second of its
+   background thread, which looks at the directory's modification time every
+   10 ms and lists it again when it changed. While the listing is current,
+   ``lookup`` makes no file-system call. Once the thread has seen a change it
+   has not listed yet (another process writing; and for a second after the
    last change, as directory times are coarse), each lookup ``stat``-s the
-   entry itself, so an entry written elsewhere is still found at once.
-   Positive answers are remembered;
+   entry itself: an entry written elsewhere is found within ~10 ms.
+   ``fresh=True`` always ``stat``-s. Positive answers are remembered;
 3. the remote tier: answered from a cache filled by a background thread
    (``RemoteCatalog.lookup``). An item not yet checked is queued and reported
    ``PENDING``; the caller decides how long to wait. While the store fails to
