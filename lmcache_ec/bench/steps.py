@@ -230,6 +230,7 @@ def _run_mode(mode: str, settings: StepBenchSettings, redis_url: str) -> dict[st
                 "lmcache_config": ec,
                 "remote_lookup_timeout_s": 5.0,
                 "in_step_reads": mode == "in-step",
+                "claim_encodes": False,  # one instance: nobody to share encodes with
                 **NO_MODEL,
             },
         ),

@@ -76,6 +76,7 @@ logger = logging.getLogger(__name__)
 S = ItemState
 _FETCHING = (S.QUEUED, S.STAGING, S.READY, S.PROMISED)  # a prefetch is under way or done
 _CLAIM_STATES = (S.CLAIMING, S.CLAIMED, S.AWAITING)
+_MAX_CLAIMS_HELD = 4096  # claims remembered for release; older ones are left to expire
 
 
 class TierScheduler:
@@ -311,6 +312,8 @@ class TierScheduler:
         if won:
             self.items.move(identifier, S.CLAIMED)
             self._claims_held[identifier] = request_id
+            if len(self._claims_held) > _MAX_CLAIMS_HELD:  # saves dropped: those expire
+                del self._claims_held[next(iter(self._claims_held))]
             self._count("claims_won")
             return True
         self.items.move(identifier, S.AWAITING, now + self.settings.claim_wait_s)
