@@ -26,7 +26,7 @@ Transitions (``ALLOWED``)::
   READY      -> UNKNOWN | PROMISED | FAILED | RESIDENT
   PROMISED   -> UNKNOWN | READY | FAILED | RESIDENT
   RESIDENT   -> UNKNOWN | FAILED
-  FAILED     -> UNKNOWN | RESIDENT
+  FAILED     -> UNKNOWN | RESIDENT | LOOKING_UP* | READY*
 
   (* with ``in_step_reads``: approved at once, read inside the step)
 
@@ -71,7 +71,7 @@ ALLOWED: dict[ItemState, frozenset[ItemState]] = {
     S.READY: frozenset({S.PROMISED, *_ANY_FETCH}),
     S.PROMISED: frozenset({S.READY, *_ANY_FETCH}),
     S.RESIDENT: frozenset({S.UNKNOWN, S.FAILED}),
-    S.FAILED: frozenset({S.UNKNOWN, S.RESIDENT}),
+    S.FAILED: frozenset({S.UNKNOWN, S.RESIDENT, S.LOOKING_UP, S.READY}),  # *: in_step_reads
 }
 
 
