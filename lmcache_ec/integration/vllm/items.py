@@ -106,7 +106,7 @@ class ItemTable:
         return len(self._by_state[state])
 
     def move(self, identifier: str, state: ItemState, deadline: float = 0.0) -> Item | None:
-        """The one place an item changes state. UNKNOWN drops the record, unless a
+        """Change an item's state (only ``promise`` besides). UNKNOWN drops the record, unless a
         ``retry_after`` is still to come (then it is FAILED)."""
         item = self._items.get(identifier)
         if item is None:
@@ -130,6 +130,12 @@ class ItemTable:
         item.ranks, item.direct = 0, False
         self._by_state[state].add(identifier)
         return item
+
+    def promise(self, identifier: str, item: Item) -> None:
+        """READY -> PROMISED, the deadline kept: ``move`` trimmed for has_cache_item's path."""
+        self._by_state[S.READY].discard(identifier)
+        self._by_state[S.PROMISED].add(identifier)
+        item.state = S.PROMISED
 
     def forget_retries(self) -> None:
         """Failures say nothing any more (new weights): FAILED items are forgotten."""

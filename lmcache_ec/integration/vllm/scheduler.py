@@ -46,7 +46,8 @@ under the old weights are ignored.
 
 Every item the scheduler tracks has one record with one state and its
 deadline (``items.py``: the states, their deadlines and the allowed
-transitions); ``ItemTable.move`` is the one place a state changes.
+transitions); ``ItemTable`` is the one place a state changes (``move``;
+``promise`` for has_cache_item's READY -> PROMISED).
 
 Why staging: a load placed into vLLM's encoder cache cannot fail later —
 the tensor is already in worker memory. A direct tier read at the last moment
@@ -476,7 +477,7 @@ class TierScheduler:
             item = self.items.get(identifier)
             hit = item is not None and item.state in (S.READY, S.PROMISED)
             if hit and item.state is S.READY:
-                self.items.move(identifier, S.PROMISED, item.deadline)
+                self.items.promise(identifier, item)
         else:
             # Encode-only producer: what the tiers hold need not be encoded again.
             hit = (
