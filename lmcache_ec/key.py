@@ -123,14 +123,17 @@ class EncoderIdentity:
 
     def key(self, mm_hash: str) -> ECKey:
         """The key of ``mm_hash`` under this identity."""
+        return ECKey(self.storage_name(mm_hash), identity=self, mm_hash=mm_hash)
+
+    def storage_name(self, mm_hash: str) -> str:
+        """``key(mm_hash).storage_name`` without building the key (a hot path's need)."""
         if not isinstance(mm_hash, str):
             raise TypeError(f"mm_hash must be a str, not {type(mm_hash).__name__}")
         if not mm_hash:
             raise ValueError("mm_hash must be a non-empty string")
         hasher = self._prefix_hasher.copy()
         _feed(hasher, mm_hash)
-        digest = hasher.digest()
-        return ECKey(self.storage_prefix + digest.hex(), identity=self, mm_hash=mm_hash)
+        return self.storage_prefix + hasher.hexdigest()
 
     def as_dict(self) -> dict[str, str]:
         return {

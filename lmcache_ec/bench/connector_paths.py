@@ -5,8 +5,9 @@ Scheduler side (µs per item, timed in chunks of ``CHUNK`` calls):
   ``has_cache_item, ready``    items the workers reported staged (an in-memory answer).
   ``has_cache_item, unknown``  items nobody has seen.
   ``tier lookup, first sight`` ``TierIndex.lookup`` of a new item, as
-                               ``ensure_cache_available`` does: a disk ``stat``,
-                               then the remote question queued to a background thread.
+                               ``ensure_cache_available`` does: the disk listing
+                               (kept by a background thread), then the remote
+                               question queued to another.
   ``tier lookup, answered``    the same items once the background thread answered.
 
   Upstream: ``ECCacheEngine.contains`` on the same tiers (what its vLLM adapter's
@@ -156,7 +157,7 @@ def run_connector(
         notes = {
             "has_cache_item, ready": "staged items: a set lookup",
             "has_cache_item, unknown": "",
-            "tier lookup, first sight": "disk stat; remote question queued (background)",
+            "tier lookup, first sight": "disk listing; remote question queued (background)",
             "tier lookup, answered": "remote answers remembered",
         }
         for op, times in measured.items():

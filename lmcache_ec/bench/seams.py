@@ -78,4 +78,4 @@ def mark_staged(scheduler_connector: Any, identifiers: list[str]) -> None:
     Producing real reports needs a worker that staged each item; the lookup
     cost measured does not depend on how the items got there.
     """
-    scheduler_connector.scheduler._ready.update(identifiers)
+    scheduler_connector.scheduler.mark_ready(identifiers)

@@ -5,7 +5,7 @@ delays every command (``delay_ms``, as across a data centre):
 
 - ``prefetch``: lmcache-ec's connector. A request whose image only Redis holds
   is deferred while a worker thread fetches it; the batch keeps stepping.
-- ``in-step``: the same connector with prefetch turned off the way a
+- ``in-step``: the same connector with ``in_step_reads`` on, the way a
   synchronous connector works: the scheduler approves the tier hit at once
   and the worker reads it from Redis inside the step, stalling the batch.
 
@@ -177,32 +177,6 @@ class SimEngine:
         self.worker.shutdown()
 
 
-def _in_step_scheduler(connector: Any) -> None:
-    """Turn prefetch off: tier hits are approved at once and read inside the step."""
-    from ..integration.vllm import worker as worker_module
-    from ..integration.vllm.index import PENDING
-
-    scheduler = connector.scheduler
-    # Reading in the step is what this mode measures, not an error to log.
-    logging.getLogger(worker_module.__name__).setLevel(logging.CRITICAL)
-
-    def item_ready(identifier: str, now: float, nbytes: int, request_id: str) -> bool:
-        if identifier in scheduler._ready or identifier in scheduler._resident:
-            return True
-        tier = scheduler.index.lookup(identifier)
-        if tier == PENDING:  # the same existence check as with prefetch
-            deadline = scheduler._lookup_deadline.setdefault(
-                identifier, now + scheduler.settings.remote_lookup_timeout_s
-            )
-            return now >= deadline
-        scheduler._lookup_deadline.pop(identifier, None)
-        if tier is not None:
-            scheduler._ready.add(identifier)  # the worker reads it when loading
-        return True
-
-    scheduler._item_ready = item_ready
-
-
 @contextlib.contextmanager
 def _v2_runner_hooks() -> Iterator[None]:
     """Tell the connector the runner calls it in idle steps too, as vLLM's V2 runner does.
@@ -257,6 +231,8 @@ def _run_mode(mode: str, settings: StepBenchSettings, redis_url: str) -> dict[st
             ec_connector_extra_config={
                 "lmcache_config": ec,
                 "remote_lookup_timeout_s": 5.0,
+                "in_step_reads": mode == "in-step",
+                "claim_encodes": False,  # one instance: nobody to share encodes with
                 **NO_MODEL,
             },
         ),
@@ -274,7 +250,8 @@ def _run_mode(mode: str, settings: StepBenchSettings, redis_url: str) -> dict[st
     with _v2_runner_hooks():
         engine = SimEngine(vllm_config, settings, item)
     if mode == "in-step":
-        _in_step_scheduler(engine.scheduler.ec_connector)
+        # Reading in the step is what this mode measures, not an error to log.
+        logging.getLogger("lmcache_ec.integration.vllm.worker").setLevel(logging.CRITICAL)
     arrived: dict[str, tuple[str, float]] = {}
     step_times: list[float] = []
     overheads: list[float] = []

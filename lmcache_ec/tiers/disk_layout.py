@@ -181,6 +181,18 @@ class DirectoryLayout:
         entries.sort(key=lambda e: e.mtime_ns)
         return Scan(entries, temp_bytes)
 
+    def names(self, limit: int) -> set[str] | None:
+        """Storage names of the entries, without a ``stat`` each; None beyond
+        ``limit`` entries (the caller then checks entries one by one)."""
+        names: set[str] = set()
+        for item in self._items():
+            stem = entry_stem(item.name)
+            if stem is not None:
+                names.add(stem)
+                if len(names) > limit:
+                    return None
+        return names
+
     def _items(self) -> Iterator[os.DirEntry]:
         try:
             scan = os.scandir(self.path)

@@ -229,7 +229,7 @@ MUTATIONS: list[Mutation] = [
         "scheduler-promises-unstaged-load",
         "a consumer's scheduler promises a load only for items staged on every rank",
         "lmcache_ec/integration/vllm/scheduler.py",
-        "hit = identifier in self._ready",
+        "hit = item is not None and item.state in (S.READY, S.PROMISED)",
         "hit = self.index.lookup(identifier) not in (None, PENDING)",
         # vLLM's own flow asks has_cache_item only once ensure_cache_available has
         # waited for staging (tests/vllm/test_prefetch.py), so ask it directly.
@@ -240,8 +240,8 @@ MUTATIONS: list[Mutation] = [
         "weight-update-keeps-stagings",
         "a weight update gives up every prefetch made for the old weights",
         "lmcache_ec/integration/vllm/scheduler.py",
-        "doomed = {*self._staging, *self._ready, *self.prefetch.queued()}",
-        "doomed: set[str] = set()",
+        "doomed = self.items.having(*_FETCHING)",
+        "doomed: list[str] = []",
         ("tests/vllm/test_weights.py::test_staged_items_never_cross_an_update",),
     ),
     Mutation(

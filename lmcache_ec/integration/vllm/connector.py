@@ -27,6 +27,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorWorkerMetadata,
 )
 
+from ...claims import ClaimAgent, ClaimStore, DirectoryClaims, claims_dir_for
 from ...config import ConfigError, load_config
 from ...engine import ECCache
 from . import seams
@@ -63,6 +64,26 @@ def _open_catalog_factory(config: Any) -> Any:
         return _open(config)
 
     return open_catalog
+
+
+def _claim_store_factory(config: Any) -> Callable[[], ClaimStore | None] | None:
+    """Where instances announce their encodes: the remote store if it offers
+    claims, else a directory beside the disk tier's; None: neither."""
+    open_remote = _open_catalog_factory(config)
+    disk = config.values.get("local_disk")
+    if open_remote is None and not disk:
+        return None
+
+    def open_store() -> ClaimStore | None:
+        if open_remote is not None:
+            catalog = open_remote()
+            if isinstance(catalog, ClaimStore):
+                return catalog
+            if catalog is not None:
+                catalog.close()
+        return DirectoryClaims(claims_dir_for(disk)) if disk else None
+
+    return open_store
 
 
 def _parallel_position() -> tuple[int, int, int]:
@@ -130,6 +151,7 @@ class LMCacheECTierConnector(ECConnectorBase):
                 negative_ttl=self.settings.negative_lookup_ttl_s,
                 purge_check_s=config.values.get("purge_check_s"),
             )
+            open_claims = _claim_store_factory(config) if self.settings.claim_encodes else None
             self.scheduler = TierScheduler(
                 self.settings,
                 index,
@@ -140,6 +162,11 @@ class LMCacheECTierConnector(ECConnectorBase):
                 bytes_per_embed=_bytes_per_embed(vllm_config),
                 channel=channel,
                 weights_from_workers=fingerprint,
+                claims=(
+                    ClaimAgent(open_claims, self.settings.claim_wait_s)
+                    if open_claims is not None and self.is_producer and self.is_consumer
+                    else None
+                ),
             )
         else:
             if fingerprint:
@@ -315,6 +342,7 @@ class LMCacheECTierConnector(ECConnectorBase):
         if self.worker is not None:
             self.worker.close()
         if self.scheduler is not None:
+            self.scheduler.close()
             self.scheduler.index.close()
             if self.scheduler.channel is not None:
                 self.scheduler.channel.close()

@@ -3,8 +3,14 @@
 ``lookup`` is called on the scheduler's hot path. It consults, in order:
 
 1. what workers reported saving or staging (``note_present``), in memory;
-2. the disk tier: one ``stat`` of the entry's file in ``local_disk`` (local
-   and sub-microsecond in the page cache; positive answers are remembered);
+2. the disk tier: a listing of ``<local_disk>`` (``DiskListing``) kept by a
+   background thread, which looks at the directory's modification time every
+   10 ms and lists it again when it changed. While the listing is current,
+   ``lookup`` makes no file-system call. Once the thread has seen a change it
+   has not listed yet (another process writing; and for a second after the
+   last change, as directory times are coarse), each lookup ``stat``-s the
+   entry itself: an entry written elsewhere is found within ~10 ms.
+   ``fresh=True`` always ``stat``-s. Positive answers are remembered;
 3. the remote tier: answered from a cache filled by a background thread
    (``RemoteCatalog.lookup``). An item not yet checked is queued and reported
    ``PENDING``; the caller decides how long to wait. While the store fails to
@@ -26,6 +32,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +40,7 @@ from typing import Any
 from ...config import SCHEMA
 from ...key import EncoderIdentity
 from ...purge_marker import MarkerWatch, PurgeMarker
-from ...tiers.disk_layout import entry_file
+from ...tiers.disk_layout import DirectoryLayout, entry_file
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +49,95 @@ _MAX_ENTRIES = 1_000_000  # identifiers remembered (LRU); ~100 bytes each
 _MAX_PENDING = 4096  # queued remote lookups; beyond it, answer "absent"
 _REMOTE_BACKOFF = 5.0  # seconds without remote lookups after the store failed to answer
 _LOOKUP_BATCH = 256  # existence checks per round trip
+_MAX_NAMES = 65_536  # storage names remembered (computing one costs a few µs)
+_DISK_CHECK_S = 0.01  # how often the background thread looks at the directory's time
+_RACY_S = 1.0  # a listing taken this soon after the directory changed may miss an entry
+_MIN_RESCAN_S = 0.05  # listings at most this often (or 10x a listing's own time)
+
+
+class DiskListing:
+    """The entry names of a disk directory, listed by a background thread.
+
+    ``current()`` says whether the listing can answer alone: the directory's
+    modification time, looked at every ``check_s`` by the thread, is the one
+    it was listed at, and that time was at least ``_RACY_S`` before the
+    listing (coarse timestamps: an entry added in the same tick would not
+    change it). Otherwise callers check entries themselves until the thread
+    has listed the directory again. The thread holds only a weak reference:
+    a listing nobody closes stops with its owner.
+    """
+
+    def __init__(self, directory: str, check_s: float = _DISK_CHECK_S) -> None:
+        self.directory = directory
+        self.check_s = check_s
+        self.names: frozenset[str] = frozenset()
+        self.scans = 0
+        self._listed_at: int | None = None  # directory mtime (ns) the names are of
+        self._seen: int | None = None  # directory mtime (ns) at the thread's last look
+        self._next_scan = 0.0
+        self._stop = threading.Event()
+        self._scan()
+        self._thread = threading.Thread(
+            target=_watch,
+            args=(weakref.ref(self), self._stop, check_s),
+            name="ec-index-disk",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def current(self) -> bool:
+        return self._listed_at is not None and self._seen == self._listed_at
+
+    def _look(self) -> None:
+        """One look at the directory (thread): list it again if it changed."""
+        self._seen = _mtime_ns(self.directory)
+        if self._seen != self._listed_at and time.perf_counter() >= self._next_scan:
+            self._scan()
+
+    def _scan(self) -> None:
+        started = time.perf_counter()
+        before = _mtime_ns(self.directory)
+        names: set[str] | None = set()
+        complete = True
+        try:
+            # None: too large to hold, entries are checked one by one. A missing
+            # directory lists empty: creating it changes its time from -1.
+            names = DirectoryLayout(self.directory).names(_MAX_ENTRIES)
+            complete = names is not None
+        except OSError as exc:
+            logger.debug("Listing %s failed: %s", self.directory, exc)
+            complete = False
+        racy = before is None or time.time_ns() - before < _RACY_S * 1e9
+        self.names = frozenset(names or ())
+        self._listed_at = before if complete and not racy else None
+        self._seen = before
+        self.scans += 1
+        spent = time.perf_counter() - started
+        self._next_scan = time.perf_counter() + max(_MIN_RESCAN_S, 10 * spent)
+
+    def close(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+
+def _watch(listing_ref: weakref.ref[DiskListing], stop: threading.Event, every: float) -> None:
+    while not stop.wait(every):
+        listing = listing_ref()
+        if listing is None:
+            return
+        listing._look()
+        del listing
+
+
+def _mtime_ns(directory: str) -> int | None:
+    """The directory's modification time; -1 if it does not exist (no entries), None
+    if it cannot be read."""
+    try:
+        return os.stat(directory).st_mtime_ns
+    except FileNotFoundError:
+        return -1
+    except OSError:
+        return None
 
 
 class _LRU(OrderedDict):
@@ -77,6 +173,8 @@ class TierIndex:
         self._known: _LRU = _LRU()  # identifier -> (tier, noted_at)
         self._remote: _LRU = _LRU()  # identifier -> (present, answered_at)
         self._pending: set[str] = set()
+        self._names: _LRU = _LRU()  # identifier -> storage name
+        self._disk = DiskListing(disk_dir) if disk_dir is not None else None
         self._generation = 0  # bumped by set_identity: older remote answers are dropped
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)  # a remote batch came back
@@ -93,7 +191,13 @@ class TierIndex:
             self._thread.start()
 
     def storage_name(self, identifier: str) -> str:
-        return self.identity.key(identifier).storage_name
+        name = self._names.get(identifier)
+        if name is None:
+            name = self.identity.storage_name(identifier)
+            self._names[identifier] = name
+            if len(self._names) > _MAX_NAMES:
+                self._names.popitem(last=False)
+        return name
 
     def set_identity(self, identity: EncoderIdentity) -> None:
         """Answer for ``identity`` from now on (new encoder weights): forget the rest."""
@@ -102,6 +206,7 @@ class TierIndex:
             self._generation += 1
             self._known.clear()
             self._remote.clear()
+            self._names.clear()
 
     def _purged(self, marker: PurgeMarker, tier: str) -> None:
         """Entries were purged elsewhere: forget every remembered answer."""
@@ -111,7 +216,13 @@ class TierIndex:
             self._known.clear()
             self._remote.clear()
 
-    def lookup(self, identifier: str) -> str | None:
+    def lookup(self, identifier: str, *, fresh: bool = False) -> str | None:
+        """``worker``/``disk``/``remote``/None, or PENDING while the remote is asked.
+
+        ``fresh``: for an item another instance is about to store, check the
+        disk entry itself and ask the remote again rather than trust a
+        remembered "absent".
+        """
         now = time.monotonic()
         self._purges.poll_disk(now)
         with self._lock:
@@ -122,9 +233,14 @@ class TierIndex:
                 if tier != "disk" or now - noted_at < self.positive_ttl:
                     return tier
                 del self._known[identifier]
-        if self.disk_dir is not None:
-            path = os.path.join(self.disk_dir, entry_file(self.storage_name(identifier)))
-            if os.path.exists(path):
+        if self._disk is not None:
+            name = self.storage_name(identifier)
+            if fresh or not self._disk.current():
+                path = os.path.join(self.disk_dir, entry_file(name))
+                on_disk = os.path.exists(path)
+            else:
+                on_disk = name in self._disk.names
+            if on_disk:
                 self.note_present(identifier, "disk")
                 return "disk"
         if self._thread is None:
@@ -140,7 +256,7 @@ class TierIndex:
                         self._pending.add(identifier)
                         self._queue.put(identifier)
                     return "remote"
-                if now - answered_at < self.negative_ttl:
+                if now - answered_at < self.negative_ttl and not fresh:
                     return None
             if identifier in self._pending:
                 return PENDING
@@ -186,7 +302,7 @@ class TierIndex:
                     identity, generation = self.identity, self._generation
                 if catalog is not None and time.monotonic() >= self._remote_down_until:
                     try:  # one round trip for everything asked meanwhile
-                        names = [identity.key(identifier).storage_name for identifier in batch]
+                        names = [identity.storage_name(identifier) for identifier in batch]
                         answers = catalog.lookup_many(names)
                     except Exception as exc:  # the catalog should not raise; be sure
                         logger.debug("Remote existence check failed: %s", exc)
@@ -238,6 +354,8 @@ class TierIndex:
         return batch
 
     def close(self, timeout: float = 2.0) -> None:
+        if self._disk is not None:
+            self._disk.close(timeout)
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(timeout)

@@ -21,6 +21,12 @@ Call order per engine step (vLLM's scheduler):
    computed instead — or, on a consumer-only instance, which has no encoder
    work to fall back on, its waiting requests are reported through
    ``take_unavailable_requests`` and vLLM fails them (retryable).
+   On an ``ec_both`` instance, an item no tier holds is first *claimed* in
+   a store the instances share (``claims.py``): if another instance holds a
+   live claim, it is encoding the item, and the request is deferred until
+   the output lands (then prefetched) or ``claim_wait_s`` passes (then
+   encoded here). Claims are withdrawn when the output is saved or the
+   request ends unencoded, and expire on their own.
 2. ``has_cache_item(id)`` — True only for items staged on every rank (a
    producer-only instance: for items the tiers hold, so it skips re-encoding).
 3. ``update_state_after_alloc(request, i)`` — called for computed *and*
@@ -38,6 +44,11 @@ looked up (every item is encoded). On a change, every prefetch queued,
 staging or staged is given up (those items are computed) and answers made
 under the old weights are ignored.
 
+Every item the scheduler tracks has one record with one state and its
+deadline (``items.py``: the states, their deadlines and the allowed
+transitions); ``ItemTable`` is the one place a state changes (``move``;
+``promise`` for has_cache_item's READY -> PROMISED).
+
 Why staging: a load placed into vLLM's encoder cache cannot fail later —
 the tensor is already in worker memory. A direct tier read at the last moment
 could fail after the scheduler committed to skipping the encoder; vLLM's
@@ -52,14 +63,21 @@ import logging
 import time
 from typing import Any
 
+from ...claims import ClaimAgent
 from .channel import StageClient
 from .identity import is_content_identifier
 from .index import PENDING, TierIndex
+from .items import ItemState, ItemTable
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .prefetch import PrefetchQueue
 from .settings import ConnectorSettings
 
 logger = logging.getLogger(__name__)
+
+S = ItemState
+_FETCHING = (S.QUEUED, S.STAGING, S.READY, S.PROMISED)  # a prefetch is under way or done
+_CLAIM_STATES = (S.CLAIMING, S.CLAIMED, S.AWAITING)
+_MAX_CLAIMS_HELD = 4096  # claims remembered for release; older ones are left to expire
 
 
 class TierScheduler:
@@ -75,6 +93,7 @@ class TierScheduler:
         bytes_per_embed: int = 0,
         channel: StageClient | None = None,
         weights_from_workers: bool = False,
+        claims: ClaimAgent | None = None,
     ) -> None:
         self.settings = settings
         self.index = index
@@ -89,23 +108,18 @@ class TierScheduler:
             max_items=settings.max_inflight_items,
             max_bytes=int(settings.max_staged_mb * 1024 * 1024),
         )
+        self.items = ItemTable()  # every item's state: see items.py
+        # Only an instance that both encodes (and saves) and loads waits for others' encodes.
+        self.claims = claims if (is_producer and is_consumer and settings.claim_encodes) else None
+        self._claims_held: dict[str, str] = {}  # identifier -> request it was claimed for
         self._unavailable: set[str] = set()  # request ids for take_unavailable_requests
         self._failing: set[str] = set()  # reported unavailable, held until vLLM fails them
-        self._staging: dict[str, float] = {}  # id -> deadline
-        self._staged_ranks: dict[str, int] = {}
-        self._ready: set[str] = set()  # staged on every rank
-        self._ready_deadline: dict[str, float] = {}
-        self._failed: dict[str, float] = {}  # id -> retry after
-        self._lookup_deadline: dict[str, float] = {}
-        self._resident: set[str] = set()  # mirror of vLLM's encoder cache
-        self._hits: set[str] = set()  # has_cache_item said True this step
+        # Orders of this step, handed out by build_connector_meta.
         self._to_stage: list[str] = []
         self._to_release: list[str] = []
         self._loads: dict[str, int] = {}
         self._undelivered = False  # last step's orders never reached workers
         self.channel = channel
-        # Stage orders sent over the channel (not in step metadata), still staging.
-        self._direct: set[str] = set()
         self._channel_retry_at = 0.0
         self._active: set[str] = set()  # requests scheduled and not finished
         self._waited = 0.0  # seconds this step spent waiting for staging answers
@@ -121,6 +135,12 @@ class TierScheduler:
 
     def persistable(self, identifier: str) -> bool:
         return self.settings.persist_non_content_ids or is_content_identifier(identifier)
+
+    def mark_ready(self, identifiers: list[str]) -> None:
+        """Treat ``identifiers`` as staged on every rank (what the workers' reports do)."""
+        deadline = time.monotonic() + self.settings.stage_timeout_s
+        for identifier in identifiers:
+            self.items.move(identifier, S.READY, deadline)
 
     # -- before scheduling ---------------------------------------------------
 
@@ -156,23 +176,27 @@ class TierScheduler:
 
     def _item_ready(self, identifier: str, now: float, nbytes: int, request_id: str) -> bool:
         """False while ``identifier`` is on its way into worker memory."""
-        if identifier in self._ready or identifier in self._resident:
+        state = self.items.state(identifier)
+        if state in (S.READY, S.PROMISED, S.RESIDENT):
             return True
-        if identifier not in self._staging and not self.prefetch.is_queued(identifier):
-            answer = self._start_prefetch(identifier, now, nbytes)
+        if self.settings.in_step_reads:
+            return self._approve_at_once(identifier, now)
+        if state not in (S.QUEUED, S.STAGING):
+            answer = self._start_prefetch(identifier, now, nbytes, request_id)
             if answer is not None:
                 return answer
-        if identifier in self._staging:
-            if identifier in self._direct:
+        item = self.items.get(identifier)
+        if item is not None and item.state is S.STAGING:
+            if item.direct:
                 # A waiter already: if the staging fails meanwhile, a consumer fails it.
                 self.prefetch.wait(identifier, request_id)
                 self._await_staging(identifier)
-                if identifier not in self._staging:
+                if self.items.state(identifier) is not S.STAGING:
                     return True  # staged (a load), or given up (computed or failed)
             elif self._undelivered:  # an idle V1 step: the orders never reached the workers
                 self._give_up(identifier, now, "idle step", fetch_failed=False)
                 return True
-            if now < self._staging[identifier]:
+            if now < item.deadline:
                 return False
             self._give_up(identifier, now, "staging timed out")
             return True
@@ -181,43 +205,129 @@ class TierScheduler:
         self._give_up(identifier, now, "no room to prefetch it in time")
         return True
 
-    def _start_prefetch(self, identifier: str, now: float, nbytes: int) -> bool | None:
+    def _approve_at_once(self, identifier: str, now: float) -> bool:
+        """``in_step_reads``: a tier hit is approved now and read inside the step."""
+        if self.weights is None or not self.persistable(identifier):
+            return True
+        tier = self._lookup(identifier, now)
+        if tier == PENDING:  # the same existence check as with prefetch
+            return now >= self.items.get(identifier).deadline
+        if tier is not None:
+            self.items.move(identifier, S.READY, now + self.settings.stage_timeout_s)
+        return True
+
+    def _lookup(self, identifier: str, now: float, *, fresh: bool = False) -> str | None:
+        """The index's answer; PENDING (state LOOKING_UP) while the remote check runs."""
+        tier = self.index.lookup(identifier, fresh=fresh)
+        if tier == PENDING:
+            item = self.items.get(identifier)
+            if item is None or item.state is not S.LOOKING_UP:
+                item = self.items.move(
+                    identifier, S.LOOKING_UP, now + self.settings.remote_lookup_timeout_s
+                )
+        elif self.items.state(identifier) is S.LOOKING_UP:
+            self.items.move(identifier, S.UNKNOWN)
+        return tier
+
+    def _start_prefetch(
+        self, identifier: str, now: float, nbytes: int, request_id: str
+    ) -> bool | None:
         """Queue a prefetch of ``identifier`` if the tiers hold it.
 
         Returns the answer for ``_item_ready`` when no prefetch starts (True:
-        compute it; False: wait for the remote lookup), None once queued.
+        compute it; False: wait for the remote lookup or another instance's
+        encode), None once queued.
         """
-        retry_after = self._failed.get(identifier)
-        if retry_after is not None:
-            if now < retry_after:
+        item = self.items.get(identifier)
+        if item is not None and item.state is S.FAILED:
+            if now < item.retry_after:
                 return True
-            del self._failed[identifier]
+            item.retry_after = 0.0
+            self.items.move(identifier, S.UNKNOWN)
+            item = None
         if self.weights is None or not self.persistable(identifier):
             return True
-        tier = self.index.lookup(identifier)
+        if item is not None and item.state in _CLAIM_STATES:
+            return self._claimed_elsewhere(identifier, now, nbytes, request_id)
+        tier = self._lookup(identifier, now)
         if tier == PENDING:
-            deadline = self._lookup_deadline.setdefault(
-                identifier, now + self.settings.remote_lookup_timeout_s
-            )
+            deadline = self.items.get(identifier).deadline
             wait = min(self._wait_left(), deadline - now)
             if wait > 0:  # within this step's budget: the answer is a round trip away
                 started = time.monotonic()
                 self.index.wait_answer(identifier, wait)
                 self._waited += time.monotonic() - started
-                tier = self.index.lookup(identifier)
+                tier = self._lookup(identifier, now)
             if tier == PENDING:
                 return now >= deadline
-        self._lookup_deadline.pop(identifier, None)
         if tier is None:
-            return True
+            return self._claimed_elsewhere(identifier, now, nbytes, request_id)
+        return self._enqueue(identifier, now, nbytes)
+
+    def _enqueue(self, identifier: str, now: float, nbytes: int) -> bool | None:
         if not self.prefetch.fits_at_all(nbytes):
             self._count("prefetch_too_large")
-            self._failed[identifier] = now + self.settings.failed_retry_s
+            self._fail(identifier, now)
             return True
+        self.items.move(identifier, S.QUEUED, now + self.settings.stage_timeout_s)
         self.prefetch.enqueue(identifier, now + self.settings.stage_timeout_s, nbytes)
         self._count("prefetch_queued")
         self._dispatch_prefetches()
         return None
+
+    # -- claims: one encode per item across instances ------------------------
+
+    def _claimed_elsewhere(
+        self, identifier: str, now: float, nbytes: int, request_id: str
+    ) -> bool | None:
+        """For an item no tier holds: True to encode it here, False while another
+        instance encodes it (at most ``claim_wait_s``), None once its output
+        landed and a prefetch is queued."""
+        if self.claims is None:
+            return True
+        state = self.items.state(identifier)
+        if state is S.CLAIMED:
+            return True
+        if state is S.AWAITING:
+            item = self.items.get(identifier)
+            if now >= item.deadline:
+                return True  # waited long enough: encode it here
+            tier = self.index.lookup(identifier, fresh=True)
+            if tier in (None, PENDING):
+                return False
+            self._count("claim_waits_answered")
+            return self._enqueue(identifier, now, nbytes)
+        name = self.index.storage_name(identifier)
+        if state is not S.CLAIMING:
+            self.items.move(identifier, S.CLAIMING, now + self.settings.claim_wait_s)
+        won = self.claims.ask(name)
+        if won is None:
+            wait = min(self._wait_left(), self.items.get(identifier).deadline - now)
+            if wait > 0:
+                started = time.monotonic()
+                self.claims.wait_answer(name, wait)
+                self._waited += time.monotonic() - started
+                won = self.claims.ask(name)
+        if won is None:
+            return now >= self.items.get(identifier).deadline
+        if won:
+            self.items.move(identifier, S.CLAIMED)
+            self._claims_held[identifier] = request_id
+            if len(self._claims_held) > _MAX_CLAIMS_HELD:  # saves dropped: those expire
+                del self._claims_held[next(iter(self._claims_held))]
+            self._count("claims_won")
+            return True
+        self.items.move(identifier, S.AWAITING, now + self.settings.claim_wait_s)
+        self._count("claims_lost")
+        return False
+
+    def _release_claim(self, identifier: str) -> None:
+        if self._claims_held.pop(identifier, None) is not None and self.claims is not None:
+            self.claims.release(self.index.storage_name(identifier))
+        if self.items.state(identifier) in _CLAIM_STATES:
+            self.items.move(identifier, S.UNKNOWN)
+
+    # -- waiting for the workers ---------------------------------------------
 
     def _budget(self) -> float:
         """Seconds this step may wait on the tiers: long when nothing runs."""
@@ -236,13 +346,18 @@ class TierScheduler:
         """
         started = time.monotonic()
         # Never past the staging deadline: then the item is given up as before.
-        budget = min(self._budget(), self._waited + self._staging[identifier] - started)
+        deadline = self.items.get(identifier).deadline
+        budget = min(self._budget(), self._waited + deadline - started)
         left = budget - self._waited
         self._poll_channel(0.0)
-        while identifier in self._direct and left > 0:
+        while self._staging_direct(identifier) and left > 0:
             self._poll_channel(left)
             left = budget - self._waited - (time.monotonic() - started)
         self._waited += time.monotonic() - started
+
+    def _staging_direct(self, identifier: str) -> bool:
+        item = self.items.get(identifier)
+        return item is not None and item.state is S.STAGING and item.direct
 
     def _dispatch_prefetches(self) -> None:
         dispatched = [identifier for identifier, _ in self.prefetch.dispatch()]
@@ -251,11 +366,9 @@ class TierScheduler:
         deadline = time.monotonic() + self.settings.stage_timeout_s
         direct = self._channel_ready() and self.channel.send(dispatched, self.weights or "")
         for identifier in dispatched:
-            self._staging[identifier] = deadline
-            self._staged_ranks[identifier] = 0
-            if direct:
-                self._direct.add(identifier)
-            else:
+            item = self.items.move(identifier, S.STAGING, deadline)
+            item.direct = direct
+            if not direct:
                 self._to_stage.append(identifier)
             self._count("stage_orders")
 
@@ -296,8 +409,9 @@ class TierScheduler:
             for identifier in message.get("failed", ()):
                 self._note_failed(identifier, now)
         if not self.channel.connected:  # broke: nothing more will answer these
-            for identifier in list(self._direct):
-                self._give_up(identifier, now, "the stage channel broke")
+            for identifier in self.items.having(S.STAGING):
+                if self._staging_direct(identifier):
+                    self._give_up(identifier, now, "the stage channel broke")
 
     def _set_weights(self, weights: str | None, now: float) -> None:
         """The workers' encoder weights are now ``weights`` (None: unknown)."""
@@ -306,15 +420,25 @@ class TierScheduler:
         logger.info("Encoder weights %s -> %s", self.weights, weights)
         self.weights = weights
         self.index.set_identity(dataclasses.replace(self._base_identity, weights=weights or ""))
-        doomed = {*self._staging, *self._ready, *self.prefetch.queued()}
+        doomed = self.items.having(*_FETCHING)
         for identifier in doomed:
             self._give_up(identifier, now, "the encoder weights changed", fetch_failed=False)
-        self._failed.clear()  # failures under the old weights say nothing now
-        self._lookup_deadline.clear()
+        # Failures, lookups and claims under the old weights say nothing now.
+        self.items.forget_retries()
+        for identifier in list(self._claims_held):
+            self._release_claim(identifier)
+        for identifier in self.items.having(S.LOOKING_UP, *_CLAIM_STATES):
+            self.items.move(identifier, S.UNKNOWN)
         self._count("weights_changes")
+
+    def _fail(self, identifier: str, now: float) -> None:
+        """Compute ``identifier`` and fetch it again at the earliest after ``failed_retry_s``."""
+        item = self.items.move(identifier, S.FAILED, now + self.settings.failed_retry_s)
+        item.retry_after = item.deadline
 
     def _give_up(self, identifier: str, now: float, why: str, *, fetch_failed: bool = True) -> None:
         """Stop waiting for ``identifier``: compute it, or fail its requests on a consumer."""
+        state = self.items.state(identifier)
         waiters = self.prefetch.take_waiters(identifier)
         if fetch_failed and not self.is_producer and waiters:
             logger.warning(
@@ -326,24 +450,23 @@ class TierScheduler:
             self._unavailable |= waiters
             self._failing |= waiters
             self._count("unavailable_requests", len(waiters))
+            self.items.move(identifier, S.UNKNOWN)
         else:
             logger.info("Encoder output %.24s will be computed: %s", identifier, why)
-            self._failed[identifier] = now + self.settings.failed_retry_s
-        was_queued = self.prefetch.is_queued(identifier)
+            self._fail(identifier, now)
         self.prefetch.done(identifier)
-        self._staging.pop(identifier, None)
-        self._staged_ranks.pop(identifier, None)
-        self._direct.discard(identifier)
-        self._ready.discard(identifier)
-        self._ready_deadline.pop(identifier, None)
         self.index.forget(identifier)  # the next request looks again
-        if was_queued:
+        self._cancel_order(identifier, state)
+        self._count("stage_given_up")
+
+    def _cancel_order(self, identifier: str, state: ItemState) -> None:
+        """Take back the stage order of an item that was in ``state``."""
+        if state is S.QUEUED:
             pass  # never ordered
         elif identifier in self._to_stage:
             self._to_stage.remove(identifier)  # never reached the workers
-        else:
+        elif state in (S.STAGING, S.READY, S.PROMISED):
             self._to_release.append(identifier)
-        self._count("stage_given_up")
 
     # -- scheduling ----------------------------------------------------------
 
@@ -351,7 +474,10 @@ class TierScheduler:
         self._count("lookups")
         self._begin_step()
         if self.is_consumer:
-            hit = identifier in self._ready
+            item = self.items.get(identifier)
+            hit = item is not None and item.state in (S.READY, S.PROMISED)
+            if hit and item.state is S.READY:
+                self.items.promise(identifier, item)
         else:
             # Encode-only producer: what the tiers hold need not be encoded again.
             hit = (
@@ -360,26 +486,31 @@ class TierScheduler:
                 and self.index.lookup(identifier) not in (None, PENDING)
             )
         if hit:
-            self._hits.add(identifier)
             self._count("lookup_hits")
         return hit
 
     def update_state_after_alloc(self, request: Any, index: int) -> None:
         feature = request.mm_features[index]
         identifier = feature.identifier
-        self._resident.add(identifier)
-        if not self.is_consumer or identifier not in self._hits:
-            return  # computed by the encoder this step (or producer-only)
-        self._loads[identifier] = feature.mm_position.get_num_embeds()
-        self._ready.discard(identifier)  # consumed from the workers' staging
-        self._ready_deadline.pop(identifier, None)
-        self.prefetch.done(identifier)
-        self.prefetch.take_waiters(identifier)
+        state = self.items.state(identifier)
+        if self.is_consumer and state is S.PROMISED:
+            self._loads[identifier] = feature.mm_position.get_num_embeds()
+            self.prefetch.done(identifier)  # consumed from the workers' staging
+            self.prefetch.take_waiters(identifier)
+        elif state in _FETCHING:  # computed after all: the prefetch is not wanted
+            self.prefetch.done(identifier)
+            self.prefetch.take_waiters(identifier)
+            self._cancel_order(identifier, state)
+        self.items.move(identifier, S.RESIDENT)
 
     def request_finished(self, request_id: str) -> None:
         self.prefetch.forget_request(request_id)
         self._active.discard(request_id)
         self._failing.discard(request_id)
+        for identifier, holder in list(self._claims_held.items()):
+            # Claimed and never computed (aborted): others need not wait for it.
+            if holder == request_id and self.items.state(identifier) is S.CLAIMED:
+                self._release_claim(identifier)
 
     def take_unavailable_requests(self) -> set[str]:
         unavailable, self._unavailable = self._unavailable, set()
@@ -389,23 +520,24 @@ class TierScheduler:
         if self._channel_ready():  # worker reports of the last step
             self._poll_channel(0.0)
         for identifier in getattr(scheduler_output, "free_encoder_mm_hashes", None) or ():
-            self._resident.discard(identifier)
+            if self.items.state(identifier) is S.RESIDENT:
+                self.items.move(identifier, S.UNKNOWN)
         for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
             self._active.add(new.req_id)
         self._waited = 0.0
         self._polled = False
         now = time.monotonic()
-        for identifier, deadline in list(self._ready_deadline.items()):
-            if now >= deadline:  # staged for a request that never came back
-                self._ready.discard(identifier)
-                del self._ready_deadline[identifier]
+        for identifier in self.items.having(S.PROMISED):  # approved, then not scheduled
+            self.items.move(identifier, S.READY, self.items.get(identifier).deadline)
+        for identifier in self.items.having(S.READY):
+            if now >= self.items.get(identifier).deadline:  # staged for a request gone
+                self.items.move(identifier, S.UNKNOWN)
                 self.prefetch.done(identifier)
                 self.prefetch.take_waiters(identifier)
                 self._to_release.append(identifier)
         self._dispatch_prefetches()
         meta = ECTierConnectorMetadata(loads=self._loads)
         self._loads = {}
-        self._hits.clear()
         idle = not getattr(scheduler_output, "total_num_scheduled_tokens", 0)
         self._undelivered = idle and not self.deliver_on_idle
         if not self._undelivered:
@@ -422,6 +554,7 @@ class TierScheduler:
         if meta.weights is not None and meta.weights == self.weights:
             for identifier in meta.saved:
                 self.index.note_present(identifier, "worker")
+                self._release_claim(identifier)  # others load it now
         for identifier in meta.failed:
             self._note_failed(identifier, now)
         for identifier, ranks in meta.staged.items():
@@ -430,18 +563,16 @@ class TierScheduler:
             self.worker_stats[name] = self.worker_stats.get(name, 0) + value
 
     def _note_staged(self, identifier: str, ranks: int, now: float) -> None:
-        if identifier not in self._staging:
+        item = self.items.get(identifier)
+        if item is None or item.state is not S.STAGING:
             return  # given up meanwhile; its release is already queued
-        self._staged_ranks[identifier] += ranks
-        if self._staged_ranks[identifier] >= self.tp_size:
-            del self._staging[identifier], self._staged_ranks[identifier]
-            self._direct.discard(identifier)
-            self._ready.add(identifier)
-            self._ready_deadline[identifier] = now + self.settings.stage_timeout_s
+        item.ranks += ranks
+        if item.ranks >= self.tp_size:
+            self.items.move(identifier, S.READY, now + self.settings.stage_timeout_s)
 
     def _note_failed(self, identifier: str, now: float) -> None:
         self.index.forget(identifier)
-        if identifier in self._staging or identifier in self._ready:
+        if self.items.state(identifier) in (S.STAGING, S.READY, S.PROMISED):
             self._give_up(identifier, now, "a worker could not fetch it")
 
     def take_stats(self) -> dict[str, float]:
@@ -456,3 +587,10 @@ class TierScheduler:
         merged.update(self.worker_stats)
         self.stats, self.worker_stats = {}, {}
         return merged
+
+    def close(self) -> None:
+        """Withdraw claims still held (their outputs will not land from here)."""
+        for identifier in list(self._claims_held):
+            self._release_claim(identifier)
+        if self.claims is not None:
+            self.claims.close()

@@ -39,6 +39,18 @@ Keys (all optional)::
                               (MB, 1024)
     max_inflight_items        prefetches in flight at once; later ones queue in
                               arrival order (64)
+    claim_encodes             ``ec_both``: before encoding an item no tier holds,
+                              claim it in a store the instances share (the
+                              remote store if it offers claims, else the disk
+                              directory); while another instance's claim is
+                              live, wait for its output instead (true)
+    claim_wait_s              how long a request waits for another instance's
+                              encode, and how long this instance's claims
+                              last if it dies holding them (0.5)
+    in_step_reads             no prefetch: a tier hit is approved at once and
+                              the worker reads it inside the step, stalling the
+                              batch as a synchronous connector does (false;
+                              what ``lmcache-ec bench steps`` compares against)
 """
 
 from __future__ import annotations
@@ -65,6 +77,9 @@ class ConnectorSettings:
     max_pending_saves: int = 64
     max_staged_mb: float = 1024.0
     max_inflight_items: int = 64
+    claim_encodes: bool = True
+    claim_wait_s: float = 0.5
+    in_step_reads: bool = False
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ConnectorSettings:

@@ -1,0 +1,262 @@
+"""Claims: "this instance is encoding that item", announced in a shared store.
+
+Instances sharing tiers use them so one new image is encoded once, not once
+per instance it reaches while the first still encodes it: the first to
+``claim`` an item's storage name encodes it; the others wait for its output
+to land (at most their own bound) and then load it.
+
+A claim is a hint, never a lock. It expires after its ``ttl_s``, so a holder
+that dies holds nobody up past the TTL; an expired claim is taken over by the
+next claimant. At worst (a takeover racing another) two instances encode the
+same item — a duplicate, never a wrong tensor.
+
+``ClaimStore`` is what the scheduler needs; ``DirectoryClaims`` keeps claims
+as files in a directory (one node, or a directory every node mounts). Remote
+stores offer the same two methods (``SET NX PX`` on Redis).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import secrets
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+logger = logging.getLogger(__name__)
+
+
+def claims_dir_for(disk_dir: str) -> str:
+    """Claims of instances sharing the disk tier ``disk_dir``: a directory beside
+    it (``<disk_dir>.claims``), so nothing that lists the tier meets them."""
+    return os.path.normpath(disk_dir) + ".claims"
+
+
+_SUFFIX = ".claim"
+_MAX_BYTES = 4096
+_SWEEP_EVERY_S = 60.0  # expired claim files of dead holders are removed this often
+
+
+@runtime_checkable
+class ClaimStore(Protocol):
+    def claim(self, name: str, ttl_s: float) -> bool:
+        """Announce that this process works on ``name`` for ``ttl_s`` seconds.
+
+        Returns True if the claim is now ours (free, expired, or already ours),
+        False while another holder's claim is live. Never raises for a store
+        failure: the caller then simply works on ``name`` (returns True).
+        """
+        ...
+
+    def release(self, name: str) -> None:
+        """Withdraw our claim on ``name`` (nothing if it is not ours)."""
+        ...
+
+
+def owner_token() -> str:
+    """Who holds a claim: host, process and a random part (pids are reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class DirectoryClaims:
+    """Claims as files ``<directory>/<name>.claim`` holding owner and expiry.
+
+    A claim is written to a private file and hard-linked into place (exclusive
+    like ``O_EXCL``, and never seen half-written), so of two claimants one wins. An
+    expired claim is first renamed away (one renamer succeeds), then created
+    afresh the same way. Expiry is wall-clock time (``time.time``): clocks
+    of nodes sharing the directory must roughly agree (within a TTL).
+    """
+
+    def __init__(self, directory: str, owner: str | None = None) -> None:
+        self.directory = directory
+        self.owner = owner or owner_token()
+        self._next_sweep = 0.0
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+
+    def _path(self, name: str) -> str:
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"not a claim name: {name!r:.80}")
+        return os.path.join(self.directory, name + _SUFFIX)
+
+    def claim(self, name: str, ttl_s: float) -> bool:
+        path = self._path(name)
+        try:
+            self._sweep()
+            if self._create(path, ttl_s):
+                return True
+            held = _read(path)
+            if held is None:
+                return self._create(path, ttl_s)  # released meanwhile
+            owner, expires = held
+            if owner == self.owner:
+                return True
+            if time.time() < expires:
+                return False
+            return self._take_over(path, held, ttl_s)
+        except OSError as exc:
+            logger.debug("Claim of %.40s not made (%s); working on it anyway", name, exc)
+            return True
+
+    def release(self, name: str) -> None:
+        path = self._path(name)
+        held = _read(path)
+        if held is not None and held[0] == self.owner:
+            with contextlib.suppress(OSError):  # gone already
+                os.unlink(path)
+
+    def _create(self, path: str, ttl_s: float) -> bool:
+        """Create the claim file, complete, iff none exists (written aside, then linked)."""
+        record = json.dumps({"owner": self.owner, "expires": time.time() + ttl_s}).encode()
+        aside = f"{path}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, record)
+        finally:
+            os.close(fd)
+        try:
+            os.link(aside, path)  # atomic and exclusive, like O_EXCL, and never half-written
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(aside)
+
+    def _take_over(self, path: str, expired: tuple[str, float], ttl_s: float) -> bool:
+        """Replace the expired claim ``expired`` by ours; False if someone was faster."""
+        aside = f"{path}.{secrets.token_hex(6)}.stale"
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False  # another claimant is taking it over right now
+        try:
+            if _read(aside) != expired:
+                # A fresh claim made meanwhile: put it back unless yet another exists.
+                with contextlib.suppress(FileExistsError):
+                    os.link(aside, path)
+                return False
+            return self._create(path, ttl_s)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(aside)
+
+    def _sweep(self) -> None:
+        """Remove claim files long expired (holders that died), now and then."""
+        now = time.time()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + _SWEEP_EVERY_S
+        with os.scandir(self.directory) as scan:
+            for entry in scan:
+                if not entry.name.endswith((_SUFFIX, ".stale", ".tmp")):
+                    continue
+                try:
+                    if entry.name.endswith(_SUFFIX):
+                        held = _read(entry.path)
+                        stale = held is not None and held[1] < now
+                    else:  # a file of a claim or takeover in progress, or of one that died
+                        stale = entry.stat().st_mtime < now - _SWEEP_EVERY_S
+                    if stale:
+                        os.unlink(entry.path)
+                except OSError:
+                    continue
+
+
+def _read(path: str) -> tuple[str, float] | None:
+    """(owner, expires) of a claim file; None if absent. Garbage reads as expired."""
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(_MAX_BYTES)
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(data)
+        return str(record["owner"]), float(record["expires"])
+    except (ValueError, KeyError, TypeError):
+        return "", 0.0
+
+
+class ClaimAgent:
+    """Claims made and released by a background thread: callers never wait on the store.
+
+    ``ask(name)`` starts a claim and returns None until the store answered,
+    then the answer once (True: ours). The store is opened in the thread
+    (it may be remote); a store that raises counts as "ours" — encode as
+    without claims.
+    """
+
+    _MAX_ANSWERS = 4096  # answers nobody collected (requests gone) are dropped oldest first
+
+    def __init__(self, open_store: Callable[[], ClaimStore | None], ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)
+        self._pending: set[str] = set()
+        self._answers: OrderedDict[str, bool] = OrderedDict()
+        self._queue: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
+        self._no_store = False  # no store to share: every claim is ours at once
+        self._thread = threading.Thread(
+            target=self._loop, args=(open_store,), name="ec-claims", daemon=True
+        )
+        self._thread.start()
+
+    def ask(self, name: str) -> bool | None:
+        if self._no_store:
+            return True
+        with self._lock:
+            if name in self._answers:
+                return self._answers.pop(name)
+            if name in self._pending:
+                return None
+            self._pending.add(name)
+        self._queue.put(("claim", name))
+        return None
+
+    def wait_answer(self, name: str, timeout: float) -> None:
+        with self._answered:
+            self._answered.wait_for(lambda: name not in self._pending, timeout)
+
+    def release(self, name: str) -> None:
+        self._queue.put(("release", name))
+
+    def _loop(self, open_store: Callable[[], ClaimStore | None]) -> None:
+        try:
+            store = open_store()
+        except Exception as exc:
+            logger.warning("Claim store unavailable; every instance encodes: %s", exc)
+            store = None
+        self._no_store = store is None
+        while (order := self._queue.get()) is not None:
+            action, name = order
+            won = True
+            try:
+                if store is not None and action == "claim":
+                    won = bool(store.claim(name, self.ttl_s))
+                elif store is not None:
+                    store.release(name)
+            except Exception as exc:  # a store should not raise; encode if it does
+                logger.debug("Claim store failed (%s): %s", action, exc)
+            if action != "claim":
+                continue
+            with self._lock:
+                self._pending.discard(name)
+                self._answers[name] = won
+                if len(self._answers) > self._MAX_ANSWERS:
+                    self._answers.popitem(last=False)
+                self._answered.notify_all()
+        close = getattr(store, "close", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                close()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Send what is queued (releases included), then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout)

@@ -1,0 +1,75 @@
+"""Directory claims: one holder at a time, across processes; expiry frees a dead holder's."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+from lmcache_ec.claims import ClaimStore, DirectoryClaims
+
+
+def test_one_holder_until_release(tmp_path):
+    first, second = DirectoryClaims(str(tmp_path)), DirectoryClaims(str(tmp_path))
+    assert isinstance(first, ClaimStore)
+    assert first.claim("item", 60)
+    assert first.claim("item", 60)  # ours already
+    assert not second.claim("item", 60)
+    second.release("item")  # not its claim: nothing happens
+    assert not second.claim("item", 60)
+    first.release("item")
+    assert second.claim("item", 60)
+    assert not first.claim("item", 60)
+
+
+def test_expired_claim_is_taken_over(tmp_path):
+    dead, alive = DirectoryClaims(str(tmp_path)), DirectoryClaims(str(tmp_path))
+    assert dead.claim("item", 0)  # expires at once: its holder never releases it
+    assert alive.claim("item", 60)
+    assert not dead.claim("item", 60)
+
+
+def test_garbage_claim_file_counts_as_expired(tmp_path):
+    (tmp_path / "item.claim").write_bytes(b"\x00not json")
+    assert DirectoryClaims(str(tmp_path)).claim("item", 60)
+
+
+def test_bad_names_are_refused(tmp_path):
+    claims = DirectoryClaims(str(tmp_path))
+    for name in ("", "../escape", ".hidden"):
+        try:
+            claims.claim(name, 1)
+        except ValueError:
+            continue
+        raise AssertionError(f"claim name {name!r} accepted")
+
+
+def _race(directory: str, name: str, start, results) -> None:
+    claims = DirectoryClaims(directory)
+    start.wait()
+    results.put(claims.claim(name, 60))
+
+
+def _race_processes(directory: str, name: str, count: int) -> list[bool]:
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Event(), context.Queue()
+    processes = [
+        context.Process(target=_race, args=(directory, name, start, results)) for _ in range(count)
+    ]
+    for process in processes:
+        process.start()
+    start.set()
+    won = [results.get(timeout=60) for _ in processes]
+    for process in processes:
+        process.join(60)
+    return won
+
+
+def test_processes_racing_for_a_claim_one_wins(tmp_path):
+    assert _race_processes(str(tmp_path), "fresh", 4).count(True) == 1
+
+
+def test_processes_racing_for_an_expired_claim_one_wins(tmp_path):
+    assert DirectoryClaims(str(tmp_path)).claim("old", 0)
+    assert _race_processes(str(tmp_path), "old", 4).count(True) == 1
+    leftovers = [n for n in os.listdir(tmp_path) if not n.endswith(".claim")]
+    assert leftovers == []

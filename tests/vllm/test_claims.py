@@ -1,0 +1,106 @@
+"""One encode per image across instances: claims in a store the instances share.
+
+Two engine instances (vLLM's real Scheduler, the harness's counted encoder)
+share a disk tier, hence its claims directory.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+from lmcache_ec.claims import claims_dir_for
+from tests.conftest import bit_equal
+
+from .harness import Engine, encoder_output, image_hash, make_vllm_config
+
+
+def _step_until(engine: Engine, done, max_steps: int = 400) -> None:
+    for _ in range(max_steps):
+        if done():
+            return
+        engine.step()
+    raise AssertionError("condition not reached")
+
+
+def test_an_image_reaching_two_instances_is_encoded_once(model_config, extra):
+    image = image_hash("new-and-shared.png")
+    # A wait bound no loaded machine reaches: the output lands first.
+    extra = {**extra, "claim_wait_s": 60.0}
+    first = Engine(make_vllm_config(model_config, "ec_both", extra))
+    second = Engine(make_vllm_config(model_config, "ec_both", extra))
+    # The first instance's output lands only when the gate opens: the image
+    # reaches the second instance while the first still "encodes" it.
+    gate = threading.Event()
+    cache = first.workers[0].worker.cache
+    put = cache.put
+
+    def put_after_gate(*args, **kwargs):
+        gate.wait(60)
+        return put(*args, **kwargs)
+
+    cache.put = put_after_gate
+    try:
+        request_1 = first.add_request([image])
+        _step_until(first, lambda: first.encoded)
+        request_2 = second.add_request([image])
+        for _ in range(5):
+            second.step()
+        assert second.encoded == []  # it waits for the first instance's output
+        assert not any(request_2 in scheduled for scheduled in second.scheduled)
+        gate.set()
+        second.run_until_finished([request_2])
+        first.run_until_finished([request_1])
+        assert first.encoded + second.encoded == [image]  # the encoder ran once
+        assert bit_equal(first.gathered[image], encoder_output(image))
+        assert bit_equal(second.gathered[image], first.gathered[image])
+        assert second.ec_stats["scheduler_claims_lost"] == 1
+        assert second.ec_stats["loads"] == 1
+    finally:
+        gate.set()
+        first.shutdown()
+        second.shutdown()
+
+
+_DIE_HOLDING_A_CLAIM = """
+import os, sys
+from lmcache_ec.claims import DirectoryClaims
+assert DirectoryClaims(sys.argv[1]).claim(sys.argv[2], 600)
+os._exit(0)  # dies: never encodes, never releases
+"""
+
+
+def test_a_dead_claim_holder_delays_the_image_at_most_the_bound(model_config, extra, disk_dir):
+    image = image_hash("claimed-by-a-dead-process.png")
+    engine = Engine(make_vllm_config(model_config, "ec_both", {**extra, "claim_wait_s": 0.2}))
+    try:
+        engine.step()  # the scheduler learns the encoder weights, part of the name
+        name = engine.connector.scheduler.index.storage_name(image)
+        claims = claims_dir_for(str(disk_dir))
+        subprocess.run([sys.executable, "-c", _DIE_HOLDING_A_CLAIM, claims, name], check=True)
+        request = engine.add_request([image])
+        engine.step()
+        assert engine.encoded == []  # deferred: another instance claimed it
+        engine.run_until_finished([request])
+        assert engine.encoded == [image]  # after the bound, encoded here
+        assert bit_equal(engine.gathered[image], encoder_output(image))
+        assert engine.ec_stats["scheduler_claims_lost"] == 1
+    finally:
+        engine.shutdown()
+
+
+def test_claims_can_be_turned_off(model_config, extra, disk_dir):
+    image = image_hash("claimed-but-ignored.png")
+    engine = Engine(make_vllm_config(model_config, "ec_both", {**extra, "claim_encodes": False}))
+    try:
+        engine.step()  # the scheduler learns the encoder weights, part of the name
+        name = engine.connector.scheduler.index.storage_name(image)
+        claims = claims_dir_for(str(disk_dir))
+        subprocess.run([sys.executable, "-c", _DIE_HOLDING_A_CLAIM, claims, name], check=True)
+        request = engine.add_request([image])
+        engine.step()
+        assert engine.encoded == [image]  # no waiting for anyone
+        engine.run_until_finished([request])
+    finally:
+        engine.shutdown()
