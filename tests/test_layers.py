@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "key",
             "codec",
+            "claims",
             "config",
             "metrics",
             "metrics_export",
