@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
@@ -28,6 +29,21 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         and a.shape == b.shape
         and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_ledgers_left():
+    """Directory tiers keep their size ledgers in this user's runtime directory,
+    outside the tests' temporary directories: remove the ones this run made."""
+    from lmcache_ec.tiers.disk_layout import runtime_dir
+
+    ledgers = os.path.join(runtime_dir(), "ledgers")
+    before = set(os.listdir(ledgers)) if os.path.isdir(ledgers) else set()
+    yield
+    if os.path.isdir(ledgers):
+        for name in set(os.listdir(ledgers)) - before:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(ledgers, name))
 
 
 @pytest.fixture(autouse=True)

@@ -175,3 +175,49 @@ def test_concurrent_writers_in_one_process_keep_the_limit(disk_dir):
     frame = os.path.getsize(next(iter(disk_dir.glob("*.pt"))))
     assert max(samples) <= FRAME * 6 + frame
     assert _directory_bytes(disk_dir) <= FRAME * 6
+
+
+def test_idle_ledgers_are_pruned_but_never_one_in_use(tmp_path):
+    import fcntl
+
+    from lmcache_ec.tiers.budget import prune_ledgers
+
+    ledgers = tmp_path / "ledgers"
+    ledgers.mkdir()
+    fresh, idle, held = (ledgers / name for name in ("1-1", "1-2", "1-3"))
+    for path in (fresh, idle, held):
+        path.write_text("100")
+    day_ago = os.path.getmtime(fresh) - 2 * 24 * 3600
+    for path in (idle, held):
+        os.utime(path, (day_ago, day_ago))
+    with open(held, "rb+") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # another process is inside the ledger
+        assert prune_ledgers(str(ledgers)) == 1
+    assert sorted(os.listdir(ledgers)) == ["1-1", "1-3"]
+
+
+def test_a_ledger_pruned_while_waiting_is_opened_again(disk_dir):
+    """A writer blocked on the ledger's lock while it is pruned must not keep
+    accounting in the unlinked file while others use the new one."""
+    import fcntl
+    import time
+
+    with ECCache.from_config(_config(disk_dir, frames=8), model="m/ledger") as cache:
+        budget = cache._storage.storage_backends["LocalDiskBackend"].budget
+        path = budget._ledger_path()
+        with open(path, "a"):
+            pass
+        links: list[int] = []
+
+        def writer() -> None:
+            with budget._locked() as fd:
+                links.append(os.fstat(fd).st_nlink)
+
+        with open(path, "rb+") as pruner:
+            fcntl.flock(pruner, fcntl.LOCK_EX)
+            thread = threading.Thread(target=writer)
+            thread.start()
+            time.sleep(0.2)  # the writer has opened the old file and waits for its lock
+            os.unlink(path)
+        thread.join(10)
+        assert links == [1] and os.path.exists(path)

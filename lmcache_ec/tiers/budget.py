@@ -36,6 +36,29 @@ from collections.abc import Iterator
 from .disk_layout import DirectoryLayout, Scan, private_dir, runtime_dir
 
 LOW_WATER = 15 / 16  # evict down to this share of the limit
+# A ledger nobody wrote for this long belongs to a directory no longer in use
+# (or gone); it is removed, and rebuilt by a scan if the directory comes back.
+IDLE_LEDGER_S = 24 * 3600
+
+
+def prune_ledgers(ledgers: str, idle_s: float = IDLE_LEDGER_S) -> int:
+    """Remove ledgers idle for ``idle_s`` (each under its lock, never one in use)."""
+    removed = 0
+    cutoff = time.time() - idle_s
+    with contextlib.suppress(OSError), os.scandir(ledgers) as scan:
+        for item in scan:
+            with contextlib.suppress(OSError):
+                if item.stat().st_mtime >= cutoff:
+                    continue
+                fd = os.open(item.path, os.O_RDWR)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    if os.fstat(fd).st_mtime < cutoff:
+                        os.unlink(item.path)
+                        removed += 1
+                finally:
+                    os.close(fd)
+    return removed
 
 
 class DirectoryBudget:
@@ -53,6 +76,7 @@ class DirectoryBudget:
         if self._ledger is None:
             stat = os.stat(self.layout.path)
             ledgers = private_dir(os.path.join(runtime_dir(), "ledgers"))
+            prune_ledgers(ledgers)
             self._ledger = os.path.join(ledgers, f"{stat.st_dev}-{stat.st_ino}")
         return self._ledger
 
@@ -63,9 +87,13 @@ class DirectoryBudget:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[int]:
         with self._local:
-            fd = os.open(self._ledger_path(), os.O_RDWR | os.O_CREAT, 0o600)
-            try:
+            while True:
+                fd = os.open(self._ledger_path(), os.O_RDWR | os.O_CREAT, 0o600)
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_nlink:
+                    break
+                os.close(fd)  # pruned while we waited for it: open the new one
+            try:
                 self._fd = fd
                 yield fd
             finally:
