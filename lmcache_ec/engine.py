@@ -437,27 +437,27 @@ class ECCache:
         """Another process purged ``marker``'s selection from ``tier``.
 
         - remote marker (on the watch thread): entries of this engine's own
-          disk directory that the purge selected and that were created before
-          it are deleted first — the purging process may not share it;
+          disk and node directories that the purge selected and that were
+          created before it are deleted first — the purging process may not
+          share them;
         - the CPU tier drops every entry whose namespace and model (and, when
           known from the key, weights version) the purge selected, whatever its
           age: they are read again from a lower tier if still there;
         - the remote tier forgets which keys it saw stored (a later put uploads
-          again), and the disk index forgets files that are gone.
+          again).
         """
         with self._purge_lock:
             self.stats.add("purges_seen")
             selector = marker.selector()
-            if tier == "remote" and self._disk is not None:
-                self._purge_own_disk(selector)
+            tiers = self._storage.every_tier()
+            if tier == "remote":
+                for directory in [t.directory for t in tiers if t.directory is not None]:
+                    self._purge_directory(directory, selector)
             self._drop_cpu(selector)
-            for tier in self._storage.every_tier():
-                tier.forget_stored()
-            if self._disk is not None:
-                self._disk.forget_missing()  # one stat per indexed file, once per purge
+            for each in tiers:
+                each.forget_stored()
 
-    def _purge_own_disk(self, selector: selection.Selector) -> None:
-        directory = self.config.values["local_disk"]
+    def _purge_directory(self, directory: str, selector: selection.Selector) -> None:
         try:
             entries = selection.scan_disk(directory, selector)
             for entry in entries:

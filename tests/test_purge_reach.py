@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -196,6 +198,43 @@ def test_purge_through_redis_reaches_an_engine_with_its_own_disk(
     for i in range(3):
         assert server.get(f"image-{i}") is None
     assert not [n for n in os.listdir(served_disk) if n.endswith(".pt")]
+
+
+def test_purge_through_redis_reaches_an_engine_node_tier(tmp_path, redis_url, server_factory):
+    node_base = tempfile.mkdtemp(prefix="ec-node-purge-", dir="/dev/shm")
+    purger_disk = tmp_path / "purger-disk"
+    purger_disk.mkdir()
+    common = {
+        "local_cpu": True,
+        "max_local_cpu_size": 0.05,
+        "remote_url": redis_url,
+        "remote_timeout": REMOTE_TIMEOUT,
+        "purge_check_s": INTERVAL,
+    }
+    try:
+        server = server_factory({**common, "node_tier": True, "node_dir": node_base})
+        config = write_config(tmp_path / "purger.yaml", **common, local_disk=str(purger_disk))
+        assert server.get("image-0") == "node"
+        assert len(_node_files(node_base)) == 3
+
+        out = purge(config, "--model", MODEL)
+        assert "remote: deleted 3 entries" in out
+        deadline = time.monotonic() + INTERVAL + REMOTE_TIMEOUT + 5
+        while server.ask("stats")["purges_seen"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for i in range(3):
+            assert server.get(f"image-{i}") is None
+        assert _node_files(node_base) == []
+    finally:
+        shutil.rmtree(node_base, ignore_errors=True)
+
+
+def _node_files(base: str) -> list[str]:
+    from lmcache_ec.tiers.disk_layout import entry_stem
+    from lmcache_ec.tiers.node import node_dirs
+
+    return [n for d in node_dirs(base) for n in os.listdir(d) if entry_stem(n) is not None]
 
 
 def test_entries_written_after_a_purge_are_kept(tmp_path, redis_url):

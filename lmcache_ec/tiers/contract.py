@@ -46,6 +46,7 @@ class Tier(Protocol):
     batched_reads: bool  # ``read_many`` is one round trip, not a loop
     available: bool  # False while the tier is known to be down (remote)
     counters: Counter[str]  # the tier's own event counts, shown by ``snapshot``
+    directory: str | None  # where a directory tier (disk, node) keeps its files
     # Called by a tier that comes back up (remote); the replayer sets it.
     on_recovered: Callable[[], None] | None
 
@@ -94,6 +95,7 @@ class TierDefaults:
 
     batched_reads = False
     available = True
+    directory: str | None = None
     on_recovered: Callable[[], None] | None = None
 
     def read_many(self, keys: Sequence[ECKey]) -> list[Any]:

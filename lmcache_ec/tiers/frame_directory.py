@@ -125,9 +125,9 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         """(key, bytes, path) of every entry, least recently used first."""
         return [(ECKey(e.name), e.size, e.path) for e in self.layout.scan(reclaim=False).entries]
 
-    def forget_missing(self) -> int:
-        """Nothing to forget: no private index can go stale."""
-        return 0
+    @property
+    def directory(self) -> str:
+        return self.layout.path
 
     def pin(self, key: ECKey) -> bool:
         return False
