@@ -21,8 +21,10 @@ Reported per run (fleet-wide, and per process):
 - ``tier_hits``: reads answered by each tier (``ECCache.stats``).
 - ``bytes``: moved per tier: ``put`` (CPU: frames accepted; remote: uploads
   times the frame size) and ``get`` (hits of that tier times the frame size).
-- ``memory``: CPU-tier copies resident at the end (``ECCache.contains`` of
-  every image): the bytes of the per-process copies next to one copy each.
+- ``memory``: host copies resident at the end (``ECCache.contains`` of
+  every image): the bytes of the per-process CPU-tier copies next to one copy
+  each; with ``node_tier`` (all processes run on this machine, as TP ranks or
+  co-located engines do) the bytes the shared node tier holds instead.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import contextlib
 import dataclasses
 import os
 import random
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -58,6 +62,7 @@ class FleetSettings:
     store: str = "redis"  # or "s3"
     claims: str = "auto"  # auto (off, and on when the connector knows them), off, on
     claim_wait_s: float = 1.0
+    node_tier: bool = False  # one shared host copy per node instead of one per process
     baseline: bool = True  # also run the stream on one process
     redis_url: str | None = None
     s3_endpoint: str | None = None
@@ -167,7 +172,8 @@ def run_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
         engine.worker.worker.flush(120)
         stats = cache.stats.snapshot()
         images = sorted(set(job["stream"]))
-        resident = [image for image in images if cache.contains(image) == "cpu"]
+        held = {image: cache.contains(image) for image in images}
+        resident = [image for image, tier in held.items() if tier == "cpu"]
         encoded = set(engine.encode_requests)
         return {
             "node": node,
@@ -181,6 +187,7 @@ def run_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
             "put_bytes": stats["bytes_in"],
             "uploads": int(stats["tiers"].get("remote", {}).get("uploads", 0)),
             "cpu_resident": resident,
+            "node_resident": [image for image, tier in held.items() if tier == "node"],
             "connector": {k: v for k, v in engine.stats.items() if v},
             "storage_prefix": cache.identity.storage_prefix,
         }
@@ -281,6 +288,12 @@ def _run(
         "namespace": run,  # a fresh namespace: nothing carries over between runs
         **remote,
     }
+    node_dir = None
+    if settings.node_tier:
+        from ..tiers.disk_layout import runtime_dir
+
+        node_dir = tempfile.mkdtemp(prefix=f"{run}-", dir=os.path.dirname(runtime_dir()))
+        ec.update(node_tier=True, node_dir=node_dir, max_node_size=ec["max_local_cpu_size"])
     job = {
         "job": "fleet-node",
         "run": run,
@@ -320,6 +333,9 @@ def _run(
         for thread in threads:
             thread.join(30)
         raise
+    node_bytes = _node_bytes(node_dir) if node_dir else None
+    if node_dir:
+        shutil.rmtree(node_dir, ignore_errors=True)
     _remove_entries(ec, {r["storage_prefix"] for r in results if isinstance(r, dict)})
     with contextlib.suppress(Exception):
         import redis
@@ -332,7 +348,15 @@ def _run(
     )
     if failed:
         raise RuntimeError(f"{label}: {failed[0]}")
-    return summarise(label, results, stream, settings.shape)
+    return summarise(label, results, stream, settings.shape, node_bytes)
+
+
+def _node_bytes(node_dir: str) -> int:
+    """Bytes the node tier under ``node_dir`` holds (every namespace)."""
+    from ..inventory import directory_usage
+    from ..tiers.node import node_dirs
+
+    return sum(directory_usage(d)["bytes"] for d in node_dirs(node_dir))
 
 
 def _remove_entries(ec: dict[str, Any], prefixes: set[str]) -> None:
@@ -350,7 +374,11 @@ def _remove_entries(ec: dict[str, Any], prefixes: set[str]) -> None:
 
 
 def summarise(
-    label: str, per_node: list[dict[str, Any]], stream: list[str], shape: tuple[int, int]
+    label: str,
+    per_node: list[dict[str, Any]],
+    stream: list[str],
+    shape: tuple[int, int],
+    node_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Fleet-wide totals of the processes' results (see the module docstring)."""
     requests = sum(n["requests"] for n in per_node)
@@ -391,6 +419,9 @@ def summarise(
             "per_process_copies": copies,
             "per_process_bytes": round(copies * frame),
             "one_copy_bytes": round(len(resident) * frame),
+            # the shared node tier's files (None without it)
+            "node_tier_bytes": node_bytes,
+            "node_tier_images": len({i for n in per_node for i in n.get("node_resident", ())}),
         },
         "per_node": per_node,
     }

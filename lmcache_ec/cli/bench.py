@@ -404,6 +404,14 @@ def fleet(
         "s3://lmcache-ec-bench/fleet"
     ),
     seed: Annotated[int, typer.Option(help="Seed of the image stream.")] = 0,
+    node_tier: Annotated[
+        bool,
+        typer.Option(
+            "--node-tier",
+            help="Give the processes (all on this machine) one shared host copy "
+            "per node (node_tier) instead of a CPU tier each.",
+        ),
+    ] = False,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the full result (JSON) here.")
     ] = None,
@@ -437,6 +445,7 @@ def fleet(
         s3_endpoint=s3_endpoint,
         s3_url=s3_url,
         seed=seed,
+        node_tier=node_tier,
     )
     try:
         result = run_with_status(
@@ -473,7 +482,7 @@ def print_fleet(result: dict[str, Any]) -> None:
             " ".join(f"{t} {n}" for t, n in run["tier_hits"].items()) or "-",
         )
     console.print(table)
-    table = Table(title="bytes moved per tier (put / get) and CPU-tier copies at the end")
+    table = Table(title="bytes moved per tier (put / get) and host copies at the end")
     for column in ("run", *sorted({t for run in result["runs"] for t in run["bytes"]}), "copies"):
         table.add_column(column)
     for run in result["runs"]:
@@ -485,7 +494,12 @@ def print_fleet(result: dict[str, Any]) -> None:
                 for b in (run["bytes"].get(t) for t in [c.header for c in table.columns[1:-1]])
             ),
             f"{human_bytes(memory['per_process_bytes'])} (one copy each: "
-            f"{human_bytes(memory['one_copy_bytes'])})",
+            f"{human_bytes(memory['one_copy_bytes'])})"
+            + (
+                ""
+                if memory.get("node_tier_bytes") is None
+                else f"; node tier {human_bytes(memory['node_tier_bytes'])}"
+            ),
         )
     console.print(table)
     if not result["claims_supported"]:

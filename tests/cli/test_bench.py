@@ -265,6 +265,26 @@ def test_bench_fleet_tiny_run_is_consistent(tmp_path, invoke, redis_url):
         assert client.dbsize() == 0  # every run's entries and its start barrier removed
 
 
+@pytest.mark.slow
+def test_bench_fleet_node_tier_holds_one_host_copy_per_image(tmp_path, invoke, redis_url):
+    """With --node-tier the processes keep no CPU-tier copies: each image the
+    stream saw is held once, in the shared node tier, whatever the process count."""
+    path = tmp_path / "fleet.json"
+    invoke(
+        "bench", "fleet", "--nodes", "2", "--requests", "12", "--images", "4",
+        "--shape", "8x16", "--encode-ms", "5", "--node-tier", "--no-baseline",
+        "--redis-url", redis_url, "--json", str(path),
+    )  # fmt: skip
+    result = json.loads(path.read_text())
+    assert result["settings"]["node_tier"] is True
+    for run in result["runs"]:
+        memory = run["memory"]
+        unique = run["unique_images"]
+        assert memory["per_process_bytes"] == 0, run["label"]
+        assert memory["node_tier_images"] == unique, run["label"]
+        assert unique * 8 * 16 * 2 < memory["node_tier_bytes"] <= unique * run["frame_bytes"]
+
+
 def test_bench_fleet_rejects_unknown_store(invoke):
     assert "unknown store" in invoke("bench", "fleet", "--store", "tape", expect=2).output
 
