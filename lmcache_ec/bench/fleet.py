@@ -95,38 +95,22 @@ def run_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """One engine of the fleet: its share of the stream, on the shared clock."""
     import redis
     import torch
-    from vllm.config import CacheConfig, ECTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     from ..integration.vllm.plugin import register
-    from .steps import BLOCK, SimEngine, StepBenchSettings
-    from .subjects import NO_MODEL, TINY_MODEL_DIR
+    from .steps import SimEngine, StepBenchSettings, sim_vllm_config
+    from .subjects import TINY_MODEL_DIR
 
     register()  # what vLLM's plugin loading does in a served engine
     node, nodes = int(job["node"]), int(job["nodes"])
-    model = ModelConfig(
-        model=TINY_MODEL_DIR, tokenizer=TINY_MODEL_DIR, max_model_len=256, dtype="bfloat16"
+    vllm_config = sim_vllm_config(
+        TINY_MODEL_DIR,
+        1024,
+        {
+            "lmcache_config": job["ec"],
+            "remote_lookup_timeout_s": 1.0,
+            **job.get("claims", {}),
+        },
     )
-    vllm_config = VllmConfig(
-        model_config=model,
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=64,
-            max_num_batched_tokens=512,
-            max_model_len=256,
-            is_encoder_decoder=False,
-        ),
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
-        ec_transfer_config=ECTransferConfig(
-            ec_connector="LMCacheECTierConnector",
-            ec_role="ec_both",
-            ec_connector_extra_config={
-                "lmcache_config": job["ec"],
-                "remote_lookup_timeout_s": 1.0,
-                **job.get("claims", {}),
-                **NO_MODEL,
-            },
-        ),
-    )
-    vllm_config.cache_config.num_gpu_blocks = 1024
     # The simulated runner calls the connector in idle steps too, as vLLM's V2
     # runner does (set after the config: VllmConfig refuses V2 without Triton).
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"

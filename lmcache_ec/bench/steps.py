@@ -194,7 +194,9 @@ def _v2_runner_hooks() -> Iterator[None]:
             os.environ["VLLM_USE_V2_MODEL_RUNNER"] = previous
 
 
-def _run_mode(mode: str, settings: StepBenchSettings, redis_url: str) -> dict[str, Any]:
+def sim_vllm_config(model_dir: str, gpu_blocks: int, connector: dict[str, Any]) -> Any:
+    """The ``VllmConfig`` of a simulated engine (``SimEngine``) with lmcache-ec's
+    connector as ``ec_both``; ``connector``: its extra config."""
     from vllm.config import (
         CacheConfig,
         ECTransferConfig,
@@ -203,21 +205,10 @@ def _run_mode(mode: str, settings: StepBenchSettings, redis_url: str) -> dict[st
         VllmConfig,
     )
 
-    from ..config import load_config
-    from ..engine import ECCache
-    from ..integration.vllm.identity import identity_from_vllm
-
-    proxy = SlowProxy(urlparse(redis_url).port or 6379, settings.delay_ms / 1000)
-    namespace = f"steps-{mode}-{uuid.uuid4().hex[:8]}"
-    ec = {"max_local_cpu_size": 1.0, "remote_url": proxy.url, "namespace": namespace}
-    model = ModelConfig(
-        model=settings.model_dir,
-        tokenizer=settings.model_dir,
-        max_model_len=256,
-        dtype="bfloat16",
-    )
     vllm_config = VllmConfig(
-        model_config=model,
+        model_config=ModelConfig(
+            model=model_dir, tokenizer=model_dir, max_model_len=256, dtype="bfloat16"
+        ),
         scheduler_config=SchedulerConfig(
             max_num_seqs=64,
             max_num_batched_tokens=512,
@@ -228,16 +219,32 @@ def _run_mode(mode: str, settings: StepBenchSettings, redis_url: str) -> dict[st
         ec_transfer_config=ECTransferConfig(
             ec_connector="LMCacheECTierConnector",
             ec_role="ec_both",
-            ec_connector_extra_config={
-                "lmcache_config": ec,
-                "remote_lookup_timeout_s": 5.0,
-                "in_step_reads": mode == "in-step",
-                "claim_encodes": False,  # one instance: nobody to share encodes with
-                **NO_MODEL,
-            },
+            ec_connector_extra_config={**connector, **NO_MODEL},
         ),
     )
-    vllm_config.cache_config.num_gpu_blocks = 256
+    vllm_config.cache_config.num_gpu_blocks = gpu_blocks
+    return vllm_config
+
+
+def _run_mode(mode: str, settings: StepBenchSettings, redis_url: str) -> dict[str, Any]:
+
+    from ..config import load_config
+    from ..engine import ECCache
+    from ..integration.vllm.identity import identity_from_vllm
+
+    proxy = SlowProxy(urlparse(redis_url).port or 6379, settings.delay_ms / 1000)
+    namespace = f"steps-{mode}-{uuid.uuid4().hex[:8]}"
+    ec = {"max_local_cpu_size": 1.0, "remote_url": proxy.url, "namespace": namespace}
+    vllm_config = sim_vllm_config(
+        settings.model_dir,
+        256,
+        {
+            "lmcache_config": ec,
+            "remote_lookup_timeout_s": 5.0,
+            "in_step_reads": mode == "in-step",
+            "claim_encodes": False,  # one instance: nobody to share encodes with
+        },
+    )
     rows, cols = settings.item_shape
     item = torch.randn(rows, cols).to(torch.bfloat16)
     remote_images = [_image_hash(f"{namespace}-remote-{i}") for i in range(settings.arrivals)]
