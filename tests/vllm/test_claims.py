@@ -1,7 +1,8 @@
 """One encode per image across instances: claims in a store the instances share.
 
 Two engine instances (vLLM's real Scheduler, the harness's counted encoder)
-share a disk tier, hence its claims directory.
+share a disk tier, hence its claims directory, or only a Redis remote tier
+(each its own disk), whose store then holds the claims.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+
+import pytest
 
 from lmcache_ec.claims import claims_dir_for
 from tests.conftest import bit_equal
@@ -24,12 +27,27 @@ def _step_until(engine: Engine, done, max_steps: int = 400) -> None:
     raise AssertionError("condition not reached")
 
 
-def test_an_image_reaching_two_instances_is_encoded_once(model_config, extra):
+@pytest.fixture(params=["shared disk", "redis"])
+def two_instances(request, extra, tmp_path) -> tuple[dict, dict]:
+    """The two instances' connector configs: one disk directory, or one Redis."""
+    if request.param == "shared disk":
+        return extra, extra
+    redis_url = request.getfixturevalue("redis_url")
+    configs = []
+    for name in ("first", "second"):
+        disk = tmp_path / f"{name}-disk"
+        disk.mkdir()
+        ec = {**extra["lmcache_config"], "local_disk": str(disk), "remote_url": redis_url}
+        configs.append({**extra, "lmcache_config": ec})
+    return configs[0], configs[1]
+
+
+def test_an_image_reaching_two_instances_is_encoded_once(model_config, two_instances):
     image = image_hash("new-and-shared.png")
     # A wait bound no loaded machine reaches: the output lands first.
-    extra = {**extra, "claim_wait_s": 60.0}
-    first = Engine(make_vllm_config(model_config, "ec_both", extra))
-    second = Engine(make_vllm_config(model_config, "ec_both", extra))
+    first_extra, second_extra = ({**e, "claim_wait_s": 60.0} for e in two_instances)
+    first = Engine(make_vllm_config(model_config, "ec_both", first_extra))
+    second = Engine(make_vllm_config(model_config, "ec_both", second_extra))
     # The first instance's output lands only when the gate opens: the image
     # reaches the second instance while the first still "encodes" it.
     gate = threading.Event()
