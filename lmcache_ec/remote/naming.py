@@ -9,6 +9,9 @@ both the serving path and ``RemoteCatalog``:
   dtype, format). The frame is the entry: existence checks look at it.
 - S3: one object per entry, ``<prefix>/<storage_name>``, holding the frame;
   its size is the frame length.
+- A claim (an encode in flight, ``claims.py``) for an entry lives beside it,
+  never at its key: ``<storage_name>.claim`` (Redis key, S3 object). It is
+  not a storage name, so listings and purges never see it.
 
 Pure string handling: no client library is imported here.
 """
@@ -30,6 +33,14 @@ def redis_data_key(storage_name: str) -> str:
 
 def redis_meta_key(storage_name: str) -> str:
     return storage_name + REDIS_META_SUFFIX
+
+
+CLAIM_SUFFIX = ".claim"
+
+
+def claim_key(name: str) -> str:
+    """Where the claim on ``name`` lives: beside the entry, never at its key."""
+    return name + CLAIM_SUFFIX
 
 
 def scheme_of(url: str | None) -> str:

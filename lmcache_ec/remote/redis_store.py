@@ -32,6 +32,7 @@ from ..key import ECKey
 from .naming import (
     REDIS_META_SUFFIX,
     NodeList,
+    claim_key,
     parse_node_list,
     redact,
     redis_data_key,
@@ -161,10 +162,11 @@ class RedisStore(RemoteStore):
 
     def claim(self, name: str, ttl_s: float) -> bool:
         # SET NX PX: taken atomically, and gone by itself when it expires.
-        return bool(self._client.set(name, b"1", nx=True, px=max(1, int(ttl_s * 1000))))
+        key = claim_key(name)
+        return bool(self._client.set(key, b"1", nx=True, px=max(1, int(ttl_s * 1000))))
 
     def release(self, name: str) -> None:
-        self._client.delete(name)
+        self._client.delete(claim_key(name))
 
     def ping(self) -> None:
         self._client.ping()
@@ -360,11 +362,12 @@ class RedisClusterStore(RemoteStore):
         self._run(name, lambda c: c.set(name, data))
 
     def claim(self, name: str, ttl_s: float) -> bool:
-        px = max(1, int(ttl_s * 1000))
-        return bool(self._run(name, lambda c: c.set(name, b"1", nx=True, px=px)))
+        key, px = claim_key(name), max(1, int(ttl_s * 1000))
+        return bool(self._run(key, lambda c: c.set(key, b"1", nx=True, px=px)))
 
     def release(self, name: str) -> None:
-        self._run(name, lambda c: c.delete(name))
+        key = claim_key(name)
+        self._run(key, lambda c: c.delete(key))
 
     def ping(self) -> None:
         """Answers if any primary does: a down shard alone is not a down tier."""

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..key import ECKey
-from .naming import S3Location, parse_s3_url
+from .naming import S3Location, claim_key, parse_s3_url
 from .settings import RemoteSettings
 from .store import RemoteStore
 
@@ -168,15 +168,16 @@ class S3Store(RemoteStore):
         """Conditional put (``If-None-Match: *``); the expiry (wall clock) is in
         the object, and an expired claim is taken over with ``If-Match`` on its
         ETag, so of several takers exactly one wins."""
+        claim = self._object(claim_key(name))
         body = json.dumps({"expires": time.time() + ttl_s}).encode()
         try:
-            self._client.put_object(Body=body, IfNoneMatch="*", **self._object(name))
+            self._client.put_object(Body=body, IfNoneMatch="*", **claim)
             return True
         except Exception as exc:
             if not _is_precondition_failed(exc):
                 raise
         try:
-            held = self._client.get_object(**self._object(name))
+            held = self._client.get_object(**claim)
         except Exception as exc:
             if is_not_found(exc):  # released meanwhile: next caller's turn
                 return False
@@ -190,7 +191,7 @@ class S3Store(RemoteStore):
         if expires > time.time():
             return False
         try:
-            self._client.put_object(Body=body, IfMatch=held["ETag"], **self._object(name))
+            self._client.put_object(Body=body, IfMatch=held["ETag"], **claim)
             return True
         except Exception as exc:
             if _is_precondition_failed(exc) or is_not_found(exc):
@@ -198,7 +199,7 @@ class S3Store(RemoteStore):
             raise
 
     def release(self, name: str) -> None:
-        self._client.delete_object(**self._object(name))
+        self._client.delete_object(**self._object(claim_key(name)))
 
     # -- lifecycle -------------------------------------------------------------
 

@@ -84,3 +84,32 @@ def test_catalog_claim_goes_ahead_when_the_store_cannot_answer(black_hole):
     with open_catalog(load_config(config)) as catalog:
         assert catalog.claim("ec-claim.item", 30)  # nobody can announce: do the work
         catalog.release("ec-claim.item")
+
+
+def test_a_claim_never_touches_the_entry_it_names(remote):
+    """A claim lives beside the entry (``<name>.claim``): claiming and releasing
+    the storage name of a stored entry leaves the entry readable and listed."""
+    import torch
+
+    from lmcache_ec import ECCache
+    from tests.conftest import bit_equal, make_tensor
+
+    tensor = make_tensor((16, 64), torch.float16)
+    config = remote_config(**remote, remote_timeout=5)
+    with ECCache.from_config(config, model="org/claim-model") as cache:
+        cache.put("img", tensor)
+        cache.flush()
+        name = cache.key("img").storage_name
+    (store,) = open_stores(**remote, count=1)
+    try:
+        assert store.exists(name)
+        assert store.claim(name, 30)
+        assert [n for n, _ in store.list("") if n == name] == [name]
+        store.release(name)
+        assert store.exists(name)
+        data = store.get(name)
+        assert data is not None
+    finally:
+        store.close()
+    with ECCache.from_config(config, model="org/claim-model") as reader:
+        assert bit_equal(reader.get("img"), tensor)
