@@ -39,7 +39,7 @@ from lmcache.v1.memory_management import MemoryObj
 logger = logging.getLogger(__name__)
 
 PREFAULT_AHEAD = 128 * 1024**2  # populated beyond the highest allocation so far
-_PREFAULT_STEP = 16 * 1024**2  # per madvise call: a stop request is seen between them
+_PREFAULT_STEP = 16 * 1024**2  # per madvise call; each needs the GIL back, so few and large
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14
 _PAGE = 4096
 
