@@ -23,13 +23,14 @@ import math
 import struct
 import time
 import warnings
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import xxhash
 
-from .key import SUPPORTED_DTYPES, ECKey, dtype_name
+from .key import SUPPORTED_DTYPES, ECKey, EncoderIdentity, dtype_name
 
 MAGIC = b"LMCECv1\x00"
 PREFIX = struct.Struct("<8sIIQQQ")
@@ -49,18 +50,34 @@ def _pad(size: int) -> int:
     return -size % ALIGN
 
 
+# The identity's members of a header, JSON-encoded once per identity: a put
+# then encodes only what differs per entry.
+_IDENTITY_JSON: dict[EncoderIdentity, str] = {}
+_IDENTITY_JSON_MAX = 64
+
+
+def _identity_members(identity: EncoderIdentity) -> str:
+    members = _IDENTITY_JSON.get(identity)
+    if members is None:
+        members = json.dumps(identity.as_dict(), ensure_ascii=True, separators=(",", ":"))[1:-1]
+        if len(_IDENTITY_JSON) >= _IDENTITY_JSON_MAX:
+            _IDENTITY_JSON.clear()
+        _IDENTITY_JSON[identity] = members
+    return members
+
+
 def encode_header(key: ECKey, tensor: torch.Tensor) -> bytes:
-    """The padded JSON header for ``tensor`` stored under ``key``."""
+    """The padded JSON header for ``tensor`` stored under ``key``: the bytes
+    ``json.dumps`` (ASCII, compact) gives for name, identity, mm_hash, dtype,
+    shape and creation time, in that order."""
     assert key.identity is not None and key.mm_hash is not None
-    header = {
-        "name": key.storage_name,
-        **key.identity.as_dict(),
-        "mm_hash": key.mm_hash,
-        "tensor_dtype": dtype_name(tensor.dtype),
-        "shape": list(tensor.shape),
-        "created": round(time.time(), 3),
-    }
-    raw = json.dumps(header, ensure_ascii=True, separators=(",", ":")).encode()
+    members = _identity_members(key.identity)
+    shape = ",".join(str(int(d)) for d in tensor.shape)
+    raw = (
+        f'{{"name":{_json_str(key.storage_name)}{"," if members else ""}{members},'
+        f'"mm_hash":{_json_str(key.mm_hash)},"tensor_dtype":{_json_str(dtype_name(tensor.dtype))},'
+        f'"shape":[{shape}],"created":{float(round(time.time(), 3))!r}}}'
+    ).encode()
     return raw + b" " * _pad(len(raw))
 
 

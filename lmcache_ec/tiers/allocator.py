@@ -4,9 +4,18 @@ LMCache's ``MixedMemoryAllocator`` zero-fills its whole pool at start-up on a
 CPU-only host (seconds and GBs of RSS for the 5 GB default) and pins it with
 the accelerator runtime otherwise. ``HostPoolAllocator`` keeps the same
 allocation scheme (``TensorMemoryAllocator`` over one flat buffer) but takes
-the buffer from ``torch.empty``: pages are touched when entries are written,
-so an idle tier costs nothing. With an accelerator the pool is page-locked,
-as upstream does, for fast host-to-device copies.
+the buffer from ``torch.empty``, so start-up costs nothing. With an
+accelerator the pool is page-locked, as upstream does, for fast
+host-to-device copies.
+
+Pages of an unpinned pool are made resident by ``Prefaulter``, a background
+thread that keeps ``PREFAULT_AHEAD`` bytes beyond the highest allocation so
+far populated (Linux ``MADV_POPULATE_WRITE``: page tables filled, contents
+untouched, so it never races with a frame being written). LMCache's address
+manager hands out the lowest free block first, so the pool fills from its
+start and a put rarely meets a page it has to fault in (about 1 µs per 4 KiB
+page, most of a cold put); RSS grows with use plus the window, not with the
+pool's size. Where the kernel lacks the call, pages fault on first use.
 
 It stays a ``MixedMemoryAllocator`` (LMCache's ``LocalCPUBackend`` asserts
 that type before evicting for a batch) built by its own constructor with an
@@ -15,18 +24,113 @@ empty arena; only the arena (``buffer``, ``size``, ``pin_allocator``) is ours.
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import sys
+import threading
+from typing import Any
+
 import torch
 from lmcache import torch_dev
 from lmcache.v1.memory_allocators.mixed_memory_allocator import MixedMemoryAllocator
 from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator
+from lmcache.v1.memory_management import MemoryObj
+
+logger = logging.getLogger(__name__)
+
+PREFAULT_AHEAD = 128 * 1024**2  # populated beyond the highest allocation so far
+_PREFAULT_STEP = 16 * 1024**2  # per madvise call; each needs the GIL back, so few and large
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14
+_PAGE = 4096
+
+
+def _madvise() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
+
+
+class Prefaulter:
+    """Keeps the pages of ``buffer`` resident ahead of its allocations, on a
+    daemon thread (ctypes releases the GIL during the call).
+
+    Not niced: on a busy host a niced thread falls behind and the puts fault
+    the pages in themselves; the work is bounded by the window either way."""
+
+    def __init__(self, buffer: torch.Tensor, ahead: int = PREFAULT_AHEAD) -> None:
+        self._madvise = _madvise()
+        base = buffer.data_ptr()
+        self._buffer = buffer  # kept alive while the thread works on it
+        self._base = base
+        self._start = -(-base // _PAGE) * _PAGE  # the first whole page
+        self._end = (base + buffer.numel()) // _PAGE * _PAGE
+        self._ahead = ahead
+        self._done = self._start  # populated below this address
+        self._target = min(self._end, self._start + ahead)
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        if self._madvise is None or self._end <= self._start:
+            return
+        self._wake.set()
+        self._thread = threading.Thread(target=self._run, name="ec-prefault", daemon=True)
+        self._thread.start()
+
+    @property
+    def populated(self) -> int:
+        """Bytes of the buffer made resident so far."""
+        return self._done - self._start
+
+    def reached(self, end: int) -> None:
+        """An allocation ends at byte ``end`` of the buffer."""
+        target = min(self._end, self._base + end + self._ahead)
+        # Woken once per eighth of the window, not once per allocation.
+        if target - self._target > self._ahead // 8:
+            self._target = target
+            self._wake.set()
+
+    def close(self, timeout: float = 1.0) -> None:
+        self._stopped = True
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait()
+            self._wake.clear()
+            while self._done < self._target and not self._stopped:
+                step = min(_PREFAULT_STEP, self._target - self._done)
+                if self._madvise(self._done, step, _MADV_POPULATE_WRITE) != 0:
+                    # Older kernel (EINVAL) or no memory now: first use faults pages in.
+                    logger.debug("pool prefault stopped: errno %d", ctypes.get_errno())
+                    return
+                self._done += step
 
 
 class HostPoolAllocator(MixedMemoryAllocator):
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, prefault_ahead: int = PREFAULT_AHEAD) -> None:
         super().__init__(0)  # a zero-byte arena costs nothing; ours replaces it
         self.size = size
-        self.buffer = torch.empty(size, dtype=torch.uint8, pin_memory=torch_dev.is_available())
+        pinned = torch_dev.is_available()
+        self.buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
         self.pin_allocator = TensorMemoryAllocator(self.buffer, align_bytes=self.align_bytes)
+        self.prefaulter: Prefaulter | None = None
+        if not pinned and prefault_ahead > 0:  # page-locked memory is resident already
+            self.prefaulter = Prefaulter(self.buffer, prefault_ahead)
+
+    def allocate(self, shapes: Any, dtypes: Any, *args: Any, **kwargs: Any) -> MemoryObj | None:
+        memory_obj = super().allocate(shapes, dtypes, *args, **kwargs)
+        if memory_obj is not None and self.prefaulter is not None:
+            meta = memory_obj.meta
+            self.prefaulter.reached(meta.address + meta.phy_size)
+        return memory_obj
 
     def used_bytes(self) -> int:
         """Bytes handed out (aligned sizes), freed or not yet reused excluded."""
@@ -36,7 +140,8 @@ class HostPoolAllocator(MixedMemoryAllocator):
         # Not upstream's: it frees the arena with the allocator it came from.
         # Ours is an ordinary tensor: entries still referenced keep it alive,
         # and it is released with the last of them.
-        return None
+        if self.prefaulter is not None:
+            self.prefaulter.close()
 
     def __str__(self) -> str:
         return "HostPoolAllocator"

@@ -24,6 +24,7 @@ from lmcache.v1.memory_management import MemoryObj
 
 from ..key import ECKey
 from .contract import TierKind
+from .disk_layout import SUFFIX
 from .frame_directory import FrameDirectoryTier, tier_setting
 from .writer import BackgroundWriter
 
@@ -60,3 +61,6 @@ class ECLocalDiskBackend(FrameDirectoryTier):
 
     def close(self) -> None:
         self._writer.close()
+
+
+__all__ = ["SUFFIX", "ECLocalDiskBackend"]  # SUFFIX: entry files end with it
