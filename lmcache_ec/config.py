@@ -115,7 +115,8 @@ SCHEMA: dict[str, Option] = {
             "float",
             1.0,
             "CPU tier capacity in GB (also the largest storable entry). "
-            "Memory is touched on use, not reserved at start.",
+            "Memory is not reserved at start: a background thread makes pages resident a "
+            "window (128 MB) ahead of use.",
             True,
             _size_gb,
         ),

@@ -24,7 +24,6 @@ from lmcache.v1.memory_management import MemoryObj
 
 from ..key import ECKey
 from .contract import TierKind
-from .disk_layout import SUFFIX
 from .frame_directory import FrameDirectoryTier, tier_setting
 from .writer import BackgroundWriter
 
@@ -63,4 +62,4 @@ class ECLocalDiskBackend(FrameDirectoryTier):
         self._writer.close()
 
 
-__all__ = ["SUFFIX", "ECLocalDiskBackend"]  # SUFFIX: entry files end with it
+__all__ = ["ECLocalDiskBackend"]
