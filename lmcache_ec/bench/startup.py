@@ -25,6 +25,8 @@ def rss():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 which, config = sys.argv[1], json.loads(sys.argv[2])
 from lmcache_ec.bench.subjects import open_ours, open_upstream
+# Construction only: both engines' modules (and LMCache's) are imported first.
+import lmcache_ec.engine, lmcache.v1.ec_engine
 before = rss(); started = time.perf_counter()
 engine = (open_ours if which == "ours" else open_upstream)(config, torch.bfloat16)
 seconds = time.perf_counter() - started
