@@ -97,7 +97,14 @@ def _addressing_style(value: Any) -> str | None:
 
 
 # Settings the tiers read from LMCache's extra_config as ``lmcache_ec.<name>``.
-TIER_SETTINGS = ("min_residency_s", "node_tier", "max_node_size", "node_dir", "namespace")
+TIER_SETTINGS = (
+    "cpu_huge_pages",
+    "min_residency_s",
+    "node_tier",
+    "max_node_size",
+    "node_dir",
+    "namespace",
+)
 
 SCHEMA: dict[str, Option] = {
     opt.name: opt
@@ -145,6 +152,15 @@ SCHEMA: dict[str, Option] = {
             "evicts its own entries first, then others' idle ones, else skips the write.",
             False,
             _non_negative,
+        ),
+        Option(
+            "cpu_huge_pages",
+            "bool",
+            False,
+            "Ask Linux for transparent huge pages on the CPU pool (where THP is 'madvise' or "
+            "'always'): copies out of the pool take fewer TLB misses, but a first touch of "
+            "pool memory may wait for the kernel to compact memory (ms on a fragmented host).",
+            False,
         ),
         Option(
             "node_tier",

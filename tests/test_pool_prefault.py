@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import time
+import os
 
+import pytest
 import torch
 from lmcache.v1.memory_management import MemoryFormat
 
+from lmcache_ec.bench.measure import wait_until
 from lmcache_ec.tiers.allocator import HostPoolAllocator
 
 MB = 1 << 20
-
-
-def _wait(condition, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def _rss() -> int:
@@ -35,7 +28,7 @@ def test_a_window_ahead_of_the_first_allocation_becomes_resident():
     pool = HostPoolAllocator(256 * MB, prefault_ahead=32 * MB)
     try:
         assert pool.prefaulter is not None
-        assert _wait(lambda: pool.prefaulter.populated >= 32 * MB - 4096)
+        assert wait_until(lambda: pool.prefaulter.populated >= 32 * MB - 4096)
         assert _rss() - before >= 24 * MB  # made resident, not merely counted
         assert pool.prefaulter.populated <= 32 * MB  # and no further: RSS follows use
     finally:
@@ -50,7 +43,7 @@ def test_allocations_move_the_window_and_written_bytes_survive_it():
         pool.buffer[40 * MB : 41 * MB].copy_(pattern)
         held = [_allocate(pool, 4 * MB) for _ in range(12)]  # up to 48 MB
         assert all(obj is not None for obj in held)
-        assert _wait(lambda: pool.prefaulter.populated >= 48 * MB)
+        assert wait_until(lambda: pool.prefaulter.populated >= 48 * MB)
         assert torch.equal(pool.buffer[40 * MB : 41 * MB], pattern)
         assert pool.prefaulter.populated <= 128 * MB
     finally:
@@ -60,7 +53,7 @@ def test_allocations_move_the_window_and_written_bytes_survive_it():
 def test_the_window_never_passes_the_pool():
     pool = HostPoolAllocator(16 * MB, prefault_ahead=64 * MB)
     try:
-        assert _wait(lambda: pool.prefaulter.populated >= 16 * MB - 4096)
+        assert wait_until(lambda: pool.prefaulter.populated >= 16 * MB - 4096)
         assert pool.prefaulter.populated <= 16 * MB
         assert _allocate(pool, 16 * MB) is not None
     finally:
@@ -72,7 +65,7 @@ def test_close_stops_the_thread():
     pool.close()
     thread = pool.prefaulter._thread
     assert thread is not None
-    assert _wait(lambda: not thread.is_alive())
+    assert wait_until(lambda: not thread.is_alive())
 
 
 def test_no_prefault_when_disabled():
@@ -80,3 +73,60 @@ def test_no_prefault_when_disabled():
     assert pool.prefaulter is None
     assert _allocate(pool, MB) is not None
     pool.close()
+
+
+def _thp_built_in() -> bool:
+    """The kernel has transparent huge pages (``MADV_HUGEPAGE`` is accepted,
+    whatever the sysfs mode says about using them)."""
+    return os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _vma_flags(address: int) -> set[str]:
+    """VmFlags of the mapping holding ``address`` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as stream:
+        for line in stream:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(part, 16) for part in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == "VmFlags:":
+                return set(line.split()[1:])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def _aligned_start(pool: HostPoolAllocator) -> int:
+    huge = 2 * MB
+    return -(-pool.buffer.data_ptr() // huge) * huge
+
+
+def test_pool_asks_for_huge_pages_where_the_kernel_offers_them():
+    pool = HostPoolAllocator(64 * MB, prefault_ahead=0, huge_pages=True)
+    try:
+        offered = _thp_built_in()
+        assert pool.huge_pages is offered
+        if offered:
+            assert "hg" in _vma_flags(_aligned_start(pool))
+        held = _allocate(pool, 4 * MB)
+        held.tensor.fill_(7)
+        assert int(held.tensor.sum()) == 7 * 4 * MB
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("setting", [None, False, True])
+def test_huge_pages_follow_the_setting(setting):
+    from lmcache_ec.config import load_config
+    from lmcache_ec.tiers.local_cpu import ECLocalCPUBackend
+
+    values = {"max_local_cpu_size": 0.0625}
+    if setting is not None:
+        values["cpu_huge_pages"] = setting
+    config = load_config(values, environ={})
+    pool = ECLocalCPUBackend.initialize_allocator(None, config.to_lmcache())
+    try:
+        wanted = bool(setting) and _thp_built_in()  # off by default
+        assert pool.huge_pages is wanted
+        assert ("hg" in _vma_flags(_aligned_start(pool))) is wanted
+    finally:
+        pool.close()

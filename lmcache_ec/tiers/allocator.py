@@ -8,6 +8,13 @@ the buffer from ``torch.empty``, so start-up costs nothing. With an
 accelerator the pool is page-locked, as upstream does, for fast
 host-to-device copies.
 
+With ``cpu_huge_pages`` an unpinned pool asks for transparent huge pages
+(``MADV_HUGEPAGE``): on a 2-core VM a copy of 1.3 MB out of a 4 KiB-page pool
+took 100 µs, 57 µs on huge pages. Off by default: a huge page's first touch
+may wait for the kernel to compact memory (a cold-pool put of 4 MB took 1 ms
+on a fresh host, 10 ms once memory was fragmented). Where THP is off the
+advice fails and the pool keeps 4 KiB pages.
+
 Pages of an unpinned pool are made resident by ``Prefaulter``, a background
 thread that keeps ``PREFAULT_AHEAD`` bytes beyond the highest allocation so
 far populated (Linux ``MADV_POPULATE_WRITE``: page tables filled, contents
@@ -39,9 +46,11 @@ from lmcache.v1.memory_management import MemoryObj
 logger = logging.getLogger(__name__)
 
 PREFAULT_AHEAD = 128 * 1024**2  # populated beyond the highest allocation so far
-_PREFAULT_STEP = 16 * 1024**2  # per madvise call; each needs the GIL back, so few and large
+_PREFAULT_STEP = 2 * 1024**2  # per madvise call, which holds the mmap lock malloc waits for
+_MADV_HUGEPAGE = 14
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14
 _PAGE = 4096
+_HUGE_PAGE = 2 * 1024**2
 
 
 def _madvise() -> Any:
@@ -54,6 +63,21 @@ def _madvise() -> Any:
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     madvise.restype = ctypes.c_int
     return madvise
+
+
+def advise_huge_pages(buffer: torch.Tensor) -> bool:
+    """Ask for transparent huge pages on the 2 MiB-aligned part of ``buffer``;
+    False where the kernel refuses (built without THP, not Linux). The kernel
+    uses them where THP's mode is ``madvise`` or ``always``."""
+    madvise = _madvise()
+    if madvise is None:
+        return False
+    base = buffer.data_ptr()
+    start = -(-base // _HUGE_PAGE) * _HUGE_PAGE
+    end = (base + buffer.numel() * buffer.element_size()) // _HUGE_PAGE * _HUGE_PAGE
+    if end <= start:
+        return False
+    return madvise(start, end - start, _MADV_HUGEPAGE) == 0
 
 
 class Prefaulter:
@@ -115,12 +139,16 @@ class Prefaulter:
 
 
 class HostPoolAllocator(MixedMemoryAllocator):
-    def __init__(self, size: int, prefault_ahead: int = PREFAULT_AHEAD) -> None:
+    def __init__(
+        self, size: int, prefault_ahead: int = PREFAULT_AHEAD, huge_pages: bool = False
+    ) -> None:
         super().__init__(0)  # a zero-byte arena costs nothing; ours replaces it
         self.size = size
         pinned = torch_dev.is_available()
         self.buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
         self.pin_allocator = TensorMemoryAllocator(self.buffer, align_bytes=self.align_bytes)
+        # Page-locked memory comes from the accelerator runtime: its pages are its own.
+        self.huge_pages = not pinned and huge_pages and advise_huge_pages(self.buffer)
         self.prefaulter: Prefaulter | None = None
         if not pinned and prefault_ahead > 0:  # page-locked memory is resident already
             self.prefaulter = Prefaulter(self.buffer, prefault_ahead)

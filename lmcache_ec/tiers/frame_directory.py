@@ -30,7 +30,6 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 
 from ..codec import PREFIX_SIZE, FrameParts
-from ..config import SCHEMA
 from ..key import ECKey
 from .budget import DirectoryBudget
 from .contract import TierDefaults
@@ -40,13 +39,6 @@ logger = logging.getLogger(__name__)
 
 
 SEEN_MAX = 1 << 16
-
-
-def tier_setting(config: Any, name: str) -> Any:
-    """An lmcache-ec option carried in LMCache's ``extra_config`` (``ECConfig.to_lmcache``),
-    or its default for a config built without it."""
-    value = (getattr(config, "extra_config", None) or {}).get(f"lmcache_ec.{name}")
-    return SCHEMA[name].default if value is None else value
 
 
 class FrameDirectoryTier(TierDefaults, StorageBackendInterface):

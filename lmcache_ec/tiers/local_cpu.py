@@ -18,7 +18,7 @@ from lmcache.v1.storage_backend.cache_policy.lru import LRUCachePolicy
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
 from .allocator import HostPoolAllocator
-from .contract import TierDefaults, TierKind
+from .contract import TierDefaults, TierKind, tier_setting
 
 
 class ECLocalCPUBackend(TierDefaults, LocalCPUBackend):
@@ -38,7 +38,10 @@ class ECLocalCPUBackend(TierDefaults, LocalCPUBackend):
     memory_allocator: HostPoolAllocator
 
     def initialize_allocator(self, config: Any, metadata: Any = None) -> HostPoolAllocator:
-        return HostPoolAllocator(int(config.max_local_cpu_size * 1024**3))
+        return HostPoolAllocator(
+            int(config.max_local_cpu_size * 1024**3),
+            huge_pages=bool(tier_setting(config, "cpu_huge_pages")),
+        )
 
     @property
     def holds_entries(self) -> bool:

@@ -23,8 +23,8 @@ from typing import Any
 from lmcache.v1.memory_management import MemoryObj
 
 from ..key import ECKey
-from .contract import TierKind
-from .frame_directory import FrameDirectoryTier, tier_setting
+from .contract import TierKind, tier_setting
+from .frame_directory import FrameDirectoryTier
 from .writer import BackgroundWriter
 
 

@@ -35,9 +35,9 @@ import numpy as np
 
 from ..codec import PREFIX_SIZE, CorruptEntryError, FrameParts, read_prefix
 from ..key import ECKey, slug
-from .contract import TierKind
+from .contract import TierKind, tier_setting
 from .disk_layout import private_dir
-from .frame_directory import FrameDirectoryTier, tier_setting
+from .frame_directory import FrameDirectoryTier
 
 
 def node_tier_enabled(config: Any) -> bool:
