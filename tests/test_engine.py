@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -279,3 +281,35 @@ def test_borrow_from_disk_is_the_tensor_read_for_the_call(tmp_path):
         with cache.borrow("img") as view:
             assert view is not None and torch.equal(view, tensor)
         assert cache.stats.snapshot()["hits"] == {"disk": 1}
+
+
+_NEVER_CLOSED = """
+import sys, threading, time, torch
+from lmcache_ec import ECCache
+cache = ECCache.from_config(
+    {"local_cpu": True, "max_local_cpu_size": 0.05,
+     "local_disk": sys.argv[1], "max_local_disk_size": 0.1},
+    model="m",
+)
+def late():  # still using the cache after the main thread has returned
+    time.sleep(0.5)
+    cache.put("late", torch.ones(4, 8))
+    print("late read", bool(torch.equal(cache.get("late"), torch.ones(4, 8))), flush=True)
+threading.Thread(target=late).start()
+"""
+
+
+def test_a_cache_never_closed_does_not_keep_the_process_alive(tmp_path):
+    # LMCache's event-loop thread is not a daemon: without the exit watch the
+    # interpreter waits for it forever.
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _NEVER_CLOSED, str(tmp_path / "disk")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("a process whose cache was never closed did not exit")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "late read True" in done.stdout  # other threads finish their work first

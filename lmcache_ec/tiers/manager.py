@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import threading
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -88,6 +91,51 @@ class PluginTier(TierDefaults):
         self.backend.close()
 
 
+_unclosed: weakref.WeakSet[ECStorageManager] = weakref.WeakSet()
+_exit_watch_lock = threading.Lock()
+_exit_watch: threading.Thread | None = None
+
+
+def _stop_loops_at_exit(manager: ECStorageManager) -> None:
+    """LMCache's event-loop thread is not a daemon, so a cache the program never
+    closed would keep the interpreter from exiting. One watcher stops those loops
+    once the main thread and every other non-daemon thread have finished."""
+    global _exit_watch
+    _unclosed.add(manager)
+    with _exit_watch_lock:
+        if _exit_watch is None:
+            _exit_watch = threading.Thread(target=_watch_exit, name="ec-exit-watch", daemon=True)
+            _exit_watch.start()
+
+
+def _forget_exit_watch() -> None:
+    # A forked child has neither the watcher thread nor its parent's loops.
+    global _exit_watch
+    _exit_watch = None
+    _unclosed.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_exit_watch)
+
+
+def _watch_exit() -> None:
+    threading.main_thread().join()
+    while True:
+        loops = {getattr(manager, "thread", None) for manager in list(_unclosed)}
+        waiting = [
+            thread
+            for thread in threading.enumerate()
+            if not thread.daemon and thread not in loops and thread is not threading.main_thread()
+        ]
+        if not waiting:
+            break
+        waiting[0].join()
+    for manager in list(_unclosed):
+        with contextlib.suppress(Exception):  # closed already: its loop is gone
+            manager.loop.call_soon_threadsafe(manager.loop.stop)
+
+
 class ECStorageManager(StorageManager):
     _tier_of: dict[str, tuple[Any, Tier]]  # backend name -> (backend, its Tier)
 
@@ -129,10 +177,12 @@ class ECStorageManager(StorageManager):
 
     def create_backends(self) -> dict[str, str]:
         try:
-            return self._create_backends()
+            created = self._create_backends()
         except BaseException:
             self._stop_loop()
             raise
+        _stop_loops_at_exit(self)
+        return created
 
     def _stop_loop(self) -> None:
         # StorageManager starts its (non-daemon) event-loop thread before the

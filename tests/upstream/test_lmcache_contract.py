@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from collections import OrderedDict
 
 import pytest
@@ -196,8 +197,9 @@ def test_storage_manager_builds_backends_through_create_backends(cache):
     """ECStorageManager overrides ``create_backends`` (called by
     StorageManager.__init__) to build our tiers first; upstream then skips names
     already in ``storage_backends``. It uses ``manager_lock``, ``loop`` and
-    ``thread`` (stopped when a tier fails to build; the loop's default executor
-    is shut down on close, which upstream leaves running)."""
+    ``thread`` (stopped when a tier fails to build, or at exit when the program
+    never closed its cache; the loop's default executor is shut down on close,
+    which upstream leaves running)."""
     storage = cache._storage
     assert isinstance(storage, StorageManager)
     assert _params(StorageManager.__init__)[:4] == ["self", "config", "metadata", "event_manager"]
@@ -206,6 +208,9 @@ def test_storage_manager_builds_backends_through_create_backends(cache):
             f"StorageManager.{name}", "tiers/manager.py", "building and closing tiers"
         )
     assert isinstance(storage.loop, asyncio.AbstractEventLoop)
+    assert isinstance(storage.thread, threading.Thread) and storage.thread.is_alive(), _says(
+        "StorageManager.thread", "tiers/manager.py", "stopping an unclosed cache's loop at exit"
+    )
     assert list(storage.storage_backends)[:2] == ["LocalCPUBackend", "LocalDiskBackend"], _says(
         "StorageManager.storage_backends' names", "tiers/manager.py", "the tier order"
     )
