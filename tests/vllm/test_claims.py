@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import pytest
 
@@ -89,16 +90,22 @@ os._exit(0)  # dies: never encodes, never releases
 """
 
 
+def _request_for_an_image_a_dead_process_claimed(engine: Engine, image: str, disk_dir) -> Any:
+    """A process claims ``image`` and dies; then a request for it takes one step."""
+    engine.step()  # the scheduler learns the encoder weights, part of the name
+    name = engine.connector.scheduler.index.storage_name(image)
+    claims = claims_dir_for(str(disk_dir))
+    subprocess.run([sys.executable, "-c", _DIE_HOLDING_A_CLAIM, claims, name], check=True)
+    request = engine.add_request([image])
+    engine.step()
+    return request
+
+
 def test_a_dead_claim_holder_delays_the_image_at_most_the_bound(model_config, extra, disk_dir):
     image = image_hash("claimed-by-a-dead-process.png")
     engine = Engine(make_vllm_config(model_config, "ec_both", {**extra, "claim_wait_s": 0.2}))
     try:
-        engine.step()  # the scheduler learns the encoder weights, part of the name
-        name = engine.connector.scheduler.index.storage_name(image)
-        claims = claims_dir_for(str(disk_dir))
-        subprocess.run([sys.executable, "-c", _DIE_HOLDING_A_CLAIM, claims, name], check=True)
-        request = engine.add_request([image])
-        engine.step()
+        request = _request_for_an_image_a_dead_process_claimed(engine, image, disk_dir)
         assert engine.encoded == []  # deferred: another instance claimed it
         engine.run_until_finished([request])
         assert engine.encoded == [image]  # after the bound, encoded here
@@ -112,12 +119,7 @@ def test_claims_can_be_turned_off(model_config, extra, disk_dir):
     image = image_hash("claimed-but-ignored.png")
     engine = Engine(make_vllm_config(model_config, "ec_both", {**extra, "claim_encodes": False}))
     try:
-        engine.step()  # the scheduler learns the encoder weights, part of the name
-        name = engine.connector.scheduler.index.storage_name(image)
-        claims = claims_dir_for(str(disk_dir))
-        subprocess.run([sys.executable, "-c", _DIE_HOLDING_A_CLAIM, claims, name], check=True)
-        request = engine.add_request([image])
-        engine.step()
+        request = _request_for_an_image_a_dead_process_claimed(engine, image, disk_dir)
         assert engine.encoded == [image]  # no waiting for anyone
         engine.run_until_finished([request])
     finally:

@@ -45,6 +45,7 @@ import socket
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Client, Connection, Listener, wait
 from typing import Any
@@ -242,9 +243,12 @@ def _remove_stale(path: str) -> None:
 class StageClient:
     """Scheduler side: one connection per rank; orders out, answers in."""
 
+    RETRY_S = 10.0  # between connection attempts, after one failed
+
     def __init__(self, paths: list[str]) -> None:
         self.paths = paths
         self._conns: list[Connection] | None = None
+        self._retry_at = 0.0
 
     def connect(self) -> bool:
         """Connect to every rank; False (and no connection kept) if any is missing."""
@@ -265,6 +269,16 @@ class StageClient:
     @property
     def connected(self) -> bool:
         return self._conns is not None
+
+    def reconnect(self) -> bool:
+        """``connect``, tried at most every ``RETRY_S`` seconds after a failure."""
+        now = time.monotonic()
+        if self._conns is None and now < self._retry_at:
+            return False
+        if self.connect():
+            return True
+        self._retry_at = now + self.RETRY_S
+        return False
 
     def send(self, identifiers: list[str], weights: str = "") -> bool:
         """Order every rank to stage ``identifiers`` (keyed under ``weights``).

@@ -162,6 +162,8 @@ class LMCacheECTierConnector(ECConnectorBase):
                 bytes_per_embed=_bytes_per_embed(vllm_config),
                 channel=channel,
                 weights_from_workers=fingerprint,
+                # Only an instance that both encodes (and saves) and loads waits
+                # for others' encodes.
                 claims=(
                     ClaimAgent(open_claims, self.settings.claim_wait_s)
                     if open_claims is not None and self.is_producer and self.is_consumer

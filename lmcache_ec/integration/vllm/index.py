@@ -40,7 +40,7 @@ from typing import Any
 from ...config import SCHEMA
 from ...key import EncoderIdentity
 from ...purge_marker import MarkerWatch, PurgeMarker
-from ...tiers.disk_layout import DirectoryLayout, entry_file
+from ...tiers.disk_layout import DirectoryLayout
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class DiskListing:
 
     def __init__(self, directory: str, check_s: float = _DISK_CHECK_S) -> None:
         self.directory = directory
+        self.layout = DirectoryLayout(directory)
         self.check_s = check_s
         self.names: frozenset[str] = frozenset()
         self.scans = 0
@@ -102,7 +103,7 @@ class DiskListing:
         try:
             # None: too large to hold, entries are checked one by one. A missing
             # directory lists empty: creating it changes its time from -1.
-            names = DirectoryLayout(self.directory).names(_MAX_ENTRIES)
+            names = self.layout.names(_MAX_ENTRIES)
             complete = names is not None
         except OSError as exc:
             logger.debug("Listing %s failed: %s", self.directory, exc)
@@ -236,7 +237,7 @@ class TierIndex:
         if self._disk is not None:
             name = self.storage_name(identifier)
             if fresh or not self._disk.current():
-                path = os.path.join(self.disk_dir, entry_file(name))
+                path = self._disk.layout.path_of(name)
                 on_disk = os.path.exists(path)
             else:
                 on_disk = name in self._disk.names

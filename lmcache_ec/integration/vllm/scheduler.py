@@ -1,59 +1,28 @@
 """Scheduler side: decide per step which items workers stage and load.
 
-Call order per engine step (vLLM's scheduler):
+The flow, states, bounds and options are described once, in docs/vllm.md
+("Flow per engine step"). In short:
 
-1. ``ensure_cache_available(request)`` — for each item of the request still
-   to be computed that the tiers hold (``TierIndex``), queue a *prefetch*: the
-   workers fetch it into worker memory in the background, and the request is
-   deferred — not the batch — until every tensor-parallel rank reports it
-   staged. Prefetches start in arrival order within in-flight bounds
-   (``max_inflight_items``, ``max_staged_mb``; see ``PrefetchQueue``) and are
-   shared by requests that need the same item. Orders and answers travel over
-   the stage channel (``channel.py``), so they reach the workers in steps the
-   model runner skips (V1 runs no connector hook in a step with no tokens);
-   where the channel cannot reach every rank they ride in step metadata.
-   While a channel order is out, the scheduler waits for its answer within a
-   per-step budget — long when nothing runs (``idle_stage_wait_s``: a lone
-   request loads in the step it arrives), short while requests run
-   (``busy_stage_wait_s``, the cost of a read inside the step) — and
-   otherwise defers the request to a later step. Deferral is bounded
-   (``stage_timeout_s``, ``remote_lookup_timeout_s``); past it the item is
-   computed instead — or, on a consumer-only instance, which has no encoder
-   work to fall back on, its waiting requests are reported through
-   ``take_unavailable_requests`` and vLLM fails them (retryable).
-   On an ``ec_both`` instance, an item no tier holds is first *claimed* in
-   a store the instances share (``claims.py``): if another instance holds a
-   live claim, it is encoding the item, and the request is deferred until
-   the output lands (then prefetched) or ``claim_wait_s`` passes (then
-   encoded here). Claims are withdrawn when the output is saved or the
-   request ends unencoded, and expire on their own.
-2. ``has_cache_item(id)`` — True only for items staged on every rank (a
-   producer-only instance: for items the tiers hold, so it skips re-encoding).
-3. ``update_state_after_alloc(request, i)`` — called for computed *and*
-   loaded items; only items ``has_cache_item`` approved this step become loads.
-4. ``build_connector_meta`` — hands load/release orders (and stage orders
-   without a channel) to the workers.
-5. after the step: ``update_connector_output`` learns saves, staging results
-   and worker stats.
+1. ``ensure_cache_available`` defers a request (not the batch) while an item
+   the tiers hold is *prefetched*: staged into every rank's memory
+   (``prefetch.py`` orders it, the stage channel ``channel.py`` carries it,
+   ``step_wait.py`` bounds the wait within the step). Past its deadline the
+   item is computed, or, on a consumer-only instance, its requests are
+   reported unavailable. On ``ec_both`` an item no tier holds is claimed
+   first, so one instance encodes it (``encode_claims.py``).
+2. ``has_cache_item`` is True only for items staged on every rank (for an
+   encode-only producer: items the tiers hold).
+3. ``update_state_after_alloc``: only items approved this step become loads.
+4. ``build_connector_meta``: load/release (and, without a channel, stage) orders.
+5. ``update_connector_output``: saves, staging results, worker stats.
 
-Weights: with ``weights_fingerprint`` on, the index keys items under the
-encoder-weights fingerprint the workers announce over the stage channel —
-on connect, and after every weight update before the call that made it
-returns, so the next step already knows. Until one is known, nothing is
-looked up (every item is encoded). On a change, every prefetch queued,
-staging or staged is given up (those items are computed) and answers made
-under the old weights are ignored.
+Items are keyed under the encoder-weights fingerprint the workers announce;
+a change gives up every prefetch. Each item has one state and deadline
+(``items.py``), changed by ``ItemTable`` only.
 
-Every item the scheduler tracks has one record with one state and its
-deadline (``items.py``: the states, their deadlines and the allowed
-transitions); ``ItemTable`` is the one place a state changes (``move``;
-``promise`` for has_cache_item's READY -> PROMISED).
-
-Why staging: a load placed into vLLM's encoder cache cannot fail later —
-the tensor is already in worker memory. A direct tier read at the last moment
-could fail after the scheduler committed to skipping the encoder; vLLM's
-model runner then raises on the missing entry, and a placeholder tensor would
-be reused by later requests. A failed staging simply means the encoder runs.
+Why staging: a staged load cannot fail once promised; a tier read at the
+last moment could, after the encoder was skipped (vLLM's model runner raises
+on the missing entry). A failed staging simply means the encoder runs.
 """
 
 from __future__ import annotations
@@ -65,19 +34,19 @@ from typing import Any
 
 from ...claims import ClaimAgent
 from .channel import StageClient
+from .encode_claims import CLAIM_STATES, EncodeClaims
 from .identity import is_content_identifier
 from .index import PENDING, TierIndex
 from .items import ItemState, ItemTable
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .prefetch import PrefetchQueue
 from .settings import ConnectorSettings
+from .step_wait import StepWait
 
 logger = logging.getLogger(__name__)
 
 S = ItemState
 _FETCHING = (S.QUEUED, S.STAGING, S.READY, S.PROMISED)  # a prefetch is under way or done
-_CLAIM_STATES = (S.CLAIMING, S.CLAIMED, S.AWAITING)
-_MAX_CLAIMS_HELD = 4096  # claims remembered for release; older ones are left to expire
 
 
 class TierScheduler:
@@ -109,9 +78,16 @@ class TierScheduler:
             max_bytes=int(settings.max_staged_mb * 1024 * 1024),
         )
         self.items = ItemTable()  # every item's state: see items.py
-        # Only an instance that both encodes (and saves) and loads waits for others' encodes.
-        self.claims = claims if (is_producer and is_consumer and settings.claim_encodes) else None
-        self._claims_held: dict[str, str] = {}  # identifier -> request it was claimed for
+        self._active: set[str] = set()  # requests scheduled and not finished
+        self.step = StepWait(
+            settings.idle_stage_wait_s, settings.busy_stage_wait_s, lambda: bool(self._active)
+        )
+        # Given by the connector on ec_both with claim_encodes only (see encode_claims.py).
+        self.claims = (
+            EncodeClaims(claims, self.items, index, settings, self.step, self._count)
+            if claims is not None
+            else None
+        )
         self._unavailable: set[str] = set()  # request ids for take_unavailable_requests
         self._failing: set[str] = set()  # reported unavailable, held until vLLM fails them
         # Orders of this step, handed out by build_connector_meta.
@@ -120,9 +96,6 @@ class TierScheduler:
         self._loads: dict[str, int] = {}
         self._undelivered = False  # last step's orders never reached workers
         self.channel = channel
-        self._channel_retry_at = 0.0
-        self._active: set[str] = set()  # requests scheduled and not finished
-        self._waited = 0.0  # seconds this step spent waiting for staging answers
         self._polled = False  # the channel was read this step
         self._base_identity = index.identity
         # The weights version keys use; None until the workers announce one.
@@ -247,22 +220,29 @@ class TierScheduler:
             item = None
         if self.weights is None or not self.persistable(identifier):
             return True
-        if item is not None and item.state in _CLAIM_STATES:
-            return self._claimed_elsewhere(identifier, now, nbytes, request_id)
+        if item is not None and item.state in CLAIM_STATES:
+            return self._encode_or_wait(identifier, now, nbytes, request_id)
         tier = self._lookup(identifier, now)
         if tier == PENDING:
             deadline = self.items.get(identifier).deadline
-            wait = min(self._wait_left(), deadline - now)
-            if wait > 0:  # within this step's budget: the answer is a round trip away
-                started = time.monotonic()
-                self.index.wait_answer(identifier, wait)
-                self._waited += time.monotonic() - started
+            # Within this step's budget: the answer is a round trip away.
+            if self.step.wait(
+                lambda seconds: self.index.wait_answer(identifier, seconds), deadline - now
+            ):
                 tier = self._lookup(identifier, now)
             if tier == PENDING:
                 return now >= deadline
         if tier is None:
-            return self._claimed_elsewhere(identifier, now, nbytes, request_id)
+            return self._encode_or_wait(identifier, now, nbytes, request_id)
         return self._enqueue(identifier, now, nbytes)
+
+    def _encode_or_wait(
+        self, identifier: str, now: float, nbytes: int, request_id: str
+    ) -> bool | None:
+        """No tier holds ``identifier``: encode it here, or wait for the instance
+        that claimed it (``encode_claims.py``) and prefetch its output."""
+        answer = True if self.claims is None else self.claims.decide(identifier, now, request_id)
+        return self._enqueue(identifier, now, nbytes) if answer is None else answer
 
     def _enqueue(self, identifier: str, now: float, nbytes: int) -> bool | None:
         if not self.prefetch.fits_at_all(nbytes):
@@ -275,67 +255,7 @@ class TierScheduler:
         self._dispatch_prefetches()
         return None
 
-    # -- claims: one encode per item across instances ------------------------
-
-    def _claimed_elsewhere(
-        self, identifier: str, now: float, nbytes: int, request_id: str
-    ) -> bool | None:
-        """For an item no tier holds: True to encode it here, False while another
-        instance encodes it (at most ``claim_wait_s``), None once its output
-        landed and a prefetch is queued."""
-        if self.claims is None:
-            return True
-        state = self.items.state(identifier)
-        if state is S.CLAIMED:
-            return True
-        if state is S.AWAITING:
-            item = self.items.get(identifier)
-            if now >= item.deadline:
-                return True  # waited long enough: encode it here
-            tier = self.index.lookup(identifier, fresh=True)
-            if tier in (None, PENDING):
-                return False
-            self._count("claim_waits_answered")
-            return self._enqueue(identifier, now, nbytes)
-        name = self.index.storage_name(identifier)
-        if state is not S.CLAIMING:
-            self.items.move(identifier, S.CLAIMING, now + self.settings.claim_wait_s)
-        won = self.claims.ask(name)
-        if won is None:
-            wait = min(self._wait_left(), self.items.get(identifier).deadline - now)
-            if wait > 0:
-                started = time.monotonic()
-                self.claims.wait_answer(name, wait)
-                self._waited += time.monotonic() - started
-                won = self.claims.ask(name)
-        if won is None:
-            return now >= self.items.get(identifier).deadline
-        if won:
-            self.items.move(identifier, S.CLAIMED)
-            self._claims_held[identifier] = request_id
-            if len(self._claims_held) > _MAX_CLAIMS_HELD:  # saves dropped: those expire
-                del self._claims_held[next(iter(self._claims_held))]
-            self._count("claims_won")
-            return True
-        self.items.move(identifier, S.AWAITING, now + self.settings.claim_wait_s)
-        self._count("claims_lost")
-        return False
-
-    def _release_claim(self, identifier: str) -> None:
-        if self._claims_held.pop(identifier, None) is not None and self.claims is not None:
-            self.claims.release(self.index.storage_name(identifier))
-        if self.items.state(identifier) in _CLAIM_STATES:
-            self.items.move(identifier, S.UNKNOWN)
-
     # -- waiting for the workers ---------------------------------------------
-
-    def _budget(self) -> float:
-        """Seconds this step may wait on the tiers: long when nothing runs."""
-        busy = bool(self._active)
-        return self.settings.busy_stage_wait_s if busy else self.settings.idle_stage_wait_s
-
-    def _wait_left(self) -> float:
-        return self._budget() - self._waited
 
     def _await_staging(self, identifier: str) -> None:
         """Wait for the workers' answer about ``identifier``, within this step's budget.
@@ -347,13 +267,14 @@ class TierScheduler:
         started = time.monotonic()
         # Never past the staging deadline: then the item is given up as before.
         deadline = self.items.get(identifier).deadline
-        budget = min(self._budget(), self._waited + deadline - started)
-        left = budget - self._waited
+        step = self.step
+        budget = min(step.budget(), step.waited + deadline - started)
+        left = budget - step.waited
         self._poll_channel(0.0)
         while self._staging_direct(identifier) and left > 0:
             self._poll_channel(left)
-            left = budget - self._waited - (time.monotonic() - started)
-        self._waited += time.monotonic() - started
+            left = budget - step.waited - (time.monotonic() - started)
+        step.waited += time.monotonic() - started
 
     def _staging_direct(self, identifier: str) -> bool:
         item = self.items.get(identifier)
@@ -373,21 +294,17 @@ class TierScheduler:
             self._count("stage_orders")
 
     def _channel_ready(self) -> bool:
-        """True if stage orders can go over the channel now (reconnects at most every 10 s)."""
+        """True if stage orders can go over the channel now."""
         if self.channel is None:
             return False
         if self.channel.connected:
             return True
-        now = time.monotonic()
-        if now < self._channel_retry_at:
+        if not self.channel.reconnect():
             return False
-        if self.channel.connect():
-            logger.info("Stage orders go over the stage channel")
-            # Workers announce their weights on connect; take it before deciding anything.
-            self._poll_channel(self.settings.idle_stage_wait_s)
-            return True
-        self._channel_retry_at = now + 10.0
-        return False
+        logger.info("Stage orders go over the stage channel")
+        # Workers announce their weights on connect; take it before deciding anything.
+        self._poll_channel(self.settings.idle_stage_wait_s)
+        return True
 
     def _poll_channel(self, timeout: float) -> None:
         """Apply what the workers said (waiting up to ``timeout`` for the first message)."""
@@ -425,9 +342,9 @@ class TierScheduler:
             self._give_up(identifier, now, "the encoder weights changed", fetch_failed=False)
         # Failures, lookups and claims under the old weights say nothing now.
         self.items.forget_retries()
-        for identifier in list(self._claims_held):
-            self._release_claim(identifier)
-        for identifier in self.items.having(S.LOOKING_UP, *_CLAIM_STATES):
+        if self.claims is not None:
+            self.claims.release_all()
+        for identifier in self.items.having(S.LOOKING_UP, *CLAIM_STATES):
             self.items.move(identifier, S.UNKNOWN)
         self._count("weights_changes")
 
@@ -507,10 +424,8 @@ class TierScheduler:
         self.prefetch.forget_request(request_id)
         self._active.discard(request_id)
         self._failing.discard(request_id)
-        for identifier, holder in list(self._claims_held.items()):
-            # Claimed and never computed (aborted): others need not wait for it.
-            if holder == request_id and self.items.state(identifier) is S.CLAIMED:
-                self._release_claim(identifier)
+        if self.claims is not None:  # claimed and never computed: others need not wait
+            self.claims.release_for(request_id)
 
     def take_unavailable_requests(self) -> set[str]:
         unavailable, self._unavailable = self._unavailable, set()
@@ -524,7 +439,7 @@ class TierScheduler:
                 self.items.move(identifier, S.UNKNOWN)
         for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
             self._active.add(new.req_id)
-        self._waited = 0.0
+        self.step.new_step()
         self._polled = False
         now = time.monotonic()
         for identifier in self.items.having(S.PROMISED):  # approved, then not scheduled
@@ -554,7 +469,8 @@ class TierScheduler:
         if meta.weights is not None and meta.weights == self.weights:
             for identifier in meta.saved:
                 self.index.note_present(identifier, "worker")
-                self._release_claim(identifier)  # others load it now
+                if self.claims is not None:
+                    self.claims.release(identifier)  # others load it now
         for identifier in meta.failed:
             self._note_failed(identifier, now)
         for identifier, ranks in meta.staged.items():
@@ -590,7 +506,5 @@ class TierScheduler:
 
     def close(self) -> None:
         """Withdraw claims still held (their outputs will not land from here)."""
-        for identifier in list(self._claims_held):
-            self._release_claim(identifier)
         if self.claims is not None:
             self.claims.close()

@@ -1,0 +1,100 @@
+"""Scheduler side of encode claims: one encode per item across instances.
+
+On an ``ec_both`` instance, an item no tier holds is first *claimed* in a
+store the instances share (``lmcache_ec.claims``). If another instance holds
+a live claim, it is encoding the item, and the request is deferred until the
+output lands (then prefetched) or ``claim_wait_s`` passes (then encoded
+here). Claims are withdrawn when the output is saved or the request ends
+unencoded, and expire on their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ...claims import ClaimAgent
+from .index import PENDING, TierIndex
+from .items import ItemState, ItemTable
+from .settings import ConnectorSettings
+from .step_wait import StepWait
+
+S = ItemState
+CLAIM_STATES = (S.CLAIMING, S.CLAIMED, S.AWAITING)
+_MAX_HELD = 4096  # claims remembered for release; older ones are left to expire
+
+
+class EncodeClaims:
+    def __init__(
+        self,
+        agent: ClaimAgent,
+        items: ItemTable,
+        index: TierIndex,
+        settings: ConnectorSettings,
+        step: StepWait,
+        count: Callable[[str], None],
+    ) -> None:
+        self.agent = agent
+        self.items = items
+        self.index = index
+        self.settings = settings
+        self.step = step
+        self._count = count
+        self._held: dict[str, str] = {}  # identifier -> request it was claimed for
+
+    def decide(self, identifier: str, now: float, request_id: str) -> bool | None:
+        """For an item no tier holds: True to encode it here, False while another
+        instance encodes it (at most ``claim_wait_s``), None once its output
+        landed (prefetch it)."""
+        state = self.items.state(identifier)
+        if state is S.CLAIMED:
+            return True
+        if state is S.AWAITING:
+            if now >= self.items.get(identifier).deadline:
+                return True  # waited long enough: encode it here
+            if self.index.lookup(identifier, fresh=True) in (None, PENDING):
+                return False
+            self._count("claim_waits_answered")
+            return None
+        name = self.index.storage_name(identifier)
+        if state is not S.CLAIMING:
+            self.items.move(identifier, S.CLAIMING, now + self.settings.claim_wait_s)
+        won = self.agent.ask(name)
+        if won is None and self.step.wait(
+            lambda seconds: self.agent.wait_answer(name, seconds),
+            self.items.get(identifier).deadline - now,
+        ):
+            won = self.agent.ask(name)
+        if won is None:
+            return now >= self.items.get(identifier).deadline
+        if won:
+            self.items.move(identifier, S.CLAIMED)
+            self._held[identifier] = request_id
+            if len(self._held) > _MAX_HELD:  # saves dropped: those expire
+                del self._held[next(iter(self._held))]
+            self._count("claims_won")
+            return True
+        self.items.move(identifier, S.AWAITING, now + self.settings.claim_wait_s)
+        self._count("claims_lost")
+        return False
+
+    def release(self, identifier: str) -> None:
+        """The item's output landed (or will not come from here): others go ahead."""
+        if self._held.pop(identifier, None) is not None:
+            self.agent.release(self.index.storage_name(identifier))
+        if self.items.state(identifier) in CLAIM_STATES:
+            self.items.move(identifier, S.UNKNOWN)
+
+    def release_for(self, request_id: str) -> None:
+        """Claims made for ``request_id`` that it never encoded (it ended first)."""
+        for identifier, holder in list(self._held.items()):
+            if holder == request_id and self.items.state(identifier) is S.CLAIMED:
+                self.release(identifier)
+
+    def release_all(self) -> None:
+        for identifier in list(self._held):
+            self.release(identifier)
+
+    def close(self) -> None:
+        """Withdraw claims still held (their outputs will not land from here)."""
+        self.release_all()
+        self.agent.close()
