@@ -10,7 +10,10 @@ CPU tier (``local_cpu`` only):
   ``put (cold pool)``  first use of pool memory: upstream zero-filled its pool
                        at start, lmcache-ec touches pages on first use.
   ``put``              into pool memory used before (steady state).
-  ``get``, ``get_many`` limit: ``tensor.clone()`` of the same tensor.
+  ``get``, ``get_many`` limit: ``tensor.clone()`` of a copy of the same tensor
+                       made for that entry alone, so it is as cold in the
+                       caches as the pool's entry (a sample tensor is hot:
+                       the run's check has just read it).
 
 Disk tier (CPU + disk, reads with the CPU tier cold):
   ``put``              time for the call to return, next to the same put on a
@@ -50,7 +53,7 @@ from .subjects import (
     warm_pool,
 )
 
-UP, EX, LIMIT = "upstream", "example", "limit"
+UP, EX, LIMIT, VERIFIED = "upstream", "example", "limit", "verified"
 UP_LABEL = "ECCacheEngine"
 EXAMPLE_SAVE = "ECExampleConnector.save_caches"
 CPU_ONLY_LABEL = "ECCache.put, CPU tier only"
@@ -75,6 +78,7 @@ def ours_put_columns(
 
 
 WALK_LABEL = "ECCacheEngine (StorageManager.get)"
+APART_NOTE = "each entry's own copy of its tensor, as cold in cache as the pool's"
 
 Progress = Callable[[str], None]
 
@@ -91,6 +95,8 @@ def run_cpu(
     def x(i: int) -> torch.Tensor:
         return tensors[i % len(tensors)]
 
+    # One tensor per entry, like the pool's frames: the reads' limit.
+    apart = [x(i).clone() for i in range(n)]
     rows: list[dict[str, Any]] = []
 
     def add(op: str, series: dict, per_call_items: int = 1, notes: dict | None = None) -> None:
@@ -146,12 +152,13 @@ def run_cpu(
                 {
                     OURS: lambda i: ours.get(hashes[i]),
                     UP: lambda i: upstream.get(hashes[i], "cpu"),
-                    LIMIT: lambda i: x(i).clone(),
+                    LIMIT: lambda i: apart[i].clone(),
                 },
                 n,
                 check=lambda i, out: same(out, x(i)),
                 checked=(OURS, UP),
             ),
+            notes={LIMIT: APART_NOTE},
         )
         progress("get_many")
         batches = [list(range(j, j + batch)) for j in range(0, n - batch + 1, batch)]
@@ -161,14 +168,14 @@ def run_cpu(
                 {
                     OURS: lambda j: ours.get_many([hashes[i] for i in batches[j]]),
                     UP: lambda j: [upstream.get(hashes[i], "cpu") for i in batches[j]],
-                    LIMIT: lambda j: [x(i).clone() for i in batches[j]],
+                    LIMIT: lambda j: [apart[i].clone() for i in batches[j]],
                 },
                 len(batches),
                 check=lambda j, outs: _right(outs, batches[j], x),
                 checked=(OURS, UP),
             ),
             per_call_items=batch,
-            notes={UP: "a get() per item", LIMIT: "a clone() per item"},
+            notes={UP: "a get() per item", LIMIT: f"a clone() per item; {APART_NOTE}"},
         )
     finally:
         ours.close()
@@ -263,6 +270,7 @@ def run_disk(
                 UP: lambda i: upstream_walk(upstream, hashes[i], x(i)),
                 EX: lambda i: example.load([hashes[i]], tokens).get(hashes[i]),
                 LIMIT: lambda i: RawFile.read(paths[i]),
+                VERIFIED: lambda i: RawFile.read_verified(paths[i]),
             },
             n,
             check=lambda i, out: same(out, x(i)),
@@ -285,6 +293,7 @@ def run_disk(
                 UP: lambda j: [upstream_walk(upstream, hashes[i], x(i)) for i in batches[j]],
                 EX: lambda j: list(example.load([hashes[i] for i in batches[j]], tokens).values()),
                 LIMIT: lambda j: [RawFile.read(paths[i]) for i in batches[j]],
+                VERIFIED: lambda j: [RawFile.read_verified(paths[i]) for i in batches[j]],
             },
             len(batches),
             check=lambda j, outs: _right(outs, batches[j], x),
@@ -378,6 +387,7 @@ def _read_row(
         upstream=s(UP, up_label, up_note),
         example=s(EX, "ECExampleConnector.start_load_caches", example_note),
         limit=s(LIMIT, RawFile.label_read, "the entry's own file"),
+        verified=s(VERIFIED, RawFile.label_verified) if VERIFIED in series else None,
     )
     row["batch"] = batch
     return row

@@ -104,6 +104,13 @@ def table_rows(result: dict[str, Any], markup: bool = False) -> tuple[list[list[
             extra.append(f"write still running at return: {ours['in_flight']}/{ours['n']}")
         if row.get("cpu_only"):
             extra.append(f"same put, CPU tier only: {ms(row['cpu_only']['median_ms'])} ms")
+        if row.get("verified"):
+            reached = row.get("ratios", {}).get("verified")
+            extra.append(
+                f"{row['verified']['label']}, a verifying read's floor: "
+                f"{ms(row['verified']['median_ms'])} ms"
+                + (f", {ratio(reached)} of it reached" if reached else "")
+            )
         if ours.get("note"):
             extra.append(ours["note"])
         if row.get("note"):

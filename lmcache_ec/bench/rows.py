@@ -8,7 +8,8 @@ A row is a JSON-ready dict::
      "upstream": same keys | {"label", "na": reason} | None,
      "example":  ...,          # vLLM's ECExampleConnector
      "limit":    ...,          # the same bytes moved by torch / the OS / the bare client
-     "cpu_only": ...}          # put rows below the CPU tier: the same put, CPU tier only
+     "cpu_only": ...,          # put rows below the CPU tier: the same put, CPU tier only
+     "verified": ...}          # disk reads: readinto + one xxh3 (a verifying read's floor)
 
 ``median_ms``/``p99_ms`` are per item (a ``get_many`` call of ``batch`` items
 is divided by ``batch``); ``mb_s`` is item bytes over the median. ``hits``
@@ -39,6 +40,7 @@ def make_row(
     example: dict[str, Any] | None = None,
     limit: dict[str, Any] | None = None,
     cpu_only: dict[str, Any] | None = None,
+    verified: dict[str, Any] | None = None,
     note: str = "",
 ) -> dict[str, Any]:
     if isinstance(dtype, torch.dtype):
@@ -56,6 +58,7 @@ def make_row(
         "example": example,
         "limit": limit,
         **({"cpu_only": cpu_only} if cpu_only is not None else {}),
+        **({"verified": verified} if verified is not None else {}),
     }
 
 

@@ -23,6 +23,7 @@ from importlib import resources
 from typing import Any
 
 import torch
+import xxhash
 
 from .measure import wait_until
 
@@ -169,6 +170,7 @@ class RawFile:
     """Plain file I/O of the same bytes: the page-cache limit of the disk tier."""
 
     label_read = "readinto (page cache)"
+    label_verified = "readinto + xxh3"
     label_write = "write + close"
 
     def __init__(self, directory: str) -> None:
@@ -184,6 +186,14 @@ class RawFile:
         buffer = torch.empty(os.path.getsize(path), dtype=torch.uint8)
         with open(path, "rb", buffering=0) as stream:
             stream.readinto(buffer.numpy())  # type: ignore[attr-defined]
+        return buffer
+
+    @staticmethod
+    def read_verified(path: str) -> torch.Tensor:
+        """``read`` and one checksum over the bytes: the least a read that
+        verifies what it returns must do."""
+        buffer = RawFile.read(path)
+        xxhash.xxh3_64_intdigest(buffer.numpy())
         return buffer
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from .rows import OURS
 
-RATIO_BASELINES = ("upstream", "example", "limit", "cpu_only")
+RATIO_BASELINES = ("upstream", "example", "limit", "cpu_only", "verified")
 CONVENTION = (
     "ratio = baseline median / lmcache-ec median (a speed ratio: >1 means lmcache-ec is "
     "faster; against the limit, the fraction of it reached). Times are per item."

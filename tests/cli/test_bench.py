@@ -103,7 +103,7 @@ def test_bench_quick_tiny_run_writes_the_documented_json(
     for row in rows:
         found.setdefault(row["tier"], set()).add(row["op"])
         _check_measurement(row["ours"], row)
-        for name in ("upstream", "example", "limit", "cpu_only"):
+        for name in ("upstream", "example", "limit", "cpu_only", "verified"):
             _check_baseline(row.get(name), row)
         assert isinstance(row["ratios"], dict)
         assert all(v is None or (_number(v) and v > 0) for v in row["ratios"].values())
@@ -119,6 +119,12 @@ def test_bench_quick_tiny_run_writes_the_documented_json(
     assert by_key[("cpu", "get")]["limit"]["label"] == "tensor.clone()"
     disk_get = by_key[("disk", "get")]
     assert disk_get["example"]["hits"] == 4 and disk_get["limit"]["median_ms"] > 0
+    # Beside the bare read, the floor of a read that verifies: its ratio is ours to it.
+    assert disk_get["verified"]["label"] == "readinto + xxh3"
+    assert (
+        disk_get["ratios"]["verified"]
+        == disk_get["verified"]["median_ms"] / disk_get["ours"]["median_ms"]
+    )
     assert "0/4 hits" in disk_get["upstream"]["note"]  # its get() reads the CPU tier only
     assert by_key[("disk", "get (restarted)")]["upstream"]["hits"] == 0
     assert by_key[("disk", "get (restarted)")]["ratios"]["upstream"] is None

@@ -3,7 +3,6 @@ on disk), reuse 0 % then 100 %, a few lone and concurrent requests each."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
@@ -12,7 +11,6 @@ import pytest
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(600),
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm"),
 ]
 
 
