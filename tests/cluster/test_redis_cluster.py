@@ -17,7 +17,7 @@ from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import open_catalog
 from lmcache_ec.remote.naming import redis_data_key
 from tests.conftest import bit_equal, make_tensor
-from tests.remote.conftest import RETRY, TIMEOUT, remote_config
+from tests.remote.conftest import RETRY, TIMEOUT, outage_config, remote_config
 
 MODEL = "test/cluster-model"
 BOUND = TIMEOUT + 1.5  # remote_timeout plus scheduling slack on a loaded machine
@@ -62,7 +62,7 @@ def test_two_instances_share_entries_through_the_cluster(redis_cluster):
 
 
 def test_one_shard_down_costs_only_its_keys(redis_cluster):
-    config = remote_config(redis_cluster.url)
+    config = outage_config(redis_cluster.url)
     tensors = _tensors("before", 24)
     with ECCache.from_config(config, model=MODEL) as writer:
         assert all(writer.put_many(tensors))
@@ -135,7 +135,7 @@ def test_one_shard_down_costs_only_its_keys(redis_cluster):
 
 
 def test_every_shard_down_is_the_tier_down_until_one_returns(redis_cluster):
-    config = remote_config(redis_cluster.url)
+    config = outage_config(redis_cluster.url)
     tensors = _tensors("all", 6)
     with ECCache.from_config(config, model=MODEL) as writer:
         assert all(writer.put_many(tensors))

@@ -21,7 +21,7 @@ from lmcache_ec import ECCache
 from tests.conftest import bit_equal, make_tensor
 from tests.faults.checks import exact_or_miss, get_checked, put_checked, snapshot, wait_for
 from tests.faults.processes import S3Process
-from tests.remote.conftest import RETRY, TIMEOUT, remote_config
+from tests.remote.conftest import RETRY, TIMEOUT, outage_config
 from tests.servers import RedisProcess, free_port
 
 MODEL = "test/fault-model"
@@ -90,7 +90,7 @@ def _first_remote_hit(writer: ECCache, reader: ECCache, prefix: str) -> float:
 
 
 def test_close_is_prompt_with_a_remote(remote):
-    cache = ECCache.from_config(remote_config(**remote), model=MODEL)
+    cache = ECCache.from_config(outage_config(**remote), model=MODEL)
     cache.put("a", make_tensor((3, 8), torch.bfloat16))
     assert cache.get("a") is not None
     _assert_closed_promptly(cache)
@@ -102,7 +102,7 @@ def test_silent_server_calls_return_within_the_timeout(
 ):
     endpoint = f"http://127.0.0.1:{black_hole.port}"
     url = f"redis://127.0.0.1:{black_hole.port}" if kind == "redis" else "s3://bucket/p"
-    config = remote_config(url, endpoint=endpoint if kind == "s3" else None)
+    config = outage_config(url, endpoint=endpoint if kind == "s3" else None)
     config["local_disk"] = str(tmp_path / "disk")
     # Every call runs under _within: a call that blocks on the silent server fails
     # its own assertion after BOUND (not pytest's timeout), with the server still
@@ -158,7 +158,7 @@ def test_silent_server_calls_return_within_the_timeout(
 def test_unreachable_at_start_then_server_appears(tmp_path, fault_table):
     port = free_port()  # nothing listens here yet
     url = f"redis://127.0.0.1:{port}"
-    config = remote_config(url, local_disk=str(tmp_path / "disk"))
+    config = outage_config(url, local_disk=str(tmp_path / "disk"))
     cache, seconds = _timed(ECCache.from_config, config, model=MODEL)
     assert seconds < BOUND
     assert cache.tiers == ["cpu", "disk", "remote"]
@@ -179,7 +179,7 @@ def test_unreachable_at_start_then_server_appears(tmp_path, fault_table):
         recovery = time.monotonic() - started
         cache.put("late", tensor)
         assert cache.flush(10)
-        with ECCache.from_config(remote_config(url), model=MODEL) as reader:
+        with ECCache.from_config(outage_config(url), model=MODEL) as reader:
             assert bit_equal(reader.get("late"), tensor)
         assert bit_equal(cache.get("early"), tensor)  # local entries were never lost
         _assert_closed_promptly(cache)
@@ -195,8 +195,8 @@ def test_unreachable_at_start_then_server_appears(tmp_path, fault_table):
 def test_redis_killed_mid_workload(redis_process, tmp_path, fault_table):
     """Writer and reader share Redis; it dies and returns while they work."""
     url = redis_process.url
-    writer = ECCache.from_config(remote_config(url), model=MODEL)
-    reader = ECCache.from_config(remote_config(url), model=MODEL)
+    writer = ECCache.from_config(outage_config(url), model=MODEL)
+    reader = ECCache.from_config(outage_config(url), model=MODEL)
     written: dict[str, torch.Tensor] = {}
     answers = {"hit": 0, "miss": 0}
     killed_at = restarted_at = resumed_at = None
@@ -250,7 +250,7 @@ def test_writes_made_during_an_outage_reach_the_remote_when_it_returns(
     redis_process, tmp_path, fault_table
 ):
     url = redis_process.url
-    writer = ECCache.from_config(remote_config(url, local_disk=str(tmp_path / "disk")), model=MODEL)
+    writer = ECCache.from_config(outage_config(url, local_disk=str(tmp_path / "disk")), model=MODEL)
     tensors = {f"offline-{i}": make_tensor((8, 32), torch.bfloat16, seed=i) for i in range(6)}
     try:
         redis_process.kill()
@@ -269,7 +269,7 @@ def test_writes_made_during_an_outage_reach_the_remote_when_it_returns(
         assert writer.flush(10)
         resent_after = time.monotonic() - restarted_at
         # Another instance with empty local tiers now finds every entry remotely.
-        with ECCache.from_config(remote_config(url), model=MODEL) as reader:
+        with ECCache.from_config(outage_config(url), model=MODEL) as reader:
             for name, tensor in tensors.items():
                 assert bit_equal(reader.get(name), tensor)
         assert writer.stats.snapshot()["tiers"]["remote"]["awaiting_resend"] == 0
@@ -285,8 +285,8 @@ def test_writes_made_during_an_outage_reach_the_remote_when_it_returns(
 def test_redis_stalled_mid_workload(redis_process, fault_table):
     """SIGSTOP: connections are still accepted by the kernel, nothing answers."""
     url = redis_process.url
-    writer = ECCache.from_config(remote_config(url), model=MODEL)
-    reader = ECCache.from_config(remote_config(url), model=MODEL)
+    writer = ECCache.from_config(outage_config(url), model=MODEL)
+    reader = ECCache.from_config(outage_config(url), model=MODEL)
     tensors = {f"before-{i}": make_tensor((8, 32), torch.float16, seed=i) for i in range(5)}
     try:
         for name, tensor in tensors.items():
@@ -338,7 +338,7 @@ def test_s3_server_killed_mid_workload(aws_env, fault_table):
     server.start()
     bucket = "ec-faults"
     server.client().create_bucket(Bucket=bucket)
-    config = remote_config(f"s3://{bucket}/ec", endpoint=server.endpoint)
+    config = outage_config(f"s3://{bucket}/ec", endpoint=server.endpoint)
     try:
         writer = ECCache.from_config(config, model=MODEL)
         reader = ECCache.from_config(config, model=MODEL)

@@ -10,7 +10,7 @@ from lmcache_ec import ECCache, codec
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import RemoteCatalogError, open_catalog
 from tests.conftest import make_tensor
-from tests.remote.conftest import TIMEOUT, remote_config
+from tests.remote.conftest import TIMEOUT, outage_config, remote_config
 
 MODEL = "test/catalog-model"
 
@@ -74,8 +74,8 @@ def test_header_longer_than_one_ranged_read(remote):
 
 def test_unreachable_store_is_bounded(black_hole, aws_env):
     for config in (
-        remote_config(f"redis://127.0.0.1:{black_hole.port}"),
-        remote_config("s3://bucket/p", endpoint=f"http://127.0.0.1:{black_hole.port}"),
+        outage_config(f"redis://127.0.0.1:{black_hole.port}"),
+        outage_config("s3://bucket/p", endpoint=f"http://127.0.0.1:{black_hole.port}"),
     ):
         with open_catalog(load_config(config)) as catalog:
             name = "ec1.a.b." + "0" * 64

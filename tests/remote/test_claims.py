@@ -12,15 +12,13 @@ import time
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import open_catalog
 from lmcache_ec.remote.registry import open_store
-from tests.remote.conftest import remote_config
+from tests.remote.conftest import outage_config, remote_config
 
 TTL = 0.4
 
 
 def open_stores(url: str, endpoint: str | None = None, count: int = 2):
-    settings = load_config(
-        remote_config(url, endpoint=endpoint, remote_timeout=5)
-    ).remote_settings()
+    settings = load_config(remote_config(url, endpoint=endpoint)).remote_settings()
     return [open_store(settings) for _ in range(count)]
 
 
@@ -80,7 +78,7 @@ def test_claims_are_not_entries(remote):
 
 
 def test_catalog_claim_goes_ahead_when_the_store_cannot_answer(black_hole):
-    config = remote_config(f"redis://127.0.0.1:{black_hole.port}")
+    config = outage_config(f"redis://127.0.0.1:{black_hole.port}")
     with open_catalog(load_config(config)) as catalog:
         assert catalog.claim("ec-claim.item", 30)  # nobody can announce: do the work
         catalog.release("ec-claim.item")
@@ -95,7 +93,7 @@ def test_a_claim_never_touches_the_entry_it_names(remote):
     from tests.conftest import bit_equal, make_tensor
 
     tensor = make_tensor((16, 64), torch.float16)
-    config = remote_config(**remote, remote_timeout=5)
+    config = remote_config(**remote)
     with ECCache.from_config(config, model="org/claim-model") as cache:
         cache.put("img", tensor)
         cache.flush()

@@ -15,7 +15,7 @@ from lmcache_ec import ECCache
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import open_catalog
 from tests.conftest import bit_equal, make_tensor
-from tests.remote.conftest import remote_config as short_timeout_config
+from tests.remote.conftest import remote_config
 from tests.remote.reader_proc import fingerprint
 from tests.servers import REDIS_PASSWORD
 
@@ -23,11 +23,6 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = "test/remote-model"
 SHAPES = [(1, 8), (3, 64), (17, 100), (256, 33)]  # odd sizes: frames of arbitrary length
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-
-
-def remote_config(url: str, **extra) -> dict:
-    """Sharing, not faults: a timeout that a loaded CI machine never reaches."""
-    return short_timeout_config(url, **{"remote_timeout": 5.0, **extra})
 
 
 def _entries(n: int) -> dict[str, torch.Tensor]:
