@@ -99,6 +99,44 @@ def summary(
     }
 
 
+_MEDIAN_OF_RUNS = ("median_ms", "p99_ms", "mb_s")
+
+
+def merge_repeats(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The rows of several runs of one job as one set of rows.
+
+    Each measured engine gets the median over the runs of its median, p99 and
+    throughput, its per-run medians as ``runs_ms`` and its items and hits
+    summed; everything else is the first run's. Raises ``ValueError`` when
+    the runs measured different rows.
+    """
+    first = runs[0]
+    if len(runs) == 1:
+        return first
+    shape = [(r.get("tier"), r.get("op"), r.get("shape")) for r in first]
+    for other in runs[1:]:
+        if [(r.get("tier"), r.get("op"), r.get("shape")) for r in other] != shape:
+            raise ValueError("the runs of a job measured different rows")
+    merged = []
+    for index, row in enumerate(first):
+        out = dict(row)
+        for name, engine in row.items():
+            if not isinstance(engine, dict) or engine.get("median_ms") is None:
+                continue
+            same = [run[index][name] for run in runs]
+            combined = dict(engine)
+            for key in _MEDIAN_OF_RUNS:
+                values = [e[key] for e in same if e.get(key) is not None]
+                combined[key] = statistics.median(values) if values else None
+            combined["runs_ms"] = [e["median_ms"] for e in same]
+            combined["n"] = sum(e.get("n") or 0 for e in same)
+            if engine.get("hits") is not None:
+                combined["hits"] = sum(e.get("hits") or 0 for e in same)
+            out[name] = combined
+        merged.append(out)
+    return merged
+
+
 def not_available(label: str, reason: str) -> dict[str, Any]:
     """A baseline that cannot do this work; ``reason`` says why."""
     return {"label": label, "na": reason}

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import servers
+from .measure import merge_repeats
 from .rows import skipped_row
 from .targets import CONVENTION, annotate
 from .worker import PROGRESS, RESULT
@@ -72,6 +73,7 @@ class BenchSettings:
     threads: int = 1
     directory: str | None = None
     job_timeout: float = 1800.0
+    repeat: int = 1  # runs per job, each in a fresh process; rows are their medians
 
     @classmethod
     def quick_defaults(cls, **overrides: Any) -> BenchSettings:
@@ -319,7 +321,12 @@ def run_bench(
 
             report("starting")
             try:
-                rows += run_in_worker(job, stores.env, settings.job_timeout, report)
+                runs = []
+                for run in range(settings.repeat):
+                    if settings.repeat > 1:
+                        report(f"run {run + 1} of {settings.repeat}")
+                    runs.append(run_in_worker(job, stores.env, settings.job_timeout, report))
+                rows += merge_repeats(runs)
             except Exception as exc:
                 tier = "scheduler" if label == "connector" else label
                 tier = "cpu" if label == "startup" else tier

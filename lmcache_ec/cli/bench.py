@@ -95,6 +95,15 @@ def bench_all(
     directory: Annotated[
         str | None, typer.Option(help="Where temporary tiers go (default: $TMPDIR).")
     ] = None,
+    repeat: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Run every job this many times, each in a fresh process, and report "
+            "the median of the runs (one process's memory state can move a read row "
+            "by 2-3x; see docs/benchmarks.md).",
+        ),
+    ] = 1,
 ) -> None:
     """Every tier (CPU, disk, Redis, S3) and shape against upstream, vLLM's example
     connector and the physical limit; prints one table, writes JSON and a PNG chart."""
@@ -128,6 +137,7 @@ def bench_all(
         "connector": connector,
         "threads": threads,
         "directory": directory,
+        "repeat": repeat,
     }
     if quick:
         settings = BenchSettings.quick_defaults(**options, **common)

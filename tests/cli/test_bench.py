@@ -183,6 +183,80 @@ def test_bench_reports_unreachable_stores_as_skipped(tmp_path, invoke):
     assert "hunter2" not in path.read_text() and "hunter2" not in out
 
 
+def _engine(median: float, p99: float, n: int = 4, hits: int | None = 4) -> dict:
+    return {
+        "label": "x",
+        "n": n,
+        "median_ms": median,
+        "p99_ms": p99,
+        "mb_s": 1 / median,
+        "hits": hits,
+        "note": "",
+    }
+
+
+def test_repeated_runs_report_the_median_of_their_medians():
+    from lmcache_ec.bench.measure import merge_repeats, not_available
+
+    runs = [
+        [
+            {
+                "tier": "disk",
+                "op": "get",
+                "shape": [8, 16],
+                "ours": _engine(m, 2 * m),
+                "upstream": _engine(3 * m, 4 * m, hits=None),
+                "example": not_available("e", "why"),
+            }
+        ]
+        for m in (0.2, 0.7, 0.3)
+    ]
+    (row,) = merge_repeats(runs)
+    assert row["ours"]["median_ms"] == 0.3 and row["ours"]["p99_ms"] == 0.6
+    assert row["ours"]["runs_ms"] == [0.2, 0.7, 0.3]
+    assert row["ours"]["mb_s"] == pytest.approx(1 / 0.3)
+    assert row["ours"]["n"] == 12 and row["ours"]["hits"] == 12
+    assert row["upstream"]["median_ms"] == pytest.approx(0.9) and row["upstream"]["hits"] is None
+    assert row["example"] == not_available("e", "why")
+    assert merge_repeats(runs[:1]) == runs[0]
+    with pytest.raises(ValueError, match="different rows"):
+        merge_repeats([runs[0], [{**runs[1][0], "op": "put"}]])
+
+
+def test_bench_repeat_runs_each_job_in_fresh_processes(tmp_path, invoke):
+    path = tmp_path / "bench.json"
+    invoke(
+        "bench",
+        "--quick",
+        "--tiers",
+        "cpu",
+        "--shapes",
+        "8x16",
+        "--iterations",
+        "4",
+        "--batch",
+        "2",
+        "--no-startup",
+        "--no-connector",
+        "--repeat",
+        "2",
+        "--directory",
+        str(tmp_path),
+        "--no-chart",
+        "--json",
+        str(path),
+    )
+    result = json.loads(path.read_text())
+    assert result["settings"]["repeat"] == 2
+    rows = result["rows"]
+    assert {row["op"] for row in rows} == {"put (cold pool)", "put", "get", "get_many"}
+    for row in rows:
+        _check_measurement(row["ours"], row)
+        assert len(row["ours"]["runs_ms"]) == 2 and all(_number(v) for v in row["ours"]["runs_ms"])
+        if row["ours"]["hits"] is not None:  # every read of both runs returned the tensor
+            assert row["ours"]["hits"] == row["ours"]["n"] == 2 * 4, row
+
+
 def test_bench_rejects_unknown_tier(invoke):
     assert "unknown tier" in invoke("bench", "--tiers", "cpu,tape", expect=2).output
 
