@@ -102,13 +102,18 @@ def summary(
 _MEDIAN_OF_RUNS = ("median_ms", "p99_ms", "mb_s")
 
 
-def merge_repeats(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def merge_repeats(
+    runs: list[list[dict[str, Any]]],
+    ratios: Callable[[dict[str, Any]], dict[str, float | None]],
+) -> list[dict[str, Any]]:
     """The rows of several runs of one job as one set of rows.
 
     Each measured engine gets the median over the runs of its median, p99 and
     throughput, its per-run medians as ``runs_ms`` and its items and hits
-    summed; everything else is the first run's. Raises ``ValueError`` when
-    the runs measured different rows.
+    summed; everything else is the first run's. A row's ``ratios`` are the
+    median over the runs of ``ratios(row)`` of each run: a baseline is only
+    compared with the run it was measured in. Raises ``ValueError`` when the
+    runs measured different rows.
     """
     first = runs[0]
     if len(runs) == 1:
@@ -133,8 +138,17 @@ def merge_repeats(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
             if engine.get("hits") is not None:
                 combined["hits"] = sum(e.get("hits") or 0 for e in same)
             out[name] = combined
+        per_run = [ratios(run[index]) for run in runs]
+        out["ratios"] = {
+            name: _median_or_none([r.get(name) for r in per_run]) for name in per_run[0]
+        }
         merged.append(out)
     return merged
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    # A run without the ratio (a baseline that missed) leaves the row without it.
+    return None if any(v is None for v in values) else statistics.median(values)
 
 
 def not_available(label: str, reason: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from typing import Any
 from . import servers
 from .measure import merge_repeats
 from .rows import skipped_row
-from .targets import CONVENTION, annotate
+from .targets import CONVENTION, annotate, ratios
 from .worker import PROGRESS, RESULT
 
 SCHEMA = "lmcache-ec-bench/1"
@@ -326,7 +326,7 @@ def run_bench(
                     if settings.repeat > 1:
                         report(f"run {run + 1} of {settings.repeat}")
                     runs.append(run_in_worker(job, stores.env, settings.job_timeout, report))
-                rows += merge_repeats(runs)
+                rows += merge_repeats(runs, ratios)
             except Exception as exc:
                 tier = "scheduler" if label == "connector" else label
                 tier = "cpu" if label == "startup" else tier

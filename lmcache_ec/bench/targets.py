@@ -113,10 +113,12 @@ def ratios(row: dict[str, Any]) -> dict[str, float | None]:
 
 
 def annotate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Add ``ratios`` and ``targets`` to every measured row; returns the target results."""
+    """Add ``ratios`` (unless ``merge_repeats`` did) and ``targets`` to every
+    measured row; returns the target results."""
     results = []
     for row in rows:
-        row["ratios"] = ratios(row)
+        if "ratios" not in row:
+            row["ratios"] = ratios(row)
         row["targets"] = [t.evaluate(row) for t in TARGETS if t.applies(row)]
         for target in row["targets"]:
             results.append({"tier": row["tier"], "op": row["op"], "shape": row["shape"], **target})

@@ -197,6 +197,7 @@ def _engine(median: float, p99: float, n: int = 4, hits: int | None = 4) -> dict
 
 def test_repeated_runs_report_the_median_of_their_medians():
     from lmcache_ec.bench.measure import merge_repeats, not_available
+    from lmcache_ec.bench.targets import ratios
 
     runs = [
         [
@@ -204,23 +205,25 @@ def test_repeated_runs_report_the_median_of_their_medians():
                 "tier": "disk",
                 "op": "get",
                 "shape": [8, 16],
-                "ours": _engine(m, 2 * m),
-                "upstream": _engine(3 * m, 4 * m, hits=None),
+                "ours": _engine(ours, 2 * ours),
+                "upstream": _engine(upstream, 2 * upstream, hits=None),
                 "example": not_available("e", "why"),
             }
         ]
-        for m in (0.2, 0.7, 0.3)
+        for ours, upstream in ((0.2, 0.6), (0.7, 0.7), (0.3, 1.2))
     ]
-    (row,) = merge_repeats(runs)
+    (row,) = merge_repeats(runs, ratios)
     assert row["ours"]["median_ms"] == 0.3 and row["ours"]["p99_ms"] == 0.6
     assert row["ours"]["runs_ms"] == [0.2, 0.7, 0.3]
     assert row["ours"]["mb_s"] == pytest.approx(1 / 0.3)
     assert row["ours"]["n"] == 12 and row["ours"]["hits"] == 12
-    assert row["upstream"]["median_ms"] == pytest.approx(0.9) and row["upstream"]["hits"] is None
+    assert row["upstream"]["median_ms"] == 0.7 and row["upstream"]["hits"] is None
     assert row["example"] == not_available("e", "why")
-    assert merge_repeats(runs[:1]) == runs[0]
+    # Each run's baseline against that run's own time (3.0, 1.0, 4.0), not 0.7 / 0.3.
+    assert row["ratios"]["upstream"] == pytest.approx(3.0)
+    assert merge_repeats(runs[:1], ratios) == runs[0]
     with pytest.raises(ValueError, match="different rows"):
-        merge_repeats([runs[0], [{**runs[1][0], "op": "put"}]])
+        merge_repeats([runs[0], [{**runs[1][0], "op": "put"}]], ratios)
 
 
 def test_bench_repeat_runs_each_job_in_fresh_processes(tmp_path, invoke):
