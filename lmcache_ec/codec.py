@@ -299,33 +299,31 @@ def decode_bytes(data: bytes, key: ECKey) -> Payload:
     return Payload(name, payload, start, dtype, shape, tensor, owned=True)
 
 
-class FrameParts(NamedTuple):
-    """A frame read in two pieces: prefix and header, then the payload alone."""
+class FrameRead(NamedTuple):
+    """A whole frame read into memory of its own (a disk or node-tier file)."""
 
-    head: bytes
-    payload: np.ndarray  # uint8, private to this read
-    # xxh3 of the payload's first (prefix's payload length) bytes, taken while
-    # reading; None if not taken (the payload is then hashed when decoded)
+    frame: np.ndarray  # uint8, private to this read: the result may alias it
+    # xxh3 of the payload the frame's prefix describes, taken while reading;
+    # None if not taken (the payload is then hashed when decoded)
     payload_sum: int | None = None
 
 
-def decode_parts(parts: FrameParts, key: ECKey) -> Payload:
-    """``decode_payload`` for a frame read as ``FrameParts``, payload checksum included.
+def decode_read(read: FrameRead, key: ECKey) -> Payload:
+    """``decode_payload`` for a ``FrameRead``, payload checksum included.
 
-    The payload is ``owned`` (the read allocated it for this caller); its
-    tensor is backed by the payload array alone.
+    The payload is ``owned``: its tensor is a view of the read's own array,
+    so a disk hit reaches the caller without another copy.
     """
-    name, start, length, payload_sum, dtype, shape = _verify_header(
-        np.frombuffer(parts.head, dtype=np.uint8), key
-    )
-    data = parts.payload
-    if parts.payload_sum is None or data.size < length:
-        data = _verify_payload(data, length, payload_sum)
-    elif parts.payload_sum != payload_sum:
+    raw = read.frame
+    name, start, length, payload_sum, dtype, shape = _verify_header(raw, key)
+    if raw.size < start + length:
+        raise CorruptEntryError("truncated payload")
+    data = raw[start : start + length]
+    taken = read.payload_sum
+    if (xxhash.xxh3_64_intdigest(data) if taken is None else taken) != payload_sum:
         raise CorruptEntryError("payload checksum mismatch")
-    elif data.size > length:
-        data = data[:length]
-    tensor = torch.from_numpy(data).view(dtype).view(shape)
+    # Rows in numpy (no torch dispatch), then one torch view to the dtype.
+    tensor = torch.from_numpy(data.reshape(shape[0], -1)).view(dtype)
     return Payload(name, data, start, dtype, shape, tensor, owned=True)
 
 

@@ -191,10 +191,10 @@ class TierReader:
             return None
         if isinstance(data, MemoryObj):
             return self._from_buffer(key, level, tier, data)
-        # Fresh memory: whole bytes (remote) or parts read from a file (disk).
+        # Fresh memory: whole bytes (remote) or a frame read from a file (disk, node).
         from_bytes = isinstance(data, bytes)
         try:
-            payload = codec.decode_bytes(data, key) if from_bytes else codec.decode_parts(data, key)
+            payload = codec.decode_bytes(data, key) if from_bytes else codec.decode_read(data, key)
         except Exception as exc:
             self._drop(key, tier, exc)
         if from_bytes:

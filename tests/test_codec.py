@@ -9,7 +9,7 @@ import torch
 
 from lmcache_ec import codec
 from lmcache_ec.key import EncoderIdentity
-from lmcache_ec.tiers.disk_layout import read_frame_parts
+from lmcache_ec.tiers.disk_layout import READ_CHUNK, read_frame
 from tests.conftest import bit_equal, make_tensor
 
 IDENTITY = EncoderIdentity(model="m")
@@ -75,57 +75,72 @@ def test_skipping_payload_check_still_checks_header():
         codec.decode_frame(frame, IDENTITY.key("h"), verify_payload=False)
 
 
-# -- the path disk reads take: read_frame_parts (hashing while reading) + decode_parts
+# -- the path disk reads take: read_frame (hashing while reading) + decode_read
 
 
-def _read_parts(tmp_path, data: bytes, size: int | None = None) -> codec.FrameParts:
-    """``data`` written to a file and read back as the disk tier reads it."""
+def _read(tmp_path, data: bytes, size: int | None = None) -> codec.FrameRead:
+    """``data`` written to a file and read back as the disk tier reads it;
+    ``size``: the file's size as taken before it shrank to ``data``."""
     path = tmp_path / "frame.pt"
     path.write_bytes(data)
     fd = os.open(path, os.O_RDONLY)
     try:
-        return read_frame_parts(fd, len(data) if size is None else size)
+        return read_frame(fd, len(data) if size is None else size)
     finally:
         os.close(fd)
 
 
-@pytest.mark.parametrize("shape", [(4, 4), (300, 1024)])  # one read chunk, several
+# one read piece; several (a 7 MB payload: 2 MB pieces)
+@pytest.mark.parametrize("shape", [(4, 4), (300, 1024), (1800, 2048)])
 def test_disk_read_path_round_trip(tmp_path, shape):
     tensor = make_tensor(shape, torch.float16)
-    parts = _read_parts(tmp_path, frame_of(tensor).numpy().tobytes())
-    assert parts.payload_sum is not None  # hashed while read
-    assert bit_equal(codec.decode_parts(parts, IDENTITY.key("h")).view(), tensor)
+    read = _read(tmp_path, frame_of(tensor).numpy().tobytes())
+    assert read.payload_sum is not None  # hashed while read
+    payload = codec.decode_read(read, IDENTITY.key("h"))
+    assert bit_equal(payload.view(), tensor)
+    assert payload.owned and payload.data.base is not None  # a view of the read: no copy
 
 
-@pytest.mark.parametrize("where", ["payload-start", "payload-end"])
-def test_disk_read_path_checks_the_payload(tmp_path, where):
-    data = bytearray(frame_of(make_tensor((300, 1024), torch.float16)).numpy().tobytes())
+@pytest.mark.parametrize("shape", [(300, 1024), (1800, 2048)])
+@pytest.mark.parametrize("where", ["payload-start", "payload-end", "piece-boundary"])
+def test_disk_read_path_checks_the_payload(tmp_path, shape, where):
+    data = bytearray(frame_of(make_tensor(shape, torch.float16)).numpy().tobytes())
     header_len = codec.read_prefix(bytes(data[: codec.PREFIX_SIZE]))[0]
-    data[codec.PREFIX_SIZE + header_len if where == "payload-start" else -1] ^= 0x01
-    parts = _read_parts(tmp_path, bytes(data))
+    at = {
+        "payload-start": codec.PREFIX_SIZE + header_len,
+        "payload-end": len(data) - 1,
+        "piece-boundary": min(READ_CHUNK, len(data) - 1),
+    }[where]
+    data[at] ^= 0x01
+    read = _read(tmp_path, bytes(data))
     with pytest.raises(codec.CorruptEntryError, match="payload checksum"):
-        codec.decode_parts(parts, IDENTITY.key("h"))
+        codec.decode_read(read, IDENTITY.key("h"))
+    # Not hashed while read (the node tier's mappings): checked when decoded.
+    with pytest.raises(codec.CorruptEntryError, match="payload checksum"):
+        codec.decode_read(codec.FrameRead(read.frame), IDENTITY.key("h"))
 
 
 def test_disk_read_path_checks_the_header_and_the_key(tmp_path):
     data = bytearray(frame_of(make_tensor((4, 4), torch.float32)).numpy().tobytes())
     with pytest.raises(codec.CorruptEntryError, match="another key"):
-        codec.decode_parts(_read_parts(tmp_path, bytes(data)), IDENTITY.key("other"))
+        codec.decode_read(_read(tmp_path, bytes(data)), IDENTITY.key("other"))
     data[70] ^= 0x01
     with pytest.raises(codec.CorruptEntryError, match="header checksum"):
-        codec.decode_parts(_read_parts(tmp_path, bytes(data)), IDENTITY.key("h"))
+        codec.decode_read(_read(tmp_path, bytes(data)), IDENTITY.key("h"))
 
 
 def test_disk_read_path_rejects_short_files(tmp_path):
-    data = frame_of(make_tensor((300, 1024), torch.float16)).numpy().tobytes()
-    for cut in (len(data) - 8, len(data) // 2, codec.PREFIX_SIZE + 10, 10, 0):
-        parts = _read_parts(tmp_path, data[:cut])
+    data = frame_of(make_tensor((1800, 2048), torch.float16)).numpy().tobytes()
+    for cut in (len(data) - 8, READ_CHUNK + 5, len(data) // 2, codec.PREFIX_SIZE + 10, 10, 0):
+        read = _read(tmp_path, data[:cut])
         with pytest.raises(codec.CorruptEntryError):
-            codec.decode_parts(parts, IDENTITY.key("h"))
-    # A file that shrank after its size was taken: fewer bytes than ``size``.
-    parts = _read_parts(tmp_path, data[:-100], size=len(data))
-    with pytest.raises(codec.CorruptEntryError, match="truncated"):
-        codec.decode_parts(parts, IDENTITY.key("h"))
+            codec.decode_read(read, IDENTITY.key("h"))
+    # A file that shrank after its size was taken: fewer bytes than the array.
+    for cut in (len(data) - 100, READ_CHUNK - 100):
+        read = _read(tmp_path, data[:cut], size=len(data))
+        assert read.frame.size == cut
+        with pytest.raises(codec.CorruptEntryError, match="truncated"):
+            codec.decode_read(read, IDENTITY.key("h"))
 
 
 def test_remote_read_path_checks_the_payload():

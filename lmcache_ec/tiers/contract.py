@@ -19,7 +19,7 @@ from ..config import SCHEMA
 if TYPE_CHECKING:
     from lmcache.v1.memory_management import MemoryObj
 
-    from ..codec import FrameParts
+    from ..codec import FrameRead
     from ..key import ECKey
 
 
@@ -61,13 +61,13 @@ class Tier(Protocol):
 
     def contains(self, key: ECKey, pin: bool = False) -> bool: ...
 
-    def read(self, key: ECKey) -> bytes | FrameParts | MemoryObj | None:
+    def read(self, key: ECKey) -> bytes | FrameRead | MemoryObj | None:
         """The stored frame, unverified, or ``None`` on a miss; raises on I/O failure.
 
         Whole ``bytes`` (remote), parts read from a file (disk), or a pool
         buffer (cpu, plugins)."""
 
-    def read_many(self, keys: Sequence[ECKey]) -> list[bytes | FrameParts | MemoryObj | None]:
+    def read_many(self, keys: Sequence[ECKey]) -> list[bytes | FrameRead | MemoryObj | None]:
         """``read`` for several keys; one request where ``batched_reads``."""
 
     def read_into_pool(

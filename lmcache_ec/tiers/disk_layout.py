@@ -41,7 +41,7 @@ from typing import Any, BinaryIO, NamedTuple
 import numpy as np
 import xxhash
 
-from ..codec import PREFIX_SIZE, CorruptEntryError, FrameParts, parse_header, read_prefix
+from ..codec import PREFIX_SIZE, CorruptEntryError, FrameRead, parse_header, read_prefix
 from ..key import ECKey
 
 SUFFIX = ".pt"
@@ -209,11 +209,12 @@ class DirectoryLayout:
         except OSError:
             return None
 
-    def touch(self, path: str) -> None:
-        """Mark an entry used now (shared LRU order); a vanished file is ignored."""
+    def touch(self, entry: str | int) -> None:
+        """Mark an entry (its path, or a descriptor open on it) used now, for
+        the shared LRU order; a vanished file is ignored."""
         stamp = use_stamp()
         with contextlib.suppress(OSError):
-            os.utime(path, ns=(stamp, stamp))
+            os.utime(entry, ns=(stamp, stamp))
 
     def write(
         self, name: str, buffer: Any, opener: Callable[[str], BinaryIO] | None = None
@@ -264,36 +265,40 @@ class DirectoryLayout:
 
 # -- reading frames --------------------------------------------------------------
 
-READ_CHUNK = 512 * 1024  # hashed right after it lands, while it is still in cache
+# A payload is hashed a piece at a time, each piece right after it lands and
+# while it is still in cache: one piece up to 2 MB (measured on 2 cores: one
+# read then one hash is fastest there), 2 MB pieces beyond (a 7 MB frame read
+# whole, then hashed, outgrows the last-level cache: 20 % slower).
+READ_CHUNK = 2 * 1024 * 1024
 
 
-def read_frame_parts(fd: int, size: int) -> FrameParts:
-    """Read the ``size``-byte frame file ``fd`` as ``FrameParts``, hashing the
-    payload as it arrives (read-then-hash in cache-sized pieces costs less than
-    one read plus a hash over memory). Buffers are sized from ``size``, never
-    from the prefix; a shorter file reads as a truncated frame."""
-    prefix = os.pread(fd, PREFIX_SIZE, 0)
+def read_frame(fd: int, size: int) -> FrameRead:
+    """The ``size``-byte frame file ``fd`` read whole into one array of its
+    own, the payload hashed as it lands. The array is sized from ``size``,
+    never from the prefix; a file that shrank since comes back short, and
+    decoding rejects what is missing."""
+    frame = np.empty(size, dtype=np.uint8)
+    done = os.preadv(fd, [frame[:READ_CHUNK]], 0)
     try:
-        header_len, payload_len, *_ = read_prefix(prefix)
+        header_len, payload_len, *_ = read_prefix(frame[:done])
     except CorruptEntryError:
-        return FrameParts(prefix, np.empty(0, dtype=np.uint8))  # decoding rejects it
-    rest = max(size - PREFIX_SIZE, 0)
-    header = os.pread(fd, min(header_len, rest), PREFIX_SIZE)
-    start = PREFIX_SIZE + len(header)
-    payload = np.empty(rest - len(header), dtype=np.uint8)
-    hashed = min(payload_len, payload.size)
+        return FrameRead(frame[:done])  # decoding rejects it
+    start = PREFIX_SIZE + header_len
+    end = min(start + payload_len, frame.size)
     digest = xxhash.xxh3_64()
-    done = 0
-    while done < payload.size:
-        got = os.preadv(fd, [payload[done : done + READ_CHUNK]], start + done)
+    hashed = start
+    while True:
+        if done > hashed:
+            upto = min(done, end)
+            digest.update(frame[hashed:upto])
+            hashed = upto
+        if done >= frame.size:
+            break
+        got = os.preadv(fd, [frame[done : done + READ_CHUNK]], done)
         if got <= 0:
-            break  # truncated under us: decoding rejects what is missing
-        if done < hashed:
-            digest.update(payload[done : min(done + got, hashed)])
+            return FrameRead(frame[:done])  # shrank under us
         done += got
-    if done < payload.size:
-        payload = payload[:done]
-    return FrameParts(prefix + header, payload, digest.intdigest() if done >= hashed else None)
+    return FrameRead(frame, digest.intdigest() if hashed == start + payload_len else None)
 
 
 def read_header_file(path: str) -> dict[str, Any]:

@@ -29,11 +29,11 @@ import torch
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 
-from ..codec import PREFIX_SIZE, FrameParts
+from ..codec import PREFIX_SIZE, FrameRead
 from ..key import ECKey
 from .budget import DirectoryBudget
 from .contract import TierDefaults
-from .disk_layout import DirectoryLayout, read_frame_parts
+from .disk_layout import DirectoryLayout, read_frame
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
 
     # -- reads ---------------------------------------------------------------
 
-    def read(self, key: ECKey) -> FrameParts | None:
+    def read(self, key: ECKey) -> FrameRead | None:
         return self.get_frame(key)
 
     def _open(self, key: ECKey, path: str) -> int | None:
@@ -154,22 +154,22 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         self.counters["read_errors"] += 1
         logger.warning("%s read of %s failed: %s", self.name, path, exc)  # type: ignore[attr-defined]
 
-    def get_frame(self, key: ECKey) -> FrameParts | None:
-        """The entry read into fresh memory: prefix and header, then the payload
-        straight into an array of its own, hashed as it lands."""
+    def get_frame(self, key: ECKey) -> FrameRead | None:
+        """The entry read whole into fresh memory, its payload hashed as it lands."""
         path = self.path_of(key)
         fd = self._open(key, path)
         if fd is None:
             return None
         try:
-            parts = read_frame_parts(fd, os.fstat(fd).st_size)
+            read = read_frame(fd, os.fstat(fd).st_size)
+            self.layout.touch(fd)  # through the descriptor: no second path lookup
         except OSError as exc:
             self._read_failed(path, exc)
             return None
         finally:
             os.close(fd)
-        self._used(key, path)
-        return parts
+        self._remember(key)
+        return read
 
     def get_blocking(self, key: ECKey) -> MemoryObj | None:
         return self.read_into_pool(key, self._pool_buffer)

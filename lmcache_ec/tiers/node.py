@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codec import PREFIX_SIZE, CorruptEntryError, FrameParts, read_prefix
+from ..codec import PREFIX_SIZE, FrameRead
 from ..key import ECKey, slug
 from .contract import TierKind, tier_setting
 from .disk_layout import private_dir
@@ -80,8 +80,9 @@ class ECNodeBackend(FrameDirectoryTier):
             dst_device,
         )
 
-    def get_frame(self, key: ECKey) -> FrameParts | None:
-        """The entry as parts over a private mapping of its file (no copy)."""
+    def get_frame(self, key: ECKey) -> FrameRead | None:
+        """The entry over a private mapping of its file (no copy); its payload
+        is hashed when decoded."""
         path = self.path_of(key)
         fd = self._open(key, path)
         if fd is None:
@@ -89,20 +90,15 @@ class ECNodeBackend(FrameDirectoryTier):
         try:
             size = os.fstat(fd).st_size
             if size < PREFIX_SIZE:  # not a frame: decoding rejects it
-                return FrameParts(os.pread(fd, PREFIX_SIZE, 0), np.empty(0, dtype=np.uint8))
+                return FrameRead(np.frombuffer(os.pread(fd, PREFIX_SIZE, 0), dtype=np.uint8))
             mapped = mmap.mmap(
                 fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
             )
+            self.layout.touch(fd)
         except OSError as exc:
             self._read_failed(path, exc)
             return None
         finally:
             os.close(fd)
-        frame = np.frombuffer(mapped, dtype=np.uint8)  # keeps the mapping alive
-        try:
-            header_len = read_prefix(frame[:PREFIX_SIZE])[0]
-        except CorruptEntryError:
-            return FrameParts(frame[:PREFIX_SIZE].tobytes(), frame[:0])
-        start = min(PREFIX_SIZE + header_len, size)
-        self._used(key, path)
-        return FrameParts(frame[:start].tobytes(), frame[start:])
+        self._remember(key)
+        return FrameRead(np.frombuffer(mapped, dtype=np.uint8))  # keeps the mapping alive

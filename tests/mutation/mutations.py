@@ -89,12 +89,12 @@ MUTATIONS: list[Mutation] = [
     # -- checksums on every read path
     Mutation(
         "disk-read-skips-payload-checksum",
-        "disk reads (read_frame_parts + decode_parts) verify the payload checksum",
+        "disk reads (read_frame + decode_read) verify the payload checksum",
         CODEC,
-        "    elif parts.payload_sum != payload_sum:",
-        "    elif False:",
+        "if (xxhash.xxh3_64_intdigest(data) if taken is None else taken) != payload_sum:",
+        "if False:",
         (
-            f"{T_CODEC}::test_disk_read_path_checks_the_payload[payload-start]",
+            f"{T_CODEC}::test_disk_read_path_checks_the_payload[piece-boundary-shape1]",
             f"{T_CORRUPTION}::test_damaged_file_is_a_miss_and_is_removed[flip-payload]",
         ),
     ),
