@@ -139,6 +139,30 @@ class TierReader:
             pass
         return None
 
+    def read_cpu(self, key: ECKey) -> tuple[MemoryObj, codec.Payload] | None:
+        """A CPU-tier hit on a buffer whose layout is known: (held buffer, payload),
+        or None, and the caller takes ``read``, which handles every other case.
+
+        The hot path of ``get``: no tier walk, no pending promotion to settle
+        (a key whose promotion is pending is not in the CPU tier yet). A hit
+        counts as a read in progress, like ``read``: ``done()`` follows it.
+        """
+        cpu = self._cpu
+        if not cpu.holds_entries:
+            return None
+        try:
+            memory_obj = cpu.get_blocking(key)
+        except Exception:
+            return None  # ``read`` asks again and reports the failure
+        if memory_obj is None:
+            return None
+        payload = getattr(memory_obj, _PAYLOAD, None)
+        if payload is None or payload.name != key.storage_name:
+            memory_obj.ref_count_down()
+            return None
+        self._promoter.reading()
+        return memory_obj, payload
+
     def prefetch(self, keys: Sequence[ECKey]) -> Prefetched | None:
         """Frames of the ``keys`` no local tier holds, from the first tier beyond
         them in one request (Redis: ``MGET``); None when there is nothing to batch.

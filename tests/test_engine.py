@@ -11,7 +11,7 @@ import torch
 
 from lmcache_ec import ECCache
 from tests.conftest import bit_equal, make_tensor
-from tests.copies import CopyCounter
+from tests.copies import COPIES, CopyCounter
 
 SHAPES = [(256, 2560), (512, 5376), (1024, 2048)]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -255,6 +255,44 @@ def test_borrow_is_a_view_of_the_pool_held_inside_the_block():
             assert missing is None
         snapshot = cache.stats.snapshot()
         assert snapshot["hits"] == {"cpu": 1} and snapshot["misses"] == 1
+
+
+class _DuringCopy(CopyCounter):
+    """Copies counted, and ``probe()`` called while each one runs."""
+
+    def __init__(self, probe) -> None:
+        super().__init__()
+        self.probe = probe
+        self.seen: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) in COPIES:
+            self.seen.append(self.probe())
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def test_cpu_get_is_one_copy_of_a_held_buffer_counted_as_a_read():
+    config = {"local_cpu": True, "max_local_cpu_size": 0.02}
+    with ECCache.from_config(config, model="org/cpu-get") as cache:
+        tensor = make_tensor((16, 64), torch.float16, seed=9)
+        assert cache.put("img", tensor)
+        memory_obj = cache._cpu.hot_cache[cache.key("img")]
+        held = memory_obj.get_ref_count()
+        promoter = cache._reader._promoter
+        with _DuringCopy(lambda: (memory_obj.get_ref_count(), promoter._reads)) as copies:
+            out = cache.get("img")
+        assert copies.copies == ["aten.clone.default"]
+        # During the copy the buffer is held (never evicted or reused) and
+        # background promotions see a read in progress.
+        assert copies.seen == [(held + 1, 1)]
+        assert memory_obj.get_ref_count() == held and promoter._reads == 0
+        pool = cache._cpu.memory_allocator.buffer
+        start = pool.data_ptr()
+        assert not start <= out.data_ptr() < start + pool.numel()  # private memory
+        assert bit_equal(out, tensor)
+        out.fill_(0)  # the caller's own: the entry is unchanged
+        assert bit_equal(cache.get("img"), tensor)
+        assert cache.stats.snapshot()["hits"] == {"cpu": 2}
 
 
 def test_borrow_releases_the_pool_buffer_when_the_block_raises():
