@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -57,20 +57,22 @@ class Promoter:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._last_read = 0.0
-        self._reads = 0  # in progress: a long copy-out is not a quiet moment
-        self._reads_lock = threading.Lock()
+        # One element per read in progress (a long copy-out is not a quiet
+        # moment): deque appends and pops are atomic, so no lock on the read path.
+        self._reads: deque[None] = deque()
 
     def reading(self) -> None:
         """Note that a read starts: queued promotions wait for a quiet moment."""
-        with self._reads_lock:
-            self._reads += 1
+        self._reads.append(None)
         self._last_read = time.monotonic()
 
     def read_done(self) -> None:
         """Note that a read (its copy-out included) has ended."""
-        with self._reads_lock:
-            self._reads -= 1
+        self._reads.pop()
         self._last_read = time.monotonic()
+
+    def reads_in_progress(self) -> int:
+        return len(self._reads)
 
     def submit(self, key: ECKey, *args: Any) -> bool:
         """Queue ``promote(key, *args)``; False if skipped."""

@@ -88,6 +88,9 @@ class TierReader:
         self._cpu = storage.cpu
         self._stats = stats
         self._promoter = Promoter(self._promote_from)
+        # The caller is done with the last read (copied out or released);
+        # bound here, not wrapped: one call less on every read.
+        self.done = self._promoter.read_done
 
     def settle(self, key: ECKey) -> None:
         """Finish a pending background promotion of ``key``, if any."""
@@ -103,10 +106,6 @@ class TierReader:
 
     def close(self, timeout: float) -> None:
         self._promoter.close(timeout)
-
-    def done(self) -> None:
-        """The caller is done with the last ``read`` (copied out or released)."""
-        self._promoter.read_done()
 
     def read(self, key: ECKey, prefetched: Prefetched | None = None) -> Hit | None:
         """The first verified hit for ``key``, or None (miss, or corrupt and dropped).
@@ -148,7 +147,7 @@ class TierReader:
         counts as a read in progress, like ``read``: ``done()`` follows it.
         """
         cpu = self._cpu
-        if not cpu.holds_entries:
+        if not cpu.use_hot:  # holds_entries, without the property's call
             return None
         try:
             memory_obj = cpu.get_blocking(key)

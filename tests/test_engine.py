@@ -278,14 +278,14 @@ def test_cpu_get_is_one_copy_of_a_held_buffer_counted_as_a_read():
         assert cache.put("img", tensor)
         memory_obj = cache._cpu.hot_cache[cache.key("img")]
         held = memory_obj.get_ref_count()
-        promoter = cache._reader._promoter
-        with _DuringCopy(lambda: (memory_obj.get_ref_count(), promoter._reads)) as copies:
+        reads = cache._reader._promoter.reads_in_progress
+        with _DuringCopy(lambda: (memory_obj.get_ref_count(), reads())) as copies:
             out = cache.get("img")
         assert copies.copies == ["aten.clone.default"]
         # During the copy the buffer is held (never evicted or reused) and
         # background promotions see a read in progress.
         assert copies.seen == [(held + 1, 1)]
-        assert memory_obj.get_ref_count() == held and promoter._reads == 0
+        assert memory_obj.get_ref_count() == held and reads() == 0
         pool = cache._cpu.memory_allocator.buffer
         start = pool.data_ptr()
         assert not start <= out.data_ptr() < start + pool.numel()  # private memory
