@@ -64,8 +64,8 @@ class Tier(Protocol):
     def read(self, key: ECKey) -> bytes | FrameRead | MemoryObj | None:
         """The stored frame, unverified, or ``None`` on a miss; raises on I/O failure.
 
-        Whole ``bytes`` (remote), parts read from a file (disk), or a pool
-        buffer (cpu, plugins)."""
+        Whole ``bytes`` (remote), a ``FrameRead`` of a file (disk, node), or
+        a pool buffer (cpu, plugins)."""
 
     def read_many(self, keys: Sequence[ECKey]) -> list[bytes | FrameRead | MemoryObj | None]:
         """``read`` for several keys; one request where ``batched_reads``."""
