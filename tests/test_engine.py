@@ -236,18 +236,28 @@ def test_cpu_pool_is_not_touched_at_start():
         assert grown < 256 * 1024**2, f"RSS grew {grown / 1e6:.0f} MB at construction"
 
 
+SMALL_CPU = {"local_cpu": True, "max_local_cpu_size": 0.02}
+
+
+def _cpu_entry(cache: ECCache, seed: int) -> tuple[torch.Tensor, object]:
+    """A tensor put under "img", and the CPU-pool buffer holding it."""
+    tensor = make_tensor((16, 64), torch.float16, seed=seed)
+    assert cache.put("img", tensor)
+    return tensor, cache._cpu.hot_cache[cache.key("img")]
+
+
+def _in_pool(cache: ECCache, tensor: torch.Tensor) -> bool:
+    pool = cache._cpu.memory_allocator.buffer
+    return pool.data_ptr() <= tensor.data_ptr() < pool.data_ptr() + pool.numel()
+
+
 def test_borrow_is_a_view_of_the_pool_held_inside_the_block():
-    config = {"local_cpu": True, "max_local_cpu_size": 0.02}
-    with ECCache.from_config(config, model="org/borrow") as cache:
-        tensor = make_tensor((16, 64), torch.float16, seed=7)
-        assert cache.put("img", tensor)
-        memory_obj = cache._cpu.hot_cache[cache.key("img")]
+    with ECCache.from_config(SMALL_CPU, model="org/borrow") as cache:
+        tensor, memory_obj = _cpu_entry(cache, seed=7)
         held = memory_obj.get_ref_count()
-        pool = cache._cpu.memory_allocator.buffer
         with CopyCounter() as counter, cache.borrow("img") as view:
             assert view is not None and torch.equal(view, tensor)
-            start = pool.data_ptr()
-            assert start <= view.data_ptr() < start + pool.numel()  # no copy: the pool itself
+            assert _in_pool(cache, view)  # no copy: the pool itself
             assert memory_obj.get_ref_count() == held + 1  # not evicted or reused meanwhile
         assert counter.copies == []
         assert memory_obj.get_ref_count() == held
@@ -272,11 +282,8 @@ class _DuringCopy(CopyCounter):
 
 
 def test_cpu_get_is_one_copy_of_a_held_buffer_counted_as_a_read():
-    config = {"local_cpu": True, "max_local_cpu_size": 0.02}
-    with ECCache.from_config(config, model="org/cpu-get") as cache:
-        tensor = make_tensor((16, 64), torch.float16, seed=9)
-        assert cache.put("img", tensor)
-        memory_obj = cache._cpu.hot_cache[cache.key("img")]
+    with ECCache.from_config(SMALL_CPU, model="org/cpu-get") as cache:
+        tensor, memory_obj = _cpu_entry(cache, seed=9)
         held = memory_obj.get_ref_count()
         reads = cache._reader._promoter.reads_in_progress
         with _DuringCopy(lambda: (memory_obj.get_ref_count(), reads())) as copies:
@@ -286,9 +293,7 @@ def test_cpu_get_is_one_copy_of_a_held_buffer_counted_as_a_read():
         # background promotions see a read in progress.
         assert copies.seen == [(held + 1, 1)]
         assert memory_obj.get_ref_count() == held and reads() == 0
-        pool = cache._cpu.memory_allocator.buffer
-        start = pool.data_ptr()
-        assert not start <= out.data_ptr() < start + pool.numel()  # private memory
+        assert not _in_pool(cache, out)  # private memory
         assert bit_equal(out, tensor)
         out.fill_(0)  # the caller's own: the entry is unchanged
         assert bit_equal(cache.get("img"), tensor)
@@ -296,10 +301,8 @@ def test_cpu_get_is_one_copy_of_a_held_buffer_counted_as_a_read():
 
 
 def test_borrow_releases_the_pool_buffer_when_the_block_raises():
-    config = {"local_cpu": True, "max_local_cpu_size": 0.02}
-    with ECCache.from_config(config, model="org/borrow") as cache:
-        assert cache.put("img", make_tensor((16, 64), torch.float16, seed=8))
-        memory_obj = cache._cpu.hot_cache[cache.key("img")]
+    with ECCache.from_config(SMALL_CPU, model="org/borrow") as cache:
+        _, memory_obj = _cpu_entry(cache, seed=8)
         held = memory_obj.get_ref_count()
         with pytest.raises(KeyError), cache.borrow("img"):
             raise KeyError("consumer failed")
