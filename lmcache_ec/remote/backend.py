@@ -241,7 +241,7 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         try:
             return call(_unwrapped(connection))
         except ShardUnavailable:
-            self.counters["shard_misses"] += 1
+            self.health.count("shard_misses")
             return _MISS
         except Exception as exc:
             self._mark_down(operation, exc)
@@ -339,56 +339,81 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         done.set_result(None)
         connection = self.connection
         if connection is None or self._closed or not self.health.up:
-            self.counters["upload_skipped_unavailable"] += 1
+            self.health.count("upload_skipped_unavailable")
             if not self._closed:
                 self.remember_missed([key])
             return done
         if key in self._known:
-            self.counters["upload_skipped_existing"] += 1
+            self.health.count("upload_skipped_existing")
             return done
         with self.lock:
             if key in self.put_tasks:
                 return done
             self.put_tasks.add(key)
         payload = self.serializer.serialize(memory_obj)  # our own reference
+        connector = _unwrapped(connection)
         try:
-            future = asyncio.run_coroutine_threadsafe(
-                self._upload(connection, key, payload), self.loop
-            )
+            if isinstance(connector, ECStoreConnector):
+                # Queued by this thread straight to the store's threads: a hop
+                # through the event loop wakes it with a socket write, which
+                # hands the loop the GIL in the middle of the caller's put.
+                future = connector.submit(self._send, connector, key, payload)
+                future.add_done_callback(lambda f: f.cancelled() and payload.ref_count_down())
+            else:
+                future = asyncio.run_coroutine_threadsafe(
+                    self._upload(connection, key, payload), self.loop
+                )
         except Exception:
             payload.ref_count_down()
             with self.lock:
                 self.put_tasks.discard(key)
+            if self._closed:
+                return done  # closed under us: the entry stays in the local tiers
             raise
         future.add_done_callback(lambda f: self._upload_done(key, on_complete_callback))
         return future
 
+    def _send(self, connector: ECStoreConnector, key: CacheEngineKey, obj: MemoryObj) -> None:
+        """One upload on the store's threads; releases ``obj`` when done.
+
+        The store bounds each call itself; queueing behind other uploads is
+        not a failure of the store.
+        """
+        try:
+            self._uploaded(key, connector.send_frame(key, obj))
+        except Exception as exc:
+            self._upload_failed(key, exc)
+        finally:
+            obj.ref_count_down()
+
     async def _upload(
         self, connection: RemoteConnector, key: CacheEngineKey, obj: MemoryObj
     ) -> None:
+        """One upload through a plugin's connector, on the event loop."""
         # The unwrapped connector's put leaves the reference to us, so it is
         # released even if the timeout cancels the put before it starts.
         try:
-            connector = _unwrapped(connection)
-            if isinstance(connector, ECStoreConnector):
-                # The store bounds each call itself; queueing behind other
-                # uploads is not a failure of the store.
-                sent = await connector.upload(key, obj)
-            elif await asyncio.wait_for(connection.exists(key), self.timeout):
+            if await asyncio.wait_for(connection.exists(key), self.timeout):
                 sent = False
             else:
-                await asyncio.wait_for(connector.put(key, obj), self.timeout)
+                await asyncio.wait_for(_unwrapped(connection).put(key, obj), self.timeout)
                 sent = True
-            self._known.add(key)
-            self.counters["uploads" if sent else "upload_skipped_existing"] += 1
-        except ShardUnavailable:
-            self.remember_missed([key])  # only this key's shard is down
-            self.counters["shard_misses"] += 1
+            self._uploaded(key, sent)
         except Exception as exc:
-            self.remember_missed([key])
-            self._mark_down("put", exc)
+            self._upload_failed(key, exc)
         finally:
             obj.ref_count_down()
+
+    def _uploaded(self, key: CacheEngineKey, sent: bool) -> None:
+        self._known.add(key)
+        self.health.count("uploads" if sent else "upload_skipped_existing")
+
+    def _upload_failed(self, key: CacheEngineKey, exc: Exception) -> None:
+        self.remember_missed([key])
+        if isinstance(exc, ShardUnavailable):
+            self.health.count("shard_misses")  # only this key's shard is down
+        else:
+            self._mark_down("put", exc)
 
     def _upload_done(
         self, key: CacheEngineKey, callback: Callable[[CacheEngineKey], None] | None

@@ -6,10 +6,14 @@ LMCache's key type and CPU buffers.
 - blocking calls (``exists_sync``, ``get_frame_sync``, ``get_frames_sync``,
   ``get_sync``, ``remove_sync``) run in the caller's thread, bounded by the
   store's client timeouts;
-- the async ones (upstream's interface, used for uploads and probes) run on a
-  small private thread pool. Bytes cross that thread boundary as private
-  copies: a call abandoned after a timeout can neither leak a CPU buffer nor
-  read one that has been reused.
+- uploads (``submit`` of ``send_frame``) run on a small private thread
+  pool, queued by the caller's thread itself: the job holds a reference to
+  the CPU buffer it sends and releases it when done, so the bytes are read in
+  place, never copied;
+- the async ones (upstream's interface: ``put``, probes) run on the same
+  pool. Bytes cross that thread boundary as private copies: a call abandoned
+  after a timeout can neither leak a CPU buffer nor read one that has been
+  reused.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import torch
@@ -96,23 +100,21 @@ class ECStoreConnector(RemoteConnector):
         # Copied here, on the loop: the caller releases memory_obj when we return.
         await self._run(self.store.put, key.to_string(), bytes(byte_view(memory_obj)))
 
-    async def upload(self, key: CacheEngineKey, memory_obj: MemoryObj) -> bool:
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Queue ``fn`` on the store's threads; the caller only wakes one of them."""
+        return self._executor.submit(fn, *args)
+
+    def send_frame(self, key: CacheEngineKey, memory_obj: MemoryObj) -> bool:
         """Send the frame unless the store has it; False if it was there.
 
-        One job on the pool (existence check and write together), bounded by
-        the store's timeouts once it runs, not by time spent queued behind
-        other uploads.
+        Blocking, bounded by the store's timeouts. The caller holds a reference
+        to ``memory_obj`` until this returns: its bytes are sent in place.
         """
-        data = bytes(byte_view(memory_obj))  # copied before the caller releases it
         name = key.to_string()
-
-        def send() -> bool:
-            if self.store.exists(name):
-                return False
-            self.store.put(name, data)
-            return True
-
-        return await self._run(send)
+        if self.store.exists(name):
+            return False
+        self.store.put(name, byte_view(memory_obj))
+        return True
 
     def remove_sync(self, key: CacheEngineKey) -> bool:
         return self.store.delete(key.to_string())

@@ -55,6 +55,11 @@ class RemoteHealth:
     def up(self) -> bool:
         return self._up.is_set()
 
+    def count(self, name: str, amount: int = 1) -> None:
+        """Add to a counter; callers run on several threads."""
+        with self._lock:
+            self.counters[name] += amount
+
     def failed(self, operation: str, exc: object) -> None:
         """Record a failed call; the first one starts the probe."""
         with self._lock:

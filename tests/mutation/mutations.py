@@ -255,6 +255,18 @@ MUTATIONS: list[Mutation] = [
             "tests/vllm/test_weights.py::test_the_weights_matter",
         ),
     ),
+    # -- an upload sends the pool buffer in place: it must hold it until sent
+    Mutation(
+        "upload-without-its-own-reference",
+        "a queued upload holds its frame's pool buffer until the bytes are sent",
+        "lmcache_ec/remote/backend.py",
+        "payload = self.serializer.serialize(memory_obj)  # our own reference",
+        "payload = memory_obj",
+        (
+            "tests/remote/test_sharing.py::"
+            "test_upload_sends_the_staged_frame_in_place_without_waking_the_event_loop[redis]",
+        ),
+    ),
     # -- Model Runner V1: a lone request on an idle engine loads, never re-encodes
     Mutation(
         "stage-orders-only-in-step-metadata",

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,48 @@ def test_put_of_a_stored_key_is_not_uploaded_again(remote):
         assert counters["uploads"] == 0
         assert counters["upload_skipped_existing"] == 1
     assert _set_calls(remote) == writes_before
+
+
+def test_upload_sends_the_staged_frame_in_place_without_waking_the_event_loop(remote):
+    """A put only queues its upload on the store's threads. A hop through
+    LMCache's event loop would wake it with a socket write, handing it the
+    GIL in the middle of the caller's put; a private copy of the frame would
+    cost a second pass over its bytes. The staging buffer is freed once sent."""
+    tensor = make_tensor((64, 256), torch.bfloat16)
+    config = remote_config(**remote, local_cpu=False)
+    with ECCache.from_config(config, model=MODEL) as cache:
+        backend = cache._storage.storage_backends["RemoteBackend"]
+        store = backend.connection.getWrappedConnector().store
+        sends = []
+        send = store.put
+
+        def recording_send(name: str, data) -> None:
+            sends.append((threading.current_thread().name, type(data), cache._cpu.used_bytes()))
+            send(name, data)
+
+        wakes = []
+        wake = backend.loop.call_soon_threadsafe
+
+        def recording_wake(*args, **kwargs):
+            wakes.append(args)
+            return wake(*args, **kwargs)
+
+        store.put = recording_send
+        backend.loop.call_soon_threadsafe = recording_wake
+        try:
+            assert cache.put("x", tensor)
+        finally:
+            del backend.loop.call_soon_threadsafe
+        assert wakes == []
+        assert cache.flush(10)
+        [(thread, kind, staged_bytes)] = sends
+        assert thread.startswith("ec-remote")
+        assert kind is memoryview
+        assert staged_bytes >= tensor.numel() * tensor.element_size()
+        assert cache._cpu.used_bytes() == 0
+        assert backend.counters["uploads"] == 1
+    with ECCache.from_config(remote_config(**remote), model=MODEL) as reader:
+        assert bit_equal(reader.get("x"), tensor)
 
 
 def _corrupt(remote: dict, storage_name: str) -> None:
