@@ -1,4 +1,4 @@
-"""Counting tensor copies: a ``TorchDispatchMode`` that records every copy op.
+"""Counting tensor copies: a ``TorchDispatchMode`` that records every op, copies apart.
 
 A dispatch mode sees only the thread that entered it.
 """
@@ -14,8 +14,10 @@ class CopyCounter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.copies: list[str] = []
+        self.ops: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
         if str(func) in COPIES:
             self.copies.append(str(func))
         return func(*args, **(kwargs or {}))

@@ -6,6 +6,9 @@ A disk hit's payload is read from the file straight into the tensor that is
 handed over: no tensor copy at all. Tensor operations are counted with a
 ``TorchDispatchMode``, which sees only its own thread: the staging loop is
 run in the test's thread for that.
+
+A save hands a CPU tensor to the writer thread as it is: no tensor operation
+in the forward pass's thread (the frame copy happens in the writer).
 """
 
 from __future__ import annotations
@@ -68,3 +71,33 @@ def test_copies_per_load(tier, tmp_path):
         assert torch.equal(encoder_cache[identifier], tensor)
     expected = len(identifiers) if tier == "cpu" else 0
     assert len(copies) == expected, f"{tier} tier: {copies} for {len(identifiers)} loads"
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_save_hands_the_tensor_over_without_a_tensor_op(requires_grad):
+    tensor = make_tensor((32, 128), torch.float32).requires_grad_(requires_grad)
+    with ECCache.from_config({"max_local_cpu_size": 0.05}, model="org/copies") as cache:
+        worker = TierWorker(
+            cache,
+            ConnectorSettings(),
+            persistable=lambda identifier: True,
+            is_producer=True,
+            is_consumer=False,
+        )
+        worker.set_weights("weights-1")
+        handed: list[torch.Tensor] = []
+        put = worker._saver._put
+        worker._saver._put = lambda *args: handed.append(args[1]) or put(*args)
+        try:
+            with CopyCounter() as counter:
+                worker.save_caches({"img": tensor}, "img")
+            assert worker.flush(10)
+            stored = cache.get("img")
+        finally:
+            worker.close()
+    # Only a tensor that carries autograd state is detached, and nothing is copied.
+    assert counter.ops == (["aten.detach.default"] if requires_grad else [])
+    [saved] = handed
+    assert not saved.requires_grad
+    assert saved.data_ptr() == tensor.data_ptr()
+    assert torch.equal(stored, tensor.detach())

@@ -55,15 +55,15 @@ class SaveQueue:
                 return False
             self._pending += 1
         event = None
-        if tensor.device.type == "cuda":
+        if tensor.is_cpu:  # a flag: tensor.device builds an object per call
+            host = tensor
+        elif tensor.is_cuda:
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             host.copy_(tensor, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-        elif tensor.device.type != "cpu":
-            host = tensor.to("cpu")  # other accelerators: a synchronous copy
         else:
-            host = tensor
+            host = tensor.to("cpu")  # other accelerators: a synchronous copy
         self._queue.put((identifier, host, event, tag))
         return True
 

@@ -298,7 +298,9 @@ class TierWorker:
         tensor = encoder_cache.get(mm_hash)
         if tensor is None:
             return
-        if self._saver.submit(mm_hash, tensor.detach(), identity):
+        if tensor.requires_grad:  # never under vLLM's inference mode; detach() costs µs
+            tensor = tensor.detach()
+        if self._saver.submit(mm_hash, tensor, identity):
             self._remember_stored(mm_hash)
             self._count("saves_submitted")
         else:
