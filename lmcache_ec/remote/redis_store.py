@@ -23,6 +23,7 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
+from redis.connection import Encoder, PythonRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -50,6 +51,13 @@ SCAN_BATCH = 500
 _NODE_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
+# redis-py's own packer sends a large value (a frame) from the caller's buffer
+# as it is; the hiredis packer, its default when hiredis is installed, copies
+# it twice first, at about 0.5 GB/s (a 4 MB SET took 8.5 ms instead of 1.5 ms
+# on 127.0.0.1). Replies are still parsed by hiredis.
+PACKER = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+
+
 def client_options(timeout: float) -> dict[str, Any]:
     return {
         "socket_timeout": timeout,
@@ -58,6 +66,7 @@ def client_options(timeout: float) -> dict[str, Any]:
         # No CLIENT SETINFO on connect: two round trips per new connection.
         "lib_name": None,
         "lib_version": None,
+        "command_packer": PACKER,
     }
 
 
@@ -188,6 +197,9 @@ class RedisClusterStore(RemoteStore):
         self._retry_interval = settings.retry_interval
         self._lock = threading.Lock()
         self._cluster: Any = None
+        # Our own client per primary: the cluster client's node clients drop
+        # connection keywords it does not know (``command_packer``).
+        self._clients: dict[str, redis.Redis] = {}
         self._down_until: dict[str, float] = {}
         self._returning: set[str] = set()  # retried after an outage, not yet answered
 
@@ -218,7 +230,23 @@ class RedisClusterStore(RemoteStore):
                 raise ShardUnavailable(f"shard {node.name} is down")
             self._down_until.pop(node.name, None)
             self._returning.add(node.name)
-        return self._topology().get_redis_connection(node)
+        return self._client_of(node)
+
+    def _client_of(self, node: Any) -> redis.Redis:
+        client = self._clients.get(node.name)
+        if client is None:
+            with self._lock:
+                client = self._clients.get(node.name)
+                if client is None:
+                    pool = redis.ConnectionPool(
+                        host=node.host,
+                        port=node.port,
+                        username=self._nodes.username,
+                        password=self._nodes.password,
+                        **client_options(self.timeout),
+                    )
+                    client = self._clients[node.name] = redis.Redis(connection_pool=pool)
+        return client
 
     def _answered(self, node: Any) -> None:
         if node.name not in self._returning:
@@ -375,7 +403,7 @@ class RedisClusterStore(RemoteStore):
         cluster = self._topology()
         for node in cluster.get_primaries():
             try:
-                cluster.get_redis_connection(node).ping()
+                self._client_of(node).ping()
                 return
             except _NODE_ERRORS as exc:
                 failures.append(f"{node.name}: {exc}")
@@ -384,6 +412,9 @@ class RedisClusterStore(RemoteStore):
     def close(self) -> None:
         with self._lock:
             cluster, self._cluster = self._cluster, None
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.connection_pool.disconnect()
         if cluster is not None:
             cluster.close()
 

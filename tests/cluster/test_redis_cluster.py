@@ -17,7 +17,13 @@ from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import open_catalog
 from lmcache_ec.remote.naming import redis_data_key
 from tests.conftest import bit_equal, make_tensor
-from tests.remote.conftest import RETRY, TIMEOUT, outage_config, remote_config
+from tests.remote.conftest import (
+    RETRY,
+    TIMEOUT,
+    frames_sent_in_place,
+    outage_config,
+    remote_config,
+)
 
 MODEL = "test/cluster-model"
 BOUND = TIMEOUT + 1.5  # remote_timeout plus scheduling slack on a loaded machine
@@ -36,10 +42,11 @@ def _remote(cache: ECCache):
 def test_two_instances_share_entries_through_the_cluster(redis_cluster):
     config = remote_config(redis_cluster.url)
     tensors = _tensors("shared", 24)
-    with ECCache.from_config(config, model=MODEL) as writer:
+    with ECCache.from_config(config, model=MODEL) as writer, frames_sent_in_place() as sent:
         assert all(writer.put_many(tensors))
         assert writer.flush(10)
         names = {mm_hash: writer.key(mm_hash).storage_name for mm_hash in tensors}
+    assert len(sent) == len(tensors)  # every frame sent from its pool buffer, on every shard
     owners = {redis_cluster.node_of(redis_data_key(name)).port for name in names.values()}
     assert len(owners) == 3  # the entries are spread over every shard
 

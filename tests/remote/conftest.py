@@ -3,7 +3,12 @@ where a test measures how an outage is bounded."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
+
+from lmcache_ec.remote.redis_store import PACKER
 
 TIMEOUT = 0.5  # remote_timeout of the outage tests, which bound calls by it
 RETRY = 0.2  # remote_retry_interval used by the fault tests
@@ -41,3 +46,21 @@ def remote(request) -> dict:
     bucket = request.getfixturevalue("s3_bucket")
     server = request.getfixturevalue("s3_server")
     return {"url": f"s3://{bucket}/ec-test", "endpoint": server.endpoint}
+
+
+@contextlib.contextmanager
+def frames_sent_in_place() -> Iterator[list[int]]:
+    """Sizes of the values handed to Redis as memoryviews (frames sent from the
+    pool buffer, no copy) by redis-py's own packer inside the block."""
+    sizes: list[int] = []
+    pack = PACKER.pack
+
+    def recording_pack(*args):
+        sizes.extend(len(arg) for arg in args if isinstance(arg, memoryview))
+        return pack(*args)
+
+    PACKER.pack = recording_pack
+    try:
+        yield sizes
+    finally:
+        del PACKER.pack

@@ -15,7 +15,7 @@ from lmcache_ec import ECCache
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import open_catalog
 from tests.conftest import bit_equal, make_tensor
-from tests.remote.conftest import remote_config
+from tests.remote.conftest import frames_sent_in_place, remote_config
 from tests.servers import HOST, _wait_for_port, free_port
 
 MODEL = "test/sentinel-model"
@@ -54,10 +54,11 @@ def sentinel_url(redis_process, tmp_path) -> Iterator[str]:
 def test_two_instances_share_entries_through_sentinel(sentinel_url, redis_process):
     config = remote_config(sentinel_url)
     tensors = {f"s{i}": make_tensor((3, 16), torch.bfloat16, seed=i) for i in range(4)}
-    with ECCache.from_config(config, model=MODEL) as writer:
+    with ECCache.from_config(config, model=MODEL) as writer, frames_sent_in_place() as sent:
         assert all(writer.put_many(tensors))
         assert writer.flush(10)
         names = {writer.key(h).storage_name for h in tensors}
+    assert len(sent) == len(tensors)  # sent from the pool buffers
     with ECCache.from_config(config, model=MODEL) as reader:
         got = reader.get_many(list(tensors))
         assert all(

@@ -16,7 +16,7 @@ from lmcache_ec import ECCache
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import open_catalog
 from tests.conftest import bit_equal, make_tensor
-from tests.remote.conftest import remote_config
+from tests.remote.conftest import frames_sent_in_place, remote_config
 from tests.remote.reader_proc import fingerprint
 from tests.servers import REDIS_PASSWORD
 
@@ -132,18 +132,22 @@ def test_upload_sends_the_staged_frame_in_place_without_waking_the_event_loop(re
 
         store.put = recording_send
         backend.loop.call_soon_threadsafe = recording_wake
-        try:
-            assert cache.put("x", tensor)
-        finally:
-            del backend.loop.call_soon_threadsafe
-        assert wakes == []
-        assert cache.flush(10)
+        with frames_sent_in_place() as packed:
+            try:
+                assert cache.put("x", tensor)
+            finally:
+                del backend.loop.call_soon_threadsafe
+            assert wakes == []
+            assert cache.flush(10)
         [(thread, kind, staged_bytes)] = sends
         assert thread.startswith("ec-remote")
         assert kind is memoryview
         assert staged_bytes >= tensor.numel() * tensor.element_size()
         assert cache._cpu.used_bytes() == 0
         assert backend.counters["uploads"] == 1
+        # Redis: the frame went to the socket as that view (not the hiredis packer's copies).
+        frame = send.__self__.get(cache.key("x").storage_name)
+        assert packed == ([len(frame)] if remote["url"].startswith("redis") else [])
     with ECCache.from_config(remote_config(**remote), model=MODEL) as reader:
         assert bit_equal(reader.get("x"), tensor)
 

@@ -18,7 +18,7 @@ from cryptography.x509.oid import NameOID
 from lmcache_ec import ECCache
 from lmcache_ec.remote.catalog import open_catalog
 from tests.conftest import bit_equal, make_tensor
-from tests.remote.conftest import remote_config
+from tests.remote.conftest import frames_sent_in_place, remote_config
 from tests.servers import HOST, _wait_for_port, free_port
 
 
@@ -122,9 +122,13 @@ def tls_redis(tmp_path):
 def test_entries_travel_over_tls(tls_redis, tmp_path):
     url, _ = tls_redis
     tensors = {f"img-{i}": make_tensor((16, 64), torch.bfloat16, seed=i) for i in range(4)}
-    with ECCache.from_config(remote_config(url), model="tls/model") as writer:
+    with (
+        ECCache.from_config(remote_config(url), model="tls/model") as writer,
+        frames_sent_in_place() as sent,
+    ):
         assert all(writer.put_many(tensors))
         assert writer.flush(10)
+    assert len(sent) == len(tensors)  # sent from the pool buffers
     with ECCache.from_config(remote_config(url), model="tls/model") as reader:
         for name, tensor in tensors.items():
             assert reader.contains(name) == "remote"
