@@ -24,14 +24,18 @@ from tests.conftest import make_tensor
 from tests.copies import CopyCounter
 
 
-def _worker(cache: ECCache) -> TierWorker:
-    worker = TierWorker(
+def _tier_worker(cache: ECCache, *, producer: bool) -> TierWorker:
+    return TierWorker(
         cache,
         ConnectorSettings(),
         persistable=lambda identifier: True,
-        is_producer=False,
-        is_consumer=True,
+        is_producer=producer,
+        is_consumer=not producer,
     )
+
+
+def _worker(cache: ECCache) -> TierWorker:
+    worker = _tier_worker(cache, producer=False)
     # Stop the staging thread: the test runs the same loop in its own thread.
     worker._stage_queue.put(None)
     worker._stager.join()
@@ -77,13 +81,7 @@ def test_copies_per_load(tier, tmp_path):
 def test_save_hands_the_tensor_over_without_a_tensor_op(requires_grad):
     tensor = make_tensor((32, 128), torch.float32).requires_grad_(requires_grad)
     with ECCache.from_config({"max_local_cpu_size": 0.05}, model="org/copies") as cache:
-        worker = TierWorker(
-            cache,
-            ConnectorSettings(),
-            persistable=lambda identifier: True,
-            is_producer=True,
-            is_consumer=False,
-        )
+        worker = _tier_worker(cache, producer=True)
         worker.set_weights("weights-1")
         handed: list[torch.Tensor] = []
         put = worker._saver._put
