@@ -162,13 +162,12 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
             return None
         try:
             read = read_frame(fd, os.fstat(fd).st_size)
-            self.layout.touch(fd)  # through the descriptor: no second path lookup
+            self._used(key, fd)  # through the descriptor: no second path lookup
         except OSError as exc:
             self._read_failed(path, exc)
             return None
         finally:
             os.close(fd)
-        self._remember(key)
         return read
 
     def get_blocking(self, key: ECKey) -> MemoryObj | None:
@@ -209,8 +208,9 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         self._used(key, path)
         return memory_obj
 
-    def _used(self, key: ECKey, path: str) -> None:
-        self.layout.touch(path)
+    def _used(self, key: ECKey, entry: str | int) -> None:
+        """A read of ``key``: its entry (path or open descriptor) stamped used now."""
+        self.layout.touch(entry)
         self._remember(key)
 
     def _remember(self, key: ECKey) -> None:

@@ -185,7 +185,7 @@ MUTATIONS: list[Mutation] = [
         "disk-tier-fifo",
         "disk tier hits refresh LRU order",
         "lmcache_ec/tiers/frame_directory.py",
-        "        self.layout.touch(path)\n",
+        "        self.layout.touch(entry)\n",
         "        pass\n",
         (
             f"{T_DISK}::test_disk_capacity_evicts_least_recently_used",
