@@ -358,6 +358,7 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
                 # through the event loop wakes it with a socket write, which
                 # hands the loop the GIL in the middle of the caller's put.
                 future = connector.submit(self._send, connector, key, payload)
+                # A job cancelled at close never ran: its reference is released here.
                 future.add_done_callback(lambda f: f.cancelled() and payload.ref_count_down())
             else:
                 future = asyncio.run_coroutine_threadsafe(
