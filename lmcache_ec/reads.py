@@ -82,6 +82,12 @@ def remember_payload(memory_obj: MemoryObj, payload: codec.Payload) -> None:
         setattr(memory_obj, _PAYLOAD, payload)
 
 
+def known_payload(memory_obj: MemoryObj, key: ECKey) -> codec.Payload | None:
+    """The layout ``remember_payload`` kept on ``memory_obj``, if it is ``key``'s."""
+    payload = getattr(memory_obj, _PAYLOAD, None)
+    return payload if payload is not None and payload.name == key.storage_name else None
+
+
 class TierReader:
     def __init__(self, storage: ECStorageManager, stats: ECStats) -> None:
         self._storage = storage
@@ -125,9 +131,6 @@ class TierReader:
                     self.tier_failed(cpu, "get", exc)
                     memory_obj = None
                 if memory_obj is not None:
-                    payload = getattr(memory_obj, _PAYLOAD, None)
-                    if payload is not None and payload.name == key.storage_name:
-                        return Hit(cpu.name, memory_obj, payload)
                     return self._from_buffer(key, 0, cpu, memory_obj)
             for level, tier in enumerate(self._storage.tiers()):
                 if tier is not cpu:
@@ -155,8 +158,8 @@ class TierReader:
             return None  # ``read`` asks again and reports the failure
         if memory_obj is None:
             return None
-        payload = getattr(memory_obj, _PAYLOAD, None)
-        if payload is None or payload.name != key.storage_name:
+        payload = known_payload(memory_obj, key)
+        if payload is None:
             memory_obj.ref_count_down()
             return None
         self._promoter.reading()
@@ -227,8 +230,8 @@ class TierReader:
         return Hit(tier.name, None, payload)
 
     def _from_buffer(self, key: ECKey, level: int, tier: Tier, memory_obj: MemoryObj) -> Hit | None:
-        payload = getattr(memory_obj, _PAYLOAD, None)
-        if payload is None or payload.name != key.storage_name:
+        payload = known_payload(memory_obj, key)
+        if payload is None:
             buffer = frame_bytes(memory_obj)
             if buffer is None:
                 memory_obj.ref_count_down()
