@@ -151,8 +151,14 @@ def read_prefix(raw: bytes | memoryview) -> tuple[int, int, int, int]:
 def parse_header(raw: bytes | memoryview, header_sum: int) -> dict[str, Any]:
     if xxhash.xxh3_64_intdigest(raw) != header_sum:
         raise CorruptEntryError("header checksum mismatch")
+    return _parse_verified(bytes(raw))
+
+
+def _parse_verified(raw: bytes) -> dict[str, Any]:
+    """The fields of a header whose checksum has been verified."""
     try:
-        header = json.loads(bytes(raw))
+        # Decoded here: json.loads would first guess the bytes' encoding.
+        header = json.loads(raw.decode())
         dtype = SUPPORTED_DTYPES[header["tensor_dtype"]]
         shape = list(header["shape"])
     except (ValueError, KeyError, TypeError) as exc:
@@ -179,7 +185,7 @@ def _header_essentials(raw: np.ndarray, header_sum: int) -> tuple[str, torch.dty
     data = raw.tobytes()
     found = _PARSED.get(data)
     if found is None:
-        header = parse_header(data, header_sum)
+        header = _parse_verified(data)
         found = (header.get("name"), header["torch_dtype"], tuple(header["shape"]))
         if len(_PARSED) >= _PARSED_MAX:
             _PARSED.clear()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 import torch
+import xxhash
 
 from lmcache_ec import codec
 from lmcache_ec.key import EncoderIdentity
@@ -151,3 +153,53 @@ def test_remote_read_path_checks_the_payload():
     data[-1] ^= 0x01
     with pytest.raises(codec.CorruptEntryError, match="payload checksum"):
         codec.decode_bytes(bytes(data), IDENTITY.key("h"))
+
+
+def _with_header(frame: torch.Tensor, header: bytes) -> torch.Tensor:
+    """``frame`` with its header replaced by ``header`` (padded), checksums right."""
+    raw = frame.numpy().tobytes()
+    header_len, payload_len, payload_sum, _ = codec.read_prefix(raw)
+    start = codec.PREFIX_SIZE + header_len
+    payload = raw[start : start + payload_len]
+    header += b" " * (-len(header) % codec.ALIGN)
+    prefix = codec.PREFIX.pack(
+        codec.MAGIC, len(header), 0, payload_len, payload_sum, xxhash.xxh3_64_intdigest(header)
+    )
+    prefix += b"\0" * (codec.PREFIX_SIZE - len(prefix))
+    return torch.frombuffer(bytearray(prefix + header + payload), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize(
+    ("hostile", "reason"),
+    [
+        ("not-utf8", "unreadable header"),
+        ("utf16-json", "unreadable header"),  # valid JSON, but not what put writes
+        ("json-list", "unreadable header"),
+        ("zero-dim", "bad shape"),
+    ],
+)
+def test_header_with_a_valid_checksum_but_hostile_content_is_rejected(tmp_path, hostile, reason):
+    """A header's checksum only says it was not damaged; what it holds is checked too,
+    on both read paths (frames in memory, frames read from a file)."""
+    tensor = make_tensor((4, 4), torch.float32)
+    frame = frame_of(tensor)
+    text = codec.read_header(frame)
+    text = {
+        k: v
+        for k, v in text.items()
+        if k not in ("torch_dtype", "payload_sum", "payload_len", "frame_len")
+    }
+    header = {
+        "not-utf8": b"\xff\xfe\x00{",
+        "utf16-json": json.dumps(text).encode("utf-16"),
+        "json-list": b"[1, 2]",
+        "zero-dim": json.dumps({**text, "shape": [0, 4]}).encode(),
+    }[hostile]
+    bad = _with_header(frame, header)
+    with pytest.raises(codec.CorruptEntryError, match=reason):
+        codec.decode_frame(bad, IDENTITY.key("h"))
+    with pytest.raises(codec.CorruptEntryError, match=reason):
+        codec.decode_read(_read(tmp_path, bad.numpy().tobytes()), IDENTITY.key("h"))
+    # The same rebuild with the header put wrote reads back as the tensor.
+    good = _with_header(frame, json.dumps(text, separators=(",", ":")).encode())
+    assert bit_equal(codec.decode_frame(good, IDENTITY.key("h")), tensor)
