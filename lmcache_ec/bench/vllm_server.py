@@ -51,7 +51,11 @@ CPU_ENV = {
 
 
 def vllm_cache_root(environ: Mapping[str, str]) -> str:
-    """The cache directory vLLM uses in ``environ`` (its ``VLLM_CACHE_ROOT`` default)."""
+    """The cache directory vLLM uses in ``environ`` (its ``VLLM_CACHE_ROOT`` default).
+
+    vLLM's rule (``vllm.envs``) written again: importing it loads torch, ~7 s in a
+    process that only drives servers. A test checks the two agree.
+    """
     if environ.get("VLLM_CACHE_ROOT"):
         return os.path.expanduser(environ["VLLM_CACHE_ROOT"])
     cache_home = environ.get("XDG_CACHE_HOME") or "~/.cache"
