@@ -40,6 +40,7 @@ from .config import ECConfig, load_config
 from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
 from .metrics import ECStats
 from .purge_marker import MarkerWatch, PurgeMarker
+from .read_pool import ReadPool
 from .reads import Prefetched, TierReader, remember_payload
 from .reads import frame_bytes as _frame_bytes
 from .replay import RemoteReplayer
@@ -114,6 +115,7 @@ class ECCache:
         for tier in self._storage.every_tier():
             self.stats.watch_tier(tier.name, tier.snapshot)  # None: the tier keeps none
         self._reader = TierReader(self._storage, self.stats)
+        self._read_pool = ReadPool(int(config.values["read_threads"]))
         self._keys: dict[str, ECKey] = {}
         self._replayer = RemoteReplayer(self._storage, _frame_bytes, lambda: self._closed)
         self._replayer.attach()
@@ -341,19 +343,35 @@ class ECCache:
         """``key``'s tensor in host memory; any CPU-pool buffer is released on return."""
         started = time.perf_counter()
         if not pin_memory:
-            # A CPU hit, the common case, in as few steps as it takes: every
-            # step costs more than its size suggests, as the copies between
-            # two reads leave the caches cold.
-            cpu_hit = self._reader.read_cpu(key)
-            if cpu_hit is not None:
-                memory_obj, payload = cpu_hit
-                try:
-                    out = payload.tensor.clone()
-                finally:
-                    memory_obj.ref_count_down()
-                    self._reader.done()
-                self.stats.hit(self._cpu.name, payload.data.size, time.perf_counter() - started)
+            out = self._cpu_hit_to_host(key, started)
+            if out is not None:
                 return out
+        return self._walk_to_host(key, pin_memory, prefetched, started)
+
+    def _cpu_hit_to_host(self, key: ECKey, started: float) -> torch.Tensor | None:
+        """A copy of ``key``'s CPU-tier buffer if its layout is known, else None
+        (not there, or not known yet: ``_walk_to_host`` handles every other case).
+
+        The common case, in as few steps as it takes: every step costs more
+        than its size suggests, as the copies between two reads leave the
+        caches cold.
+        """
+        cpu_hit = self._reader.read_cpu(key)
+        if cpu_hit is None:
+            return None
+        memory_obj, payload = cpu_hit
+        try:
+            out = payload.tensor.clone()
+        finally:
+            memory_obj.ref_count_down()
+            self._reader.done()
+        self.stats.hit(self._cpu.name, payload.data.size, time.perf_counter() - started)
+        return out
+
+    def _walk_to_host(
+        self, key: ECKey, pin_memory: bool, prefetched: Prefetched | None, started: float
+    ) -> torch.Tensor | None:
+        """``key``'s tensor from the first tier that has it, or None on a miss."""
         try:
             hit = self._reader.read(key, prefetched)
             if hit is None:
@@ -375,9 +393,7 @@ class ECCache:
         # Entries that no local tier holds come from the remote tier in one request.
         prefetched = self._reader.prefetch(keys) if len(keys) > 1 else None
         if device.type == "cpu":
-            # One at a time: a batch larger than the CPU pool must not starve
-            # its own later reads of pool memory.
-            return [self._read_to_host(key, pin_memory, prefetched) for key in keys]
+            return self._batch_to_host(keys, pin_memory, prefetched)
         # To a CUDA device the copies leave the (pinned) pool asynchronously; the
         # buffers are released only after one synchronize, so none is reused early.
         async_copy = device.type == "cuda"
@@ -409,6 +425,29 @@ class ECCache:
         finally:
             for memory_obj in held:
                 memory_obj.ref_count_down()
+        return results
+
+    def _batch_to_host(
+        self, keys: Sequence[ECKey], pin_memory: bool, prefetched: Prefetched | None
+    ) -> list[torch.Tensor | None]:
+        # CPU hits first, on the caller's thread: a copy out of the pool gains
+        # nothing on a second thread (the copies into fresh memory then fault
+        # in that thread's malloc arena). Reads below the CPU tier wait on
+        # files and sockets, so those run side by side (``read_threads``).
+        # Each read holds at most one pool buffer until its copy is made, so a
+        # batch larger than the CPU pool does not starve its own later reads.
+        results: list[torch.Tensor | None] = [
+            None if pin_memory else self._cpu_hit_to_host(key, time.perf_counter()) for key in keys
+        ]
+        below = [index for index, out in enumerate(results) if out is None]
+        walked = self._read_pool.map(
+            lambda index: self._walk_to_host(
+                keys[index], pin_memory, prefetched, time.perf_counter()
+            ),
+            below,
+        )
+        for index, out in zip(below, walked, strict=True):
+            results[index] = out
         return results
 
     # -- purges by other processes --------------------------------------------
@@ -544,6 +583,7 @@ class ECCache:
     def _close_storage(self) -> None:
         if self._watch_thread is not None:
             self._watch_thread.join(timeout=self.config.close_timeout)
+        self._read_pool.close()
         self._reader.close(self.config.close_timeout)
         self._storage.close()
         # LMCache stops its event loop but leaves the loop's to_thread pool

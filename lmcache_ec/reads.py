@@ -39,6 +39,7 @@ from .tiers.contract import Tier, TierKind
 logger = logging.getLogger(__name__)
 
 _PAYLOAD = "_ec_payload"  # attribute holding a buffer's verified layout
+_NOT_FETCHED: Any = object()  # a key that a prefetch did not ask for (or another read took)
 
 
 class Hit(NamedTuple):
@@ -206,9 +207,11 @@ class TierReader:
         self, key: ECKey, level: int, tier: Tier, prefetched: Prefetched | None
     ) -> Hit | None:
         try:
-            if prefetched is not None and prefetched.tier is tier and key in prefetched.frames:
-                data = prefetched.frames.pop(key)
-            else:
+            data = _NOT_FETCHED
+            if prefetched is not None and prefetched.tier is tier:
+                # One pop, not a test then a pop: a batch's reads run on several threads.
+                data = prefetched.frames.pop(key, _NOT_FETCHED)
+            if data is _NOT_FETCHED:
                 data = tier.read(key)
         except Exception as exc:
             self.tier_failed(tier, "get", exc)

@@ -176,6 +176,11 @@ def _with_header(frame: torch.Tensor, header: bytes) -> torch.Tensor:
         ("utf16-json", "unreadable header"),  # valid JSON, but not what put writes
         ("json-list", "unreadable header"),
         ("zero-dim", "bad shape"),
+        ("three-dims", "bad shape"),
+        ("bool-dim", "bad shape"),
+        ("float-dim", "bad shape"),
+        ("no-name", "another key"),
+        ("unknown-dtype", "unreadable header"),
     ],
 )
 def test_header_with_a_valid_checksum_but_hostile_content_is_rejected(tmp_path, hostile, reason):
@@ -194,6 +199,11 @@ def test_header_with_a_valid_checksum_but_hostile_content_is_rejected(tmp_path, 
         "utf16-json": json.dumps(text).encode("utf-16"),
         "json-list": b"[1, 2]",
         "zero-dim": json.dumps({**text, "shape": [0, 4]}).encode(),
+        "three-dims": json.dumps({**text, "shape": [4, 2, 2]}).encode(),
+        "bool-dim": json.dumps({**text, "shape": [True, 16]}).encode(),
+        "float-dim": json.dumps({**text, "shape": [4.0, 4]}).encode(),
+        "no-name": json.dumps({k: v for k, v in text.items() if k != "name"}).encode(),
+        "unknown-dtype": json.dumps({**text, "tensor_dtype": "int8"}).encode(),
     }[hostile]
     bad = _with_header(frame, header)
     with pytest.raises(codec.CorruptEntryError, match=reason):

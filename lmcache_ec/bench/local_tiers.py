@@ -43,6 +43,7 @@ from .seams import upstream_disk_idle, upstream_drop_cpu, upstream_remove, upstr
 from .subjects import (
     ExampleConnector,
     RawFile,
+    batch_note,
     close_bounded,
     cold_cpu,
     disk_path,
@@ -310,6 +311,7 @@ def run_disk(
                 walk_label,
                 "a StorageManager.get per item",
                 f"{batch} items per step",
+                ours_note=f"CPU tier cold; {batch_note(ours)}",
             )
         )
     finally:
@@ -366,6 +368,7 @@ def _read_row(
     up_label: str,
     up_note: str,
     example_note: str,
+    ours_note: str = "CPU tier cold",
 ) -> dict[str, Any]:
     def s(name: str, label: str, note: str = "") -> dict[str, Any]:
         return summary(
@@ -383,7 +386,7 @@ def _read_row(
         shape,
         dtype,
         nbytes,
-        ours=s(OURS, "ECCache.get_many" if batch > 1 else "ECCache.get", "CPU tier cold"),
+        ours=s(OURS, "ECCache.get_many" if batch > 1 else "ECCache.get", ours_note),
         upstream=s(UP, up_label, up_note),
         example=s(EX, "ECExampleConnector.start_load_caches", example_note),
         limit=s(LIMIT, RawFile.label_read, "the entry's own file"),

@@ -34,6 +34,7 @@ from .seams import upstream_drop_cpu, upstream_remote_names, upstream_walk
 from .subjects import (
     RawRedis,
     RawS3,
+    batch_note,
     close_bounded,
     open_ours,
     open_upstream,
@@ -173,6 +174,7 @@ def run_remote(
                     per_call_items=per,
                     hits=series[OURS].hits,
                     tier_hits=tier_hits,
+                    note="" if per == 1 else batch_note(ours),
                 ),
                 upstream=(
                     not_available(UP_LABEL, S3_UPSTREAM)

@@ -42,6 +42,11 @@ def open_ours(config: dict[str, Any], dtype: torch.dtype, namespace: str | None 
     return ECCache.from_config(config, model=MODEL, dtype=dtype, namespace=namespace)
 
 
+def batch_note(ours: Any) -> str:
+    """How a ``get_many`` of ``ours`` reads (a row's footnote)."""
+    return f"{ours.config.values['read_threads']} read threads below the CPU tier"
+
+
 def open_upstream(config: dict[str, Any], dtype: torch.dtype) -> Any:
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.ec_engine import ECCacheEngine
