@@ -1,11 +1,11 @@
-"""The reads of one ``get_many`` batch, on several threads.
+"""The reads of one ``get_many`` batch below the CPU tier, on several threads.
 
-A batch's reads are mostly copies (out of the CPU pool, from a file, from a
-socket), and those release the GIL: eight 1.3 MB copies out of a pool took
-half the time on two threads that they took on one (2 cores). The caller's
-thread takes part, so a batch of one costs no hand-off, and items are taken
-one at a time from a shared index, so one slow item (a remote read) leaves
-no thread idle while others remain.
+Those reads wait on files and sockets with the GIL released: on 2 cores a
+disk ``get_many`` of eight went from 1.6-2.2x upstream's per-item loop on
+one thread to 2.3-3.0x on two (docs/benchmarks.md). The caller's thread
+takes part, so a batch of one costs no hand-off, and items are taken one at
+a time from a shared index, so one slow item (a remote read) leaves no
+thread idle while others remain.
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ class ReadPool:
             pass
         work()
         for future in started:
-            future.result()
+            # A helper still queued behind another caller's batch is not waited for.
+            if not future.cancel():
+                future.result()
         if failed:
             raise failed[0]
         return results  # type: ignore[return-value]

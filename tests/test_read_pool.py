@@ -79,6 +79,31 @@ def test_after_close_batches_are_read_on_the_caller_and_no_thread_is_left():
     assert readers == {threading.get_ident()}
 
 
+def test_a_batch_does_not_wait_for_helpers_busy_with_another_callers_batch():
+    pool = ReadPool(2)  # one helper thread, shared by every caller
+    release = threading.Event()
+    both_started = threading.Barrier(3, timeout=10)
+
+    def slow(item: int) -> int:
+        both_started.wait()
+        release.wait(10)
+        return item
+
+    first = threading.Thread(target=pool.map, args=(slow, [0, 1]))
+    first.start()
+    try:
+        both_started.wait()  # the first batch holds the caller's thread and the helper
+        done: list[list[int]] = []
+        second = threading.Thread(target=lambda: done.append(pool.map(lambda i: i * 2, [1, 2, 3])))
+        second.start()
+        second.join(5)
+        assert done == [[2, 4, 6]]  # read on its own caller's thread, not queued behind
+    finally:
+        release.set()
+        first.join(10)
+        pool.close()
+
+
 def test_thread_counts_below_one_are_refused():
     with pytest.raises(ValueError, match="threads"):
         ReadPool(0)
