@@ -11,6 +11,8 @@ Contract:
   tiers above it. A frame that fails verification is removed from every
   tier, counted, and reported as a miss. A tier that raises is skipped.
 - The returned tensor is a private copy on the requested device.
+- ``get_many`` reads the items below the CPU tier side by side
+  (``read_threads``, ``read_pool.py``); results keep the order asked.
 - A purge by another process (``lmcache-ec purge``) is noticed through its
   marker (``purge_marker.py``) within ``purge_check_s``: the CPU tier drops
   the entries the purge selected and the engine forgets what it knew of them
@@ -331,7 +333,11 @@ class ECCache:
         *,
         pin_memory: bool = False,
     ) -> list[torch.Tensor | None]:
-        """``get`` for several entries; device copies are issued together."""
+        """``get`` for several entries, in order; device copies are issued together.
+
+        CPU hits are copied on the calling thread; the reads below the CPU tier
+        run on up to ``read_threads`` threads, the calling one included.
+        """
         self._check_open()
         self._watch.poll_disk()
         keys = [self.key(mm_hash) for mm_hash in mm_hashes]
