@@ -142,3 +142,25 @@ def test_a_batch_of_cpu_hits_is_copied_on_the_callers_thread(cache):
     assert all(bit_equal(out, tensor) for out, tensor in zip(got, items.values(), strict=True))
     assert cache.stats.snapshot()["hits"] == {"cpu": len(items)}
     assert set(_reader_threads()) == before  # no helper was started
+
+
+def test_get_many_reads_node_tier_hits_on_two_threads(tmp_path):
+    config = {
+        "local_cpu": True,  # the node tier takes its role: the pool only stages
+        "max_local_cpu_size": 0.05,
+        "local_disk": None,
+        "node_tier": True,
+        "node_dir": str(tmp_path),
+        "max_node_size": 0.25,
+        "namespace": "read-pool",
+        "read_threads": 2,
+    }
+    items = {f"img-{i}": make_tensor((48, 96), torch.bfloat16, seed=i) for i in range(6)}
+    with ECCache.from_config(config, model="m") as writer:
+        assert all(writer.put_many(items))
+        assert writer.flush(10)
+    with ECCache.from_config(config, model="m") as reader:  # another process's view
+        got = reader.get_many([*items, "absent"])
+        assert got[-1] is None
+        assert all(bit_equal(out, t) for out, t in zip(got, items.values(), strict=False))
+        assert reader.stats.snapshot()["hits"] == {"node": len(items)}
