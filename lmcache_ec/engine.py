@@ -37,11 +37,11 @@ from lmcache.v1.event_manager import EventManager
 from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.metadata import LMCacheMetadata
 
-from . import codec, selection
+from . import codec
 from .config import ECConfig, load_config
 from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
 from .metrics import ECStats
-from .purge_marker import MarkerWatch, PurgeMarker
+from .purge_follow import PurgeFollower
 from .read_pool import ReadPool
 from .reads import Prefetched, TierReader, remember_payload
 from .reads import frame_bytes as _frame_bytes
@@ -121,7 +121,8 @@ class ECCache:
         self._keys: dict[str, ECKey] = {}
         self._replayer = RemoteReplayer(self._storage, _frame_bytes, lambda: self._closed)
         self._replayer.attach()
-        self._start_purge_watch()
+        self._purges = PurgeFollower(config, self._storage, self._reader, self.stats)
+        self._watch = self._purges.watch  # polled on every read and write
 
     @classmethod
     def from_config(
@@ -456,99 +457,6 @@ class ECCache:
             results[index] = out
         return results
 
-    # -- purges by other processes --------------------------------------------
-
-    def _start_purge_watch(self) -> None:
-        """Watch the purge markers of the shared tiers (``purge_marker.py``).
-
-        The disk marker is ``stat``-ed by reads and writes, at most every
-        ``purge_check_s``; the remote one is read by the ``ec-purge-watch``
-        thread at the same interval (never by a read), which also checks the
-        disk marker for an engine that is idle.
-        """
-        interval = float(self.config.values["purge_check_s"])  # schema default applied
-        disk_dir = self.config.values.get("local_disk") if self._disk is not None else None
-        self._purge_lock = threading.Lock()
-        self._purge_stop = threading.Event()
-        self._watch = MarkerWatch(disk_dir, interval, self._purged)
-        self._watch_thread: threading.Thread | None = None
-        if disk_dir is None and not selection.remote_configured(self.config):
-            return
-        self._watch_thread = threading.Thread(
-            target=self._watch_loop, name="ec-purge-watch", daemon=True
-        )
-        self._watch_thread.start()
-
-    def _watch_loop(self) -> None:
-        catalog = None
-        if selection.remote_configured(self.config):
-            try:
-                catalog = selection.open_remote(self.config)
-            except Exception as exc:
-                logger.warning("Purges through the remote tier will not be noticed: %s", exc)
-        try:
-            while True:
-                if catalog is not None:
-                    self._watch.check_remote(catalog)
-                self._watch.poll_disk()
-                if self._purge_stop.wait(self._watch.interval):
-                    return
-        except Exception as exc:  # never let the watch kill anything else
-            logger.warning("Purge watch stopped: %s", exc)
-        finally:
-            if catalog is not None:
-                catalog.close()
-
-    def _purged(self, marker: PurgeMarker, tier: str) -> None:
-        """Another process purged ``marker``'s selection from ``tier``.
-
-        - remote marker (on the watch thread): entries of this engine's own
-          disk and node directories that the purge selected and that were
-          created before it are deleted first — the purging process may not
-          share them;
-        - the CPU tier drops every entry whose namespace and model (and, when
-          known from the key, weights version) the purge selected, whatever its
-          age: they are read again from a lower tier if still there;
-        - the remote tier forgets which keys it saw stored (a later put uploads
-          again).
-        """
-        with self._purge_lock:
-            self.stats.add("purges_seen")
-            selector = marker.selector()
-            tiers = self._storage.every_tier()
-            if tier == "remote":
-                for directory in [t.directory for t in tiers if t.directory is not None]:
-                    self._purge_directory(directory, selector)
-            self._drop_cpu(selector)
-            for each in tiers:
-                each.forget_stored()
-
-    def _purge_directory(self, directory: str, selector: selection.Selector) -> None:
-        try:
-            entries = selection.scan_disk(directory, selector)
-            for entry in entries:
-                selection.read_disk_header(entry)
-            for entry in selection.filter_headers(entries, selector):
-                selection.delete_disk(entry)
-        except OSError as exc:
-            logger.warning("Applying a purge to %s failed: %s", directory, exc)
-
-    def _drop_cpu(self, selector: selection.Selector) -> None:
-        dropped = 0
-        for key, _ in self._cpu.entries():
-            if not selector.matches_name(key.to_string()):
-                continue
-            identity = key.identity if isinstance(key, ECKey) else None
-            known = selector.weights is not None and identity is not None
-            if known and identity.weights != selector.weights:
-                continue
-            if isinstance(key, ECKey):
-                self._reader.cancel(key)
-            if self._cpu.remove(key):
-                dropped += 1
-        if dropped:
-            logger.info("Purge: %d entries dropped from the CPU tier", dropped)
-
     # -- lifecycle -----------------------------------------------------------
 
     def pending_writes(self) -> int:
@@ -572,7 +480,7 @@ class ECCache:
             if self._closed:
                 return
             self._closed = True
-        self._purge_stop.set()
+        self._purges.stop()
         if not self.flush():
             logger.warning(
                 "close(): %d writes still pending after %.0fs",
@@ -587,8 +495,7 @@ class ECCache:
             logger.warning("close(): storage backends did not stop in time; leaving them")
 
     def _close_storage(self) -> None:
-        if self._watch_thread is not None:
-            self._watch_thread.join(timeout=self.config.close_timeout)
+        self._purges.join(self.config.close_timeout)
         self._read_pool.close()
         self._reader.close(self.config.close_timeout)
         self._storage.close()

@@ -49,7 +49,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("remote", ("remote", "remote.*")),
     ("storage", ("tiers", "tiers.manager")),
     ("selection", ("selection", "purge_marker")),
-    ("read path", ("promotion", "read_pool", "reads", "replay")),
+    ("read path", ("promotion", "read_pool", "reads", "replay", "purge_follow")),
     ("engine", ("engine",)),
     ("inventory", ("inventory",)),
     ("integration", ("integration.*",)),

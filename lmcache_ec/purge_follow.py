@@ -1,0 +1,126 @@
+"""Purges made by other processes, applied to one engine's own state.
+
+``lmcache-ec purge`` in another process deletes entries from the shared tiers
+and leaves a marker (``purge_marker.py``). An engine follows the markers of
+the tiers it shares: the disk marker is ``stat``-ed by reads and writes (at
+most every ``purge_check_s``, through ``watch.poll_disk``); the remote one is
+read by the ``ec-purge-watch`` thread at the same interval (never by a read),
+which also checks the disk marker for an engine that is idle.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from . import selection
+from .config import ECConfig
+from .key import ECKey
+from .metrics import ECStats
+from .purge_marker import MarkerWatch, PurgeMarker
+
+if TYPE_CHECKING:
+    from .reads import TierReader
+    from .tiers import ECStorageManager
+
+logger = logging.getLogger(__name__)
+
+
+class PurgeFollower:
+    def __init__(
+        self, config: ECConfig, storage: ECStorageManager, reader: TierReader, stats: ECStats
+    ) -> None:
+        self._config = config
+        self._storage = storage
+        self._reader = reader
+        self._stats = stats
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        interval = float(config.values["purge_check_s"])  # schema default applied
+        disk_dir = config.values.get("local_disk") if storage.disk is not None else None
+        self.watch = MarkerWatch(disk_dir, interval, self._purged)
+        self._thread: threading.Thread | None = None
+        if disk_dir is None and not selection.remote_configured(config):
+            return
+        self._thread = threading.Thread(target=self._loop, name="ec-purge-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the watch thread to end (``join`` waits for it)."""
+        self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+
+    def _loop(self) -> None:
+        catalog = None
+        if selection.remote_configured(self._config):
+            try:
+                catalog = selection.open_remote(self._config)
+            except Exception as exc:
+                logger.warning("Purges through the remote tier will not be noticed: %s", exc)
+        try:
+            while True:
+                if catalog is not None:
+                    self.watch.check_remote(catalog)
+                self.watch.poll_disk()
+                if self._stop.wait(self.watch.interval):
+                    return
+        except Exception as exc:  # never let the watch kill anything else
+            logger.warning("Purge watch stopped: %s", exc)
+        finally:
+            if catalog is not None:
+                catalog.close()
+
+    def _purged(self, marker: PurgeMarker, tier: str) -> None:
+        """Another process purged ``marker``'s selection from ``tier``.
+
+        - remote marker (on the watch thread): entries of this engine's own
+          disk and node directories that the purge selected and that were
+          created before it are deleted first — the purging process may not
+          share them;
+        - the CPU tier drops every entry whose namespace and model (and, when
+          known from the key, weights version) the purge selected, whatever its
+          age: they are read again from a lower tier if still there;
+        - the remote tier forgets which keys it saw stored (a later put uploads
+          again).
+        """
+        with self._lock:
+            self._stats.add("purges_seen")
+            selector = marker.selector()
+            tiers = self._storage.every_tier()
+            if tier == "remote":
+                for directory in [t.directory for t in tiers if t.directory is not None]:
+                    self._purge_directory(directory, selector)
+            self._drop_cpu(selector)
+            for each in tiers:
+                each.forget_stored()
+
+    def _purge_directory(self, directory: str, selector: selection.Selector) -> None:
+        try:
+            entries = selection.scan_disk(directory, selector)
+            for entry in entries:
+                selection.read_disk_header(entry)
+            for entry in selection.filter_headers(entries, selector):
+                selection.delete_disk(entry)
+        except OSError as exc:
+            logger.warning("Applying a purge to %s failed: %s", directory, exc)
+
+    def _drop_cpu(self, selector: selection.Selector) -> None:
+        cpu = self._storage.cpu
+        dropped = 0
+        for key, _ in cpu.entries():
+            if not selector.matches_name(key.to_string()):
+                continue
+            identity = key.identity if isinstance(key, ECKey) else None
+            known = selector.weights is not None and identity is not None
+            if known and identity.weights != selector.weights:
+                continue
+            if isinstance(key, ECKey):
+                self._reader.cancel(key)
+            if cpu.remove(key):
+                dropped += 1
+        if dropped:
+            logger.info("Purge: %d entries dropped from the CPU tier", dropped)
