@@ -80,7 +80,7 @@ def _engine(column: str, measured: dict[str, Any]) -> str | None:
         return UPSTREAM
     if column == "upstream":
         return UPSTREAM_WALK if "StorageManager.get" in measured["label"] else UPSTREAM
-    return None  # example, cpu_only: shown by ``lmcache-ec bench``
+    return None  # example, cpu_only and the references: shown by ``lmcache-ec bench``
 
 
 def run_local(settings: LocalBenchSettings, progress: Progress = lambda _: None) -> dict[str, Any]:

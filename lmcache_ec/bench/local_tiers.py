@@ -13,7 +13,9 @@ CPU tier (``local_cpu`` only):
   ``get``, ``get_many`` limit: ``tensor.clone()`` of a copy of the same tensor
                        made for that entry alone, so it is as cold in the
                        caches as the pool's entry (a sample tensor is hot:
-                       the run's check has just read it).
+                       the run's check has just read it). ``get`` also times
+                       LMCache's CPU backend alone (``cpu_read``: lookup, one
+                       copy, release), the floor of a read through it.
 
 Disk tier (CPU + disk, reads with the CPU tier cold):
   ``put``              time for the call to return, next to the same put on a
@@ -25,6 +27,9 @@ Disk tier (CPU + disk, reads with the CPU tier cold):
                        the CPU tier (it misses here, its hits are noted); its
                        ``StorageManager.get`` tier walk is timed instead.
                        Limit: ``readinto`` of the entry's file (page cache).
+                       ``get`` also times ours, the example and the verifying
+                       read with one pass over each result (``*_read_once``):
+                       the example's tensor maps the file and reads it only then.
   ``get (restarted)``  a new engine on the same directory.
 """
 
@@ -39,7 +44,13 @@ import torch
 
 from .measure import alternate, interleave, summary, wait_until
 from .rows import OURS, make_row, pool_gb, sample_tensors
-from .seams import upstream_disk_idle, upstream_drop_cpu, upstream_remove, upstream_walk
+from .seams import (
+    upstream_cpu_read,
+    upstream_disk_idle,
+    upstream_drop_cpu,
+    upstream_remove,
+    upstream_walk,
+)
 from .subjects import (
     ExampleConnector,
     RawFile,
@@ -49,12 +60,17 @@ from .subjects import (
     disk_path,
     open_ours,
     open_upstream,
+    read_once,
     same,
     timed_put,
     warm_pool,
 )
 
 UP, EX, LIMIT, VERIFIED = "upstream", "example", "limit", "verified"
+CPU_READ, OURS_ONCE, EX_ONCE = "cpu_read", "ours_read_once", "example_read_once"
+VERIFIED_ONCE = "verified_read_once"
+CPU_READ_LABEL = "LocalCPUBackend get_blocking + clone()"
+READ_ONCE_NOTE = "xxh3 over the result"
 UP_LABEL = "ECCacheEngine"
 EXAMPLE_SAVE = "ECExampleConnector.save_caches"
 CPU_ONLY_LABEL = "ECCache.put, CPU tier only"
@@ -100,18 +116,20 @@ def run_cpu(
     apart = [x(i).clone() for i in range(n)]
     rows: list[dict[str, Any]] = []
 
+    labels = {OURS: "ECCache", UP: UP_LABEL, LIMIT: "tensor.clone()", CPU_READ: CPU_READ_LABEL}
+
     def add(op: str, series: dict, per_call_items: int = 1, notes: dict | None = None) -> None:
         notes = notes or {}
         measured = {
             name: summary(
-                label,
+                labels[name],
                 series[name].times,
                 nbytes,
                 per_call_items=per_call_items,
                 hits=series[name].hits,
                 note=notes.get(name, ""),
             )
-            for name, label in ((OURS, "ECCache"), (UP, UP_LABEL), (LIMIT, "tensor.clone()"))
+            for name in series
         }
         rows.append(make_row("cpu", op, shape, dtype, nbytes, **measured))
 
@@ -154,12 +172,13 @@ def run_cpu(
                     OURS: lambda i: ours.get(hashes[i]),
                     UP: lambda i: upstream.get(hashes[i], "cpu"),
                     LIMIT: lambda i: apart[i].clone(),
+                    CPU_READ: lambda i: upstream_cpu_read(upstream, hashes[i], x(i)),
                 },
                 n,
                 check=lambda i, out: same(out, x(i)),
-                checked=(OURS, UP),
+                checked=(OURS, UP, CPU_READ),
             ),
-            notes={LIMIT: APART_NOTE},
+            notes={LIMIT: APART_NOTE, CPU_READ: "upstream's pool, the floor of a read through it"},
         )
         progress("get_many")
         batches = [list(range(j, j + batch)) for j in range(0, n - batch + 1, batch)]
@@ -277,6 +296,18 @@ def run_disk(
             check=lambda i, out: same(out, x(i)),
             checked=(OURS, UP, EX),
         )
+        progress("get, each result read once, CPU tier cold")
+        ours = cold_cpu(ours)  # the pass above promoted every entry
+        series |= interleave(
+            {
+                OURS_ONCE: lambda i: read_once(ours.get(hashes[i])),
+                EX_ONCE: lambda i: read_once(example.load([hashes[i]], tokens).get(hashes[i])),
+                VERIFIED_ONCE: lambda i: read_once(RawFile.read_verified(paths[i])),
+            },
+            n,
+            check=lambda i, out: same(out, x(i)),
+            checked=(OURS_ONCE, EX_ONCE),
+        )
         row = _read_row("get", shape, dtype, nbytes, series, 1, walk_label, walk_note, "one item")
         # Upstream's own get(), apart: the table shows its walk, ``bench local`` both.
         row["upstream_get"] = summary(
@@ -391,6 +422,15 @@ def _read_row(
         example=s(EX, "ECExampleConnector.start_load_caches", example_note),
         limit=s(LIMIT, RawFile.label_read, "the entry's own file"),
         verified=s(VERIFIED, RawFile.label_verified) if VERIFIED in series else None,
+        **{
+            name: s(name, label, READ_ONCE_NOTE)
+            for name, label in (
+                (OURS_ONCE, "ECCache.get"),
+                (EX_ONCE, "ECExampleConnector"),
+                (VERIFIED_ONCE, RawFile.label_verified),
+            )
+            if name in series
+        },
     )
     row["batch"] = batch
     return row

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .run import shape_name
-from .targets import CONVENTION
+from .targets import CONVENTION, REFERENCES
 
 BASELINE_TITLES = {
     "upstream": "ECCacheEngine",
@@ -87,8 +87,18 @@ def _target_cell(row: dict[str, Any], markup: bool) -> str:
             rule = f"{target['value']:.2f}≥{target['threshold']:g} vs {target['baseline']}"
         else:
             rule = f"{ms(target['value'])}≤{ms(target['threshold'])}"
-        cells.append(f"{verdict} {rule}")
+        reference = references_text(target)
+        cells.append(f"{verdict} {rule}" + (f" ({reference})" if reference else ""))
     return "; ".join(cells)
+
+
+def references_text(target: dict[str, Any]) -> str:
+    """The target's reference ratios measured this run, in words ("" for none)."""
+    return "; ".join(
+        REFERENCES[name].show(value)
+        for name, value in target.get("references", {}).items()
+        if value is not None
+    )
 
 
 def table_rows(result: dict[str, Any], markup: bool = False) -> tuple[list[list[str]], Footnotes]:
@@ -104,6 +114,15 @@ def table_rows(result: dict[str, Any], markup: bool = False) -> tuple[list[list[
             extra.append(f"write still running at return: {ours['in_flight']}/{ours['n']}")
         if row.get("cpu_only"):
             extra.append(f"same put, CPU tier only: {ms(row['cpu_only']['median_ms'])} ms")
+        if row.get("cpu_read"):
+            extra.append(f"{row['cpu_read']['label']}: {ms(row['cpu_read']['median_ms'])} ms")
+        once = [row.get(n) for n in ("ours_read_once", "example_read_once", "verified_read_once")]
+        if all(once):
+            extra.append(
+                f"each result read once ({once[0]['note']}): ours {ms(once[0]['median_ms'])} ms, "
+                f"example {ms(once[1]['median_ms'])} ms, readinto + xxh3 "
+                f"{ms(once[2]['median_ms'])} ms"
+            )
         if row.get("verified"):
             reached = row.get("ratios", {}).get("verified")
             extra.append(
@@ -203,7 +222,7 @@ def print_table(result: dict[str, Any], console: Any) -> None:
     for line in [*legend(result), *notes.lines()]:
         console.print(line, markup=False)
     targets = Table(title="targets", title_justify="left")
-    for header in ("tier", "shape", "op", "target", "value", "result"):
+    for header in ("tier", "shape", "op", "target", "value", "result", "references"):
         targets.add_column(header)
     for target in result["targets"]:
         if target["kind"] == "min_ratio":
@@ -219,6 +238,7 @@ def print_table(result: dict[str, Any], console: Any) -> None:
             target["text"],
             value,
             verdict,
+            references_text(target),
         )
     console.print(targets)
     console.print(summary_line(result))

@@ -9,12 +9,16 @@ A row is a JSON-ready dict::
      "example":  ...,          # vLLM's ECExampleConnector
      "limit":    ...,          # the same bytes moved by torch / the OS / the bare client
      "cpu_only": ...,          # put rows below the CPU tier: the same put, CPU tier only
-     "verified": ...}          # disk reads: readinto + one xxh3 (a verifying read's floor)
+     "verified": ...,          # disk reads: readinto + one xxh3 (a verifying read's floor)
+     "cpu_read": ...,          # CPU get: LMCache's CPU backend alone (lookup, copy, release)
+     "ours_read_once": ..., "example_read_once": ..., "verified_read_once": ...}
+                               # disk get: each result read once, in a pass of their own
 
 ``median_ms``/``p99_ms`` are per item (a ``get_many`` call of ``batch`` items
 is divided by ``batch``); ``mb_s`` is item bytes over the median. ``hits``
 counts results that equal the stored tensor (None where nothing is read).
-Ratios and targets are added by ``lmcache_ec.bench.targets``.
+Ratios (to ours, and the references between two other cells) and targets
+are added by ``lmcache_ec.bench.targets``.
 """
 
 from __future__ import annotations
@@ -42,7 +46,10 @@ def make_row(
     cpu_only: dict[str, Any] | None = None,
     verified: dict[str, Any] | None = None,
     note: str = "",
+    **references: dict[str, Any],
 ) -> dict[str, Any]:
+    """``references``: further measured cells a target's reference ratio uses
+    (``targets.REFERENCES``)."""
     if isinstance(dtype, torch.dtype):
         dtype = str(dtype).removeprefix("torch.")
     return {
@@ -59,6 +66,7 @@ def make_row(
         "limit": limit,
         **({"cpu_only": cpu_only} if cpu_only is not None else {}),
         **({"verified": verified} if verified is not None else {}),
+        **references,
     }
 
 

@@ -5,7 +5,8 @@ lmcache-ec's vLLM connector; lmcache-ec's ``ECCache`` itself is measured
 through its public calls only. Upstream names relied on (pinned by the tests
 of upstream behaviour): ``ECCacheEngine._storage_manager``,
 ``ECCacheEngine._make_cache_key``, ``StorageManager.storage_backends``,
-``LocalDiskBackend.disk_worker.put_lock``/``put_tasks``.
+``LocalDiskBackend.disk_worker.put_lock``/``put_tasks``; the backends' public
+``get_blocking`` and ``MemoryObj.ref_count_down`` are used as ``ECCache`` uses them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,21 @@ def upstream_walk(engine: Any, mm_hash: str, like: torch.Tensor) -> torch.Tensor
     its disk and remote tiers answer at all.
     """
     memory_obj = engine._storage_manager.get(upstream_key(engine, mm_hash))
+    if memory_obj is None:
+        return None
+    try:
+        return memory_obj.tensor.view(like.dtype).view(like.shape).clone()
+    finally:
+        memory_obj.ref_count_down()
+
+
+def upstream_cpu_read(engine: Any, mm_hash: str, like: torch.Tensor) -> torch.Tensor | None:
+    """The least a read through LMCache's CPU backend does: lookup and hold
+    (``get_blocking``), one copy out, release. ``ECCache``'s CPU tier is that
+    backend, so this is the floor of its CPU hit; ``ECCacheEngine.get`` adds its
+    own batching above it."""
+    cpu = engine._storage_manager.storage_backends["LocalCPUBackend"]
+    memory_obj = cpu.get_blocking(upstream_key(engine, mm_hash))
     if memory_obj is None:
         return None
     try:

@@ -103,7 +103,17 @@ def test_bench_quick_tiny_run_writes_the_documented_json(
     for row in rows:
         found.setdefault(row["tier"], set()).add(row["op"])
         _check_measurement(row["ours"], row)
-        for name in ("upstream", "example", "limit", "cpu_only", "verified"):
+        for name in (
+            "upstream",
+            "example",
+            "limit",
+            "cpu_only",
+            "verified",
+            "cpu_read",
+            "ours_read_once",
+            "example_read_once",
+            "verified_read_once",
+        ):
             _check_baseline(row.get(name), row)
         assert isinstance(row["ratios"], dict)
         assert all(v is None or (_number(v) and v > 0) for v in row["ratios"].values())
@@ -125,6 +135,36 @@ def test_bench_quick_tiny_run_writes_the_documented_json(
         disk_get["ratios"]["verified"]
         == disk_get["verified"]["median_ms"] / disk_get["ours"]["median_ms"]
     )
+    # References beside the targets: each a ratio of two cells of the same row.
+    cpu_get = by_key[("cpu", "get")]
+    assert cpu_get["cpu_read"]["hits"] == 4  # LMCache's CPU backend alone, checked too
+    assert cpu_get["ratios"]["backend_bound"] == (
+        cpu_get["limit"]["median_ms"] / cpu_get["cpu_read"]["median_ms"]
+    )
+    for op in ("get", "get_many"):
+        row = by_key[("cpu", op)]
+        assert row["ratios"]["copy_bound"] == (
+            row["upstream"]["median_ms"] / row["limit"]["median_ms"]
+        )
+    assert disk_get["ours_read_once"]["hits"] == disk_get["example_read_once"]["hits"] == 4
+    assert disk_get["ratios"]["read_once"] == (
+        disk_get["example_read_once"]["median_ms"] / disk_get["ours_read_once"]["median_ms"]
+    )
+    assert disk_get["ratios"]["example_read_once_bound"] == (
+        disk_get["example_read_once"]["median_ms"] / disk_get["verified_read_once"]["median_ms"]
+    )
+    shown = {(t["tier"], t["op"], name) for t in result["targets"] for name in t["references"]}
+    assert shown == {
+        ("cpu", "get", "backend_bound"),
+        ("cpu", "get", "copy_bound"),
+        ("cpu", "get_many", "copy_bound"),
+        ("disk", "get", "verify_bound"),
+        ("disk", "get", "example_verify_bound"),
+        ("disk", "get", "read_once"),
+        ("disk", "get", "example_read_once_bound"),
+    }
+    assert all(_number(v) for t in result["targets"] for v in t["references"].values())
+    assert "read once each:" in out and "bound" in out
     assert "0/4 hits" in disk_get["upstream"]["note"]  # its get() reads the CPU tier only
     assert by_key[("disk", "get (restarted)")]["upstream"]["hits"] == 0
     assert by_key[("disk", "get (restarted)")]["ratios"]["upstream"] is None
@@ -224,6 +264,45 @@ def test_repeated_runs_report_the_median_of_their_medians():
     assert merge_repeats(runs[:1], ratios) == runs[0]
     with pytest.raises(ValueError, match="different rows"):
         merge_repeats([runs[0], [{**runs[1][0], "op": "put"}]], ratios)
+
+
+def test_references_are_ratios_of_the_rows_own_cells_and_never_change_a_verdict():
+    from lmcache_ec.bench.measure import merge_repeats
+    from lmcache_ec.bench.report import table_rows
+    from lmcache_ec.bench.targets import annotate, ratios
+
+    def run(ours: float, upstream: float, copy: float, cpu_read_hits: int = 4) -> list[dict]:
+        return [
+            {
+                "tier": "cpu",
+                "op": "get",
+                "shape": [8, 16],
+                "ours": _engine(ours, ours),
+                "upstream": _engine(upstream, upstream),
+                "limit": _engine(copy, copy),
+                "cpu_read": _engine(0.25, 0.25, hits=cpu_read_hits),
+            }
+        ]
+
+    # Per run: upstream / one copy = 2.0, 1.0, 3.0; the row takes their median.
+    (row,) = merge_repeats([run(1.0, 0.4, 0.2), run(1.0, 0.3, 0.3), run(1.0, 0.6, 0.2)], ratios)
+    assert row["ratios"]["copy_bound"] == pytest.approx(2.0)
+    assert row["ratios"]["backend_bound"] == pytest.approx(0.2 / 0.25)
+    results = annotate([row])
+    by_text = {t["text"]: t for t in results}
+    upstream = by_text["get ≥ 1.5x upstream"]
+    assert upstream["pass"] is False  # 0.4 / 1.0: the bound is shown, the verdict stands
+    assert upstream["references"] == {"copy_bound": pytest.approx(2.0)}
+    cells, _ = table_rows({"rows": [row], "skipped": []})
+    assert "FAIL 0.40≥1.5 vs upstream (bound 2.00x: one copy)" in cells[0][-1]
+
+    # A cell that missed gives no reference, and none is shown.
+    (missed,) = run(1.0, 0.4, 0.2, cpu_read_hits=1)
+    missed["ratios"] = ratios(missed)
+    assert missed["ratios"]["backend_bound"] is None
+    annotate([missed])
+    cells, _ = table_rows({"rows": [missed], "skipped": []})
+    assert "LMCache's CPU read" not in cells[0][-1]
 
 
 def test_bench_repeat_runs_each_job_in_fresh_processes(tmp_path, invoke):
