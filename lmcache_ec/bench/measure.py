@@ -100,6 +100,7 @@ def summary(
 
 
 _MEDIAN_OF_RUNS = ("median_ms", "p99_ms", "mb_s")
+_SUMMED_OVER_RUNS = ("hits", "in_flight", "stored")  # counts out of ``n``
 
 
 def merge_repeats(
@@ -109,9 +110,10 @@ def merge_repeats(
     """The rows of several runs of one job as one set of rows.
 
     Each measured engine gets the median over the runs of its median, p99 and
-    throughput, its per-run medians as ``runs_ms`` and its items and hits
-    summed; everything else is the first run's. A row's ``ratios`` are the
-    median over the runs of ``ratios(row)`` of each run: a baseline is only
+    throughput, its per-run medians as ``runs_ms`` and its items and counts
+    (hits, puts still writing at return, saves stored) summed; everything else
+    is the first run's. A row's ``ratios`` are the median over the runs of
+    ``ratios(row)`` of each run: a baseline is only
     compared with the run it was measured in. Raises ``ValueError`` when the
     runs measured different rows.
     """
@@ -135,8 +137,9 @@ def merge_repeats(
                 combined[key] = statistics.median(values) if values else None
             combined["runs_ms"] = [e["median_ms"] for e in same]
             combined["n"] = sum(e.get("n") or 0 for e in same)
-            if engine.get("hits") is not None:
-                combined["hits"] = sum(e.get("hits") or 0 for e in same)
+            for key in _SUMMED_OVER_RUNS:
+                if engine.get(key) is not None:
+                    combined[key] = sum(e.get(key) or 0 for e in same)
             out[name] = combined
         per_run = [ratios(run[index]) for run in runs]
         out["ratios"] = {

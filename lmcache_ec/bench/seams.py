@@ -35,13 +35,7 @@ def upstream_walk(engine: Any, mm_hash: str, like: torch.Tensor) -> torch.Tensor
     ``ECCacheEngine.get`` reads only its first backend; the walk is the only way
     its disk and remote tiers answer at all.
     """
-    memory_obj = engine._storage_manager.get(upstream_key(engine, mm_hash))
-    if memory_obj is None:
-        return None
-    try:
-        return memory_obj.tensor.view(like.dtype).view(like.shape).clone()
-    finally:
-        memory_obj.ref_count_down()
+    return _copy_out(engine._storage_manager.get(upstream_key(engine, mm_hash)), like)
 
 
 def upstream_cpu_read(engine: Any, mm_hash: str, like: torch.Tensor) -> torch.Tensor | None:
@@ -50,7 +44,11 @@ def upstream_cpu_read(engine: Any, mm_hash: str, like: torch.Tensor) -> torch.Te
     backend, so this is the floor of its CPU hit; ``ECCacheEngine.get`` adds its
     own batching above it."""
     cpu = engine._storage_manager.storage_backends["LocalCPUBackend"]
-    memory_obj = cpu.get_blocking(upstream_key(engine, mm_hash))
+    return _copy_out(cpu.get_blocking(upstream_key(engine, mm_hash)), like)
+
+
+def _copy_out(memory_obj: Any, like: torch.Tensor) -> torch.Tensor | None:
+    """A held buffer copied out as ``like``'s dtype and shape, then released."""
     if memory_obj is None:
         return None
     try:

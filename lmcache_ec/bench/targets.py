@@ -45,6 +45,9 @@ REFERENCES = {
     "example_read_once_bound": Reference(
         "bound {ratio}", "example_read_once", "verified_read_once"
     ),
+    # get_many below the CPU tier: upstream against the bare read, one item at a time.
+    "item_loop": Reference("the limit item by item: {ratio}", "upstream", "limit"),
+    "verified_loop": Reference("readinto + xxh3 item by item: {ratio}", "upstream", "verified"),
 }
 CONVENTION = (
     "ratio = baseline median / lmcache-ec median (a speed ratio: >1 means lmcache-ec is "
@@ -159,10 +162,19 @@ TARGETS = (
     ),
     Target(
         "get_many ≥ 2x upstream's per-item loop",
-        ("disk", "redis", "s3"),
+        ("disk",),
         ("get_many",),
         "upstream",
         min_ratio=2.0,
+        references=("verified_loop",),
+    ),
+    Target(
+        "get_many ≥ 2x upstream's per-item loop",
+        ("redis", "s3"),
+        ("get_many",),
+        "upstream",
+        min_ratio=2.0,
+        references=("item_loop",),
     ),
     Target("≤ 10 µs per item", ("scheduler",), SCHEDULER_OPS, max_ms=0.010),
     Target("returns in ≤ 100 µs", ("connector",), ("save_caches",), max_ms=0.100),

@@ -153,7 +153,12 @@ def test_bench_quick_tiny_run_writes_the_documented_json(
     assert disk_get["ratios"]["example_read_once_bound"] == (
         disk_get["example_read_once"]["median_ms"] / disk_get["verified_read_once"]["median_ms"]
     )
-    shown = {(t["tier"], t["op"], name) for t in result["targets"] for name in t["references"]}
+    shown = {
+        (t["tier"], t["op"], name)
+        for t in result["targets"]
+        for name, value in t["references"].items()
+        if value is not None
+    }
     assert shown == {
         ("cpu", "get", "backend_bound"),
         ("cpu", "get", "copy_bound"),
@@ -162,8 +167,12 @@ def test_bench_quick_tiny_run_writes_the_documented_json(
         ("disk", "get", "example_verify_bound"),
         ("disk", "get", "read_once"),
         ("disk", "get", "example_read_once_bound"),
+        ("disk", "get_many", "verified_loop"),
+        ("redis", "get_many", "item_loop"),
     }
-    assert all(_number(v) for t in result["targets"] for v in t["references"].values())
+    assert all(_number(v) for t in result["targets"] for v in t["references"].values() if v)
+    s3_many = [t for t in result["targets"] if (t["tier"], t["op"]) == ("s3", "get_many")]
+    assert s3_many[0]["references"] == {"item_loop": None}  # upstream cannot reach S3
     assert "read once each:" in out and "bound" in out
     assert "0/4 hits" in disk_get["upstream"]["note"]  # its get() reads the CPU tier only
     assert by_key[("disk", "get (restarted)")]["upstream"]["hits"] == 0
@@ -245,7 +254,7 @@ def test_repeated_runs_report_the_median_of_their_medians():
                 "tier": "disk",
                 "op": "get",
                 "shape": [8, 16],
-                "ours": _engine(ours, 2 * ours),
+                "ours": {**_engine(ours, 2 * ours), "in_flight": 2},
                 "upstream": _engine(upstream, 2 * upstream, hits=None),
                 "example": not_available("e", "why"),
             }
@@ -257,6 +266,7 @@ def test_repeated_runs_report_the_median_of_their_medians():
     assert row["ours"]["runs_ms"] == [0.2, 0.7, 0.3]
     assert row["ours"]["mb_s"] == pytest.approx(1 / 0.3)
     assert row["ours"]["n"] == 12 and row["ours"]["hits"] == 12
+    assert row["ours"]["in_flight"] == 6  # counts out of n are summed like n
     assert row["upstream"]["median_ms"] == 0.7 and row["upstream"]["hits"] is None
     assert row["example"] == not_available("e", "why")
     # Each run's baseline against that run's own time (3.0, 1.0, 4.0), not 0.7 / 0.3.
