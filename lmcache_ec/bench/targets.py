@@ -5,10 +5,10 @@ above 1 when lmcache-ec is faster. Against ``limit`` it is the fraction of
 the physical limit reached (usually below 1). A baseline that missed (fewer
 hits than calls) or could not run (``na``) gives no ratio.
 
-A target may name references: each a ratio between two other cells of the same
-row, measured in the same run, that says how far the target can be reached
-at all (a bound) or what it reads like for like. It is shown beside the
-verdict and never changes it.
+A target may name references: each a ratio between two other cells of the
+same row, measured in the same run, that says how far the target can be
+reached at all (a bound) or what the row reads like for like. They are shown
+beside the verdict and never change it.
 """
 
 from __future__ import annotations
