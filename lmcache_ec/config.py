@@ -73,10 +73,6 @@ def _non_negative(value: Any) -> str | None:
 MAX_SIZE_GB = 1024**3  # 1 EiB: beyond any host, and bytes still fit in an int64
 
 
-def _at_least_one(value: Any) -> str | None:
-    return None if value >= 1 else "must be >= 1"
-
-
 def _size_gb(value: Any) -> str | None:
     problem = _positive(value)
     if problem is None and value > MAX_SIZE_GB:
@@ -313,7 +309,7 @@ SCHEMA: dict[str, Option] = {
             "included): disk and remote reads run side by side. CPU hits are copied on "
             "the caller's thread; 1 reads every item there.",
             False,
-            _at_least_one,
+            _positive,  # an int: at least 1
         ),
         Option(
             "close_timeout",
