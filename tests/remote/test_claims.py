@@ -14,7 +14,9 @@ from lmcache_ec.remote.catalog import open_catalog
 from lmcache_ec.remote.registry import open_store
 from tests.remote.conftest import outage_config, remote_config
 
-TTL = 0.4
+# Long enough for the second client's first call to see the first claim
+# unexpired on a loaded 2-core machine (0.4 s was not, once, with moto).
+TTL = 1.0
 
 
 def open_stores(url: str, endpoint: str | None = None, count: int = 2):
@@ -41,6 +43,8 @@ def test_one_holder_until_release(remote):
 def test_an_expired_claim_is_taken_by_exactly_one(remote):
     stores = open_stores(**remote, count=4)
     try:
+        for store in stores:
+            store.ping()  # connected first: the TTL window holds the claims alone
         assert stores[0].claim("ec-claim.item", TTL)
         assert not stores[1].claim("ec-claim.item", TTL)
         time.sleep(TTL + 0.3)
