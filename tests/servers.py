@@ -8,6 +8,9 @@
 - ``s3_server`` (session): moto's ``ThreadedMotoServer``; ``s3_bucket``
   (function) creates a fresh bucket on it.
 - ``black_hole`` (function): a TCP server that accepts and never answers.
+- ``redis_commands(url, action)``: runs ``action`` and returns what it
+  returned with every command the server ran meanwhile (``MONITOR``), so a
+  test counts its own reads, not the background threads' ones.
 
 Tests reach these only through ``redis_url`` / ``s3_endpoint`` strings, as a
 user would.
@@ -24,13 +27,16 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pytest
 
 HOST = "127.0.0.1"
 REDIS_PASSWORD = "ec-test-secret"
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -230,3 +236,20 @@ def black_hole() -> Iterator[BlackHole]:
         yield server
     finally:
         server.close()
+
+
+def redis_commands(url: str, action: Callable[[], T]) -> tuple[T, list[list[str]]]:
+    """``action()``'s result and the commands (split in words) the server ran
+    while it ran, from every client; an ``ECHO`` marks the end."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    end = f"ECHO end-{uuid.uuid4().hex}"
+    with client.monitor() as monitor:  # MONITOR is confirmed before action() runs
+        result = action()
+        client.echo(end.split(" ", 1)[1])
+        commands = []
+        while (command := monitor.next_command()["command"]) != end:
+            commands.append(command.split(" "))
+    client.close()
+    return result, commands
