@@ -243,13 +243,11 @@ def redis_commands(url: str, action: Callable[[], T]) -> tuple[T, list[list[str]
     while it ran, from every client; an ``ECHO`` marks the end."""
     import redis
 
-    client = redis.Redis.from_url(url)
-    end = f"ECHO end-{uuid.uuid4().hex}"
-    with client.monitor() as monitor:  # MONITOR is confirmed before action() runs
-        result = action()
-        client.echo(end.split(" ", 1)[1])
+    marker = f"end-{uuid.uuid4().hex}"
+    with contextlib.closing(redis.Redis.from_url(url)) as client, client.monitor() as monitor:
+        result = action()  # MONITOR was confirmed before this runs
+        client.echo(marker)
         commands = []
-        while (command := monitor.next_command()["command"]) != end:
+        while (command := monitor.next_command()["command"]) != f"ECHO {marker}":
             commands.append(command.split(" "))
-    client.close()
     return result, commands
