@@ -15,6 +15,7 @@ from lmcache_ec.tiers.disk_layout import (
     entry_stem,
     is_temp,
     temp_owner,
+    temp_reserved,
 )
 
 
@@ -30,7 +31,10 @@ def test_entry_and_temp_names_never_meet(tmp_path, model):
     temp = os.path.basename(layout.temp_path(name))
     assert entry_stem(entry) == name and not is_temp(entry)
     assert is_temp(temp) and entry_stem(temp) is None
-    assert temp_owner(temp) == os.getpid()
+    assert temp_owner(temp) == os.getpid() and temp_reserved(temp) == 0
+    reserved = os.path.basename(layout.temp_path(name, 4096))
+    assert is_temp(reserved) and entry_stem(reserved) is None
+    assert temp_owner(reserved) == os.getpid() and temp_reserved(reserved) == 4096
 
 
 def test_scan_lists_entries_only_and_counts_live_writes(tmp_path):
@@ -45,6 +49,22 @@ def test_scan_lists_entries_only_and_counts_live_writes(tmp_path):
     assert [e.name for e in scan.entries] == [name]
     assert scan.temp_bytes == 10 and scan.total == 110
     assert (tmp_path / layout.path_of(name)).read_bytes() == bytes(100)
+
+
+def test_scan_counts_a_write_at_its_reservation_and_a_published_one_once(tmp_path):
+    layout = DirectoryLayout(str(tmp_path))
+    name, other = _name("/tmp/models/x"), _name("/tmp/models/y")
+    temp = layout.create_temp(name, 1000)
+    assert layout.scan().temp_bytes == 1000  # reserved, nothing written yet
+    (tmp_path / os.path.basename(temp)).write_bytes(b"x" * 600)
+    assert layout.scan().total == 1000
+    # Between link and the temp's removal one file has two names.
+    published = layout.create_temp(other, 100)
+    (tmp_path / os.path.basename(published)).write_bytes(b"y" * 100)
+    os.link(published, layout.path_of(other))
+    scan = layout.scan()
+    assert [e.name for e in scan.entries] == [other]
+    assert scan.temp_bytes == 1000 and scan.total == 1100
 
 
 @pytest.mark.parametrize("bad", ["../escape", "a/b", ".hidden", "nul\0byte"])

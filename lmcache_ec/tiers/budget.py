@@ -5,8 +5,10 @@ under an ``flock`` on itself. It lives in this user's node-local runtime
 directory (``disk_layout.runtime_dir``), named by the directory's device and
 inode, so the directory holds nothing but entries and every process on the
 node finds the same ledger. A writer *reserves* its
-entry's size before writing the temp file, so the directory (entries plus
-writes in progress) never holds more than the limit. Removals subtract.
+entry's size and, still under the lock, makes its temp file, whose name
+carries that size; so the directory (entries plus writes in progress, each at
+its reserved size) never holds more than the limit, and a scan by another
+process counts a write in progress in full from the start. Removals subtract.
 
 The ledger can only over-count (a writer killed after reserving, an entry
 deleted by ``purge`` or by hand): when a reservation does not fit, the
@@ -112,19 +114,21 @@ class DirectoryBudget:
         os.pwrite(self._fd, data, 0)
         os.ftruncate(self._fd, len(data))
 
-    def reserve(self, name: str, size: int) -> bool:
-        """Room for a ``size``-byte write of entry ``name``, evicting if needed;
-        False if the limit leaves none. Raises ``OSError`` (directory unusable)."""
+    def reserve(self, name: str, size: int) -> str | None:
+        """Room for a ``size``-byte write of entry ``name``, evicting if needed:
+        the temp file to write it in (``DirectoryLayout.write(temp=...)``), or
+        None if the limit leaves none. Raises ``OSError`` (directory unusable)."""
         if size > self.limit:
-            return False
+            return None
         with self._locked():
             used = self._read()
             if used is None or used + size > self.limit:
                 used = self._make_room(size)
                 if used is None:
-                    return False
+                    return None
+            temp = self.layout.create_temp(name, size)
             self._write(used + size)
-        return True
+        return temp
 
     def wrote(self, name: str) -> None:
         """The reserved entry is published: it is this process's own."""
@@ -190,6 +194,13 @@ class DirectoryBudget:
         cutoff = time.time_ns() - int(self.min_residency * 1e9)
         idle = [e for e in scan.entries if e.mtime_ns <= cutoff or e.name in self._own]
         return idle  # already least recently used first
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the ledger's lock: meanwhile no process reserves or evicts, so
+        the directory's bytes (writes at their reserved size) can only shrink."""
+        with self._locked():
+            yield
 
     def ledger(self) -> int | None:
         """The bytes the ledger holds now (None: no usable ledger)."""

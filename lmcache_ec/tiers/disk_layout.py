@@ -5,10 +5,13 @@ CLI. A directory holds:
 
 - entries: ``<storage_name>.pt`` (the suffix is upstream LMCache's), each one
   whole self-verifying frame (``codec.py``);
-- writes in progress: ``.tmp-<pid>-<seq>.<storage_name>``. The leading dot
-  means no temp name is ever a storage name (those start with ``ec``), whatever
-  the model path (``/tmp/models/x`` gives a ``tmp-…`` slug); the pid lets any
-  process reclaim a dead writer's leftovers at once;
+- writes in progress: ``.tmp-<pid>-<seq>-<reserved>.<storage_name>``. The
+  leading dot means no temp name is ever a storage name (those start with
+  ``ec``), whatever the model path (``/tmp/models/x`` gives a ``tmp-…`` slug);
+  the pid lets any process reclaim a dead writer's leftovers at once; the
+  bytes reserved for the write count from the moment the file is made (under
+  the budget's lock), so a scan by another process never sees a write in
+  progress as smaller than it will be;
 - the purge marker (``purge_marker.py``), which is not an entry.
 
 A directory's size ledger (``budget.py``) lives outside it, in this user's
@@ -70,12 +73,25 @@ def is_temp(filename: str) -> bool:
     return filename.startswith(TEMP_PREFIX)
 
 
+def _temp_fields(filename: str) -> list[str]:
+    return filename[len(TEMP_PREFIX) :].split(".", 1)[0].split("-")
+
+
 def temp_owner(filename: str) -> int | None:
     """The pid that wrote a temp file, None if the name carries none."""
     try:
-        return int(filename[len(TEMP_PREFIX) :].split("-", 1)[0])
+        return int(_temp_fields(filename)[0])
     except ValueError:
         return None
+
+
+def temp_reserved(filename: str) -> int:
+    """The bytes reserved for a temp file's write (0 if its name carries none)."""
+    fields = _temp_fields(filename)
+    try:
+        return int(fields[2]) if len(fields) > 2 else 0
+    except ValueError:
+        return 0
 
 
 def _alive(pid: int) -> bool:
@@ -148,16 +164,26 @@ class DirectoryLayout:
             raise ValueError(f"not a storage name: {name!r:.80}")
         return os.path.join(self.path, entry_file(name))
 
-    def temp_path(self, name: str) -> str:
-        return os.path.join(self.path, f"{TEMP_PREFIX}{os.getpid()}-{next(_seq)}.{name}")
+    def temp_path(self, name: str, reserved: int = 0) -> str:
+        filename = f"{TEMP_PREFIX}{os.getpid()}-{next(_seq)}-{reserved}.{name}"
+        return os.path.join(self.path, filename)
+
+    def create_temp(self, name: str, reserved: int) -> str:
+        """Make the (empty) temp file of a write of ``reserved`` bytes; from now
+        on every scan counts those bytes. Raises ``OSError``."""
+        temp = self.temp_path(name, reserved)
+        os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        return temp
 
     # -- scanning ------------------------------------------------------------
 
     def scan(self, *, reclaim: bool = True) -> Scan:
-        """Entries by recency and the bytes of live writes; a dead writer's
-        temp files (or any older than ``STALE_TEMP_SECONDS``) are removed."""
+        """Entries by recency and the bytes of live writes (each at least what
+        it reserved); a dead writer's temp files (or any older than
+        ``STALE_TEMP_SECONDS``) are removed."""
         entries: list[Stored] = []
-        temp_bytes = 0
+        entry_inodes: set[int] = set()
+        writes: dict[int, int] = {}  # inode -> bytes
         now = time.time()
         for item in self._items():
             name = item.name
@@ -169,7 +195,7 @@ class DirectoryLayout:
                     if reclaim and (dead or now - stat.st_mtime > STALE_TEMP_SECONDS):
                         os.remove(item.path)
                     else:
-                        temp_bytes += stat.st_size
+                        writes[item.inode()] = max(stat.st_size, temp_reserved(name))
                     continue
                 stem = entry_stem(name)
                 if stem is None:
@@ -177,8 +203,11 @@ class DirectoryLayout:
                 stat = item.stat()
             except OSError:
                 continue  # vanished while scanning
+            entry_inodes.add(item.inode())
             entries.append(Stored(stem, item.path, stat.st_size, stat.st_mtime_ns))
         entries.sort(key=lambda e: e.mtime_ns)
+        # A write just published by link is its entry too, until its temp name goes.
+        temp_bytes = sum(size for inode, size in writes.items() if inode not in entry_inodes)
         return Scan(entries, temp_bytes)
 
     def names(self, limit: int) -> set[str] | None:
@@ -217,12 +246,17 @@ class DirectoryLayout:
             os.utime(entry, ns=(stamp, stamp))
 
     def write(
-        self, name: str, buffer: Any, opener: Callable[[str], BinaryIO] | None = None
+        self,
+        name: str,
+        buffer: Any,
+        opener: Callable[[str], BinaryIO] | None = None,
+        temp: str | None = None,
     ) -> bool:
         """Publish ``buffer`` as entry ``name`` atomically; False if an entry of
         that name already exists (it is left as it is). ``opener(temp_path)``
-        opens the temp file for writing. Raises ``OSError``."""
-        temp = self.temp_path(name)
+        opens the temp file for writing; ``temp``, from ``create_temp``, holds
+        a reservation. Raises ``OSError``."""
+        temp = temp or self.temp_path(name)
         final = self.path_of(name)
         try:
             with (opener or _open_new)(temp) as stream:

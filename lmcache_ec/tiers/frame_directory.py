@@ -280,7 +280,7 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         self.counters["dir_recreated"] += 1
         logger.warning("%s tier directory %s was missing; created it again", self.name, self.path)  # type: ignore[attr-defined]
 
-    def _reserve(self, name: str, size: int) -> bool:
+    def _reserve(self, name: str, size: int) -> str | None:
         try:
             return self.budget.reserve(name, size)
         except FileNotFoundError:
@@ -294,11 +294,12 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         name = key.to_string()
         size = memory_obj.get_physical_size()
         try:
-            if not self._reserve(name, size):
+            temp = self._reserve(name, size)
+            if temp is None:
                 self.counters["skipped_no_room"] += 1
                 return
             try:
-                published = self.layout.write(name, memory_obj.byte_array, self._open_tmp)
+                published = self.layout.write(name, memory_obj.byte_array, self._open_tmp, temp)
             except BaseException:
                 with contextlib.suppress(OSError):
                     self.budget.release(size)

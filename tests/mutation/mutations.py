@@ -149,7 +149,7 @@ MUTATIONS: list[Mutation] = [
         "disk-write-in-place",
         "disk writes go to a temporary name, published when whole",
         "lmcache_ec/tiers/disk_layout.py",
-        "        temp = self.temp_path(name)\n",
+        "        temp = temp or self.temp_path(name)\n",
         "        temp = self.path_of(name)\n",
         ("tests/faults/test_concurrency.py::test_writer_killed_mid_write_leaves_no_torn_entry",),
     ),
