@@ -182,8 +182,10 @@ SCHEMA: dict[str, Option] = {
             "node_dir",
             "str",
             "/dev/shm",
-            "Shared-memory file system of the node tier (a directory per user and "
-            "namespace is made under it, mode 0700).",
+            "Node-local directory (shared memory) under which this user's private runtime "
+            "directory is made (mode 0700): the node tier's entries, the size ledgers of the "
+            "disk and node tiers, and the vLLM stage channel's sockets when $XDG_RUNTIME_DIR "
+            "is unset. Give every process on the node the same.",
             False,
             _non_empty,
         ),

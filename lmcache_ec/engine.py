@@ -116,6 +116,7 @@ class ECCache:
         self._disk = self._storage.disk
         for tier in self._storage.every_tier():
             self.stats.watch_tier(tier.name, tier.snapshot)  # None: the tier keeps none
+        self.stats.watch_features(self._storage.features_off)
         self._reader = TierReader(self._storage, self.stats)
         self._read_pool = ReadPool(int(config.values["read_threads"]))
         self._keys: dict[str, ECKey] = {}

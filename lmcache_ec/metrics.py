@@ -75,6 +75,7 @@ class ECStats:
         self.get_seconds = 0.0
         self.put_seconds = 0.0
         self._tier_sources: dict[str, Callable[[], dict[str, Any]]] = {}
+        self._features_off: Callable[[], dict[str, str]] = dict
         self.get_latency = LatencyHistogram()
         self.put_latency = LatencyHistogram()
 
@@ -115,10 +116,18 @@ class ECStats:
         with self._lock:
             self._tier_sources[tier] = source
 
+    def watch_features(self, source: Callable[[], dict[str, str]]) -> None:
+        """Report ``source()`` (features off for want of a private runtime
+        directory: name -> reason) under ``features_off``."""
+        with self._lock:
+            self._features_off = source
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             sources = dict(self._tier_sources)
+            features_off = self._features_off
         tiers = {tier: state for tier, source in sources.items() if (state := source()) is not None}
+        off = features_off()
         with self._lock:
             lookups = sum(self.hits.values()) + self.misses
             tier_errors = self.tier_errors.copy()
@@ -135,6 +144,7 @@ class ECStats:
                 "purges_seen": self.purges_seen,
                 "tier_errors": {tier: n for tier, n in tier_errors.items() if n},
                 "tiers": tiers,
+                "features_off": off,
                 "bytes_in": self.bytes_in,
                 "bytes_out": self.bytes_out,
                 "get_seconds": self.get_seconds,

@@ -15,6 +15,8 @@ and nothing needs a hook on the hot path. Metrics (all labelled with
     lmcache_ec_integrity_failures_total     entries dropped for failing verification
     lmcache_ec_tier_errors_total{tier}      tier operations that failed (disk I/O, remote)
     lmcache_ec_tier_available{tier}         1 while a disk or remote tier works
+    lmcache_ec_feature_off{feature,reason}  1 while a feature is off for want of a
+                                            private runtime directory (runtime_dirs.py)
     lmcache_ec_get_latency_seconds          histogram of get (load) latency
     lmcache_ec_put_latency_seconds          histogram of put (save hand-off) latency
 
@@ -90,6 +92,11 @@ class ECStatsCollector(Collector):
             "1 while a tier works (remote: answers; disk: its last write succeeded), else 0.",
             labels=[*LABELS, "tier"],
         )
+        features_off = GaugeMetricFamily(
+            f"{PREFIX}_feature_off",
+            "1 while a feature (node_tier, shared_ledger) is off: no private runtime directory.",
+            labels=[*LABELS, "feature", "reason"],
+        )
         counters = {
             field: CounterMetricFamily(f"{PREFIX}_{name}", text, labels=list(LABELS))
             for field, name, text in _COUNTERS
@@ -113,6 +120,8 @@ class ECStatsCollector(Collector):
                 errors.add_metric([*labels, tier], count)
             for tier, state in snap["tiers"].items():
                 available.add_metric([*labels, tier], float(bool(state.get("available"))))
+            for feature, reason in snap["features_off"].items():
+                features_off.add_metric([*labels, feature, reason], 1.0)
             for field, family in counters.items():
                 family.add_metric(labels, snap[field])
             for field, family in histograms.items():
@@ -122,6 +131,7 @@ class ECStatsCollector(Collector):
         yield hits
         yield errors
         yield available
+        yield features_off
         yield from counters.values()
         yield from histograms.values()
 

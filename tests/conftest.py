@@ -35,9 +35,9 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _no_ledgers_left():
     """Directory tiers keep their size ledgers in this user's runtime directory,
     outside the tests' temporary directories: remove the ones this run made."""
-    from lmcache_ec.tiers.disk_layout import runtime_dir
+    from lmcache_ec.runtime_dirs import state_base, user_dir
 
-    ledgers = os.path.join(runtime_dir(), "ledgers")
+    ledgers = os.path.join(user_dir(state_base()).path, "ledgers")
     before = set(os.listdir(ledgers)) if os.path.isdir(ledgers) else set()
     yield
     if os.path.isdir(ledgers):

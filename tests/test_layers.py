@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "config",
             "metrics",
             "metrics_export",
+            "runtime_dirs",
             "remote.naming",
             "remote.registry",
             "remote.settings",

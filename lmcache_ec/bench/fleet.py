@@ -274,9 +274,9 @@ def _run(
     }
     node_dir = None
     if settings.node_tier:
-        from ..tiers.disk_layout import runtime_dir
+        from ..runtime_dirs import state_base
 
-        node_dir = tempfile.mkdtemp(prefix=f"{run}-", dir=os.path.dirname(runtime_dir()))
+        node_dir = tempfile.mkdtemp(prefix=f"{run}-", dir=state_base())
         ec.update(node_tier=True, node_dir=node_dir, max_node_size=ec["max_local_cpu_size"])
     job = {
         "job": "fleet-node",

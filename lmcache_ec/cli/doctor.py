@@ -24,6 +24,7 @@ from rich.table import Table
 
 from .. import inventory
 from ..config import ConfigError, ECConfig, load_config
+from ..runtime_dirs import RuntimeDirUnavailable, UserDir, socket_dir, state_base, user_dir
 from .common import ConfigOption, config_source, console, human_bytes
 
 DIST = "lmcache-ec"
@@ -162,6 +163,52 @@ def check_disk(config: ECConfig) -> list[Check]:
     return checks
 
 
+def _runtime_dir(area: str, find: Callable[[], UserDir], off: tuple[str, str]) -> Check:
+    """Where a feature keeps its state, or why it is off (``off``: status, consequence)."""
+    try:
+        found = find()
+    except RuntimeDirUnavailable as exc:
+        return Check(area, off[0], f"{exc}: {off[1]}")
+    if found.taken is not None:
+        return Check(area, "warn", f"{found.taken}; using {found.path}")
+    return Check(area, "ok", found.path)
+
+
+def check_runtime_dirs(config: ECConfig) -> list[Check]:
+    """This user's private runtime directories (``runtime_dirs.py``), one per feature."""
+    checks = []
+    if config.local_disk or config.node_tier:
+        checks.append(
+            _runtime_dir(
+                "size ledgers",
+                lambda: user_dir(state_base(config.node_dir)),
+                ("warn", "each process keeps the disk and node tiers' limits by itself"),
+            )
+        )
+    if config.node_tier:
+        checks.append(
+            _runtime_dir(
+                "node tier dir",
+                lambda: user_dir(config.node_dir),
+                ("fail", "the node tier is off; engines run without it"),
+            )
+        )
+    checks.append(
+        _runtime_dir(
+            "stage channel",
+            lambda: UserDir(socket_dir(config.node_dir)),
+            (
+                "warn",
+                "vLLM stage orders and worker reports ride in step metadata; with "
+                "weights_fingerprint on, caching waits for the first step's report, and an "
+                "encode-only instance on Model Runner V1 never gets it (caching paused: set "
+                "weights_fingerprint: false and ec.weights_version)",
+            ),
+        )
+    )
+    return checks
+
+
 def _bounded(fn: Callable[[], Check], seconds: float, area: str) -> Check:
     """Run ``fn`` with an upper bound: a hung server must not hang the doctor."""
     result: list[Check] = []
@@ -262,6 +309,7 @@ def doctor(
         checks.append(Check("config", "ok", f"valid ({loaded.source})"))
         checks.append(check_cpu(loaded))
         checks.extend(check_disk(loaded))
+        checks.extend(check_runtime_dirs(loaded))
         checks.append(check_remote(loaded))
         if round_trip and not any(c.status == "fail" for c in checks):
             checks.append(check_engine(loaded))

@@ -314,7 +314,7 @@ def stats(
             "entries": 0,
             "bytes": 0,
             "capacity": int(values["max_node_size"] * 1024**3),  # per namespace directory
-            "location": node_root(values["node_dir"]),
+            "location": node_root(values["node_dir"]) or values["node_dir"],
             "writing_bytes": sum(
                 inventory.directory_usage(d)["writing_bytes"] for d in node_dirs(values["node_dir"])
             ),

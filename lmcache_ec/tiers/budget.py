@@ -2,9 +2,12 @@
 
 Accounting is a ledger file (the bytes in use, decimal) read and rewritten
 under an ``flock`` on itself. It lives in this user's node-local runtime
-directory (``disk_layout.runtime_dir``), named by the directory's device and
-inode, so the directory holds nothing but entries and every process on the
-node finds the same ledger. A writer *reserves* its
+directory (``runtime_dirs.py``: ``<user dir>/ledgers``, under ``node_dir``),
+named by the directory's device and inode, so the directory holds nothing
+but entries and every process on the node finds the same ledger. Where no
+private runtime directory can be had, the ledger is this process's own
+(``ledger_dir``): each process then keeps the limit for itself, and writes
+still land. A writer *reserves* its
 entry's size and, still under the lock, makes its temp file, whose name
 carries that size; so the directory (entries plus writes in progress, each at
 its reserved size) never holds more than the limit, and a scan by another
@@ -35,7 +38,17 @@ import threading
 import time
 from collections.abc import Iterator
 
-from .disk_layout import DirectoryLayout, Scan, private_dir, runtime_dir
+from ..runtime_dirs import (
+    DEFAULT_BASE,
+    Feature,
+    RuntimeDirUnavailable,
+    feature_off,
+    private_dir,
+    process_dir,
+    state_base,
+    user_dir,
+)
+from .disk_layout import DirectoryLayout, Scan
 
 LOW_WATER = 15 / 16  # evict down to this share of the limit
 # A ledger nobody wrote for this long belongs to a directory no longer in use
@@ -63,11 +76,38 @@ def prune_ledgers(ledgers: str, idle_s: float = IDLE_LEDGER_S) -> int:
     return removed
 
 
+def ledger_dir(node_dir: str = DEFAULT_BASE) -> tuple[str, RuntimeDirUnavailable | None]:
+    """Where ledgers live: this user's ``ledgers`` directory on the node, shared
+    by its processes; where none can be had, this process's own directory, and
+    why. Raises ``OSError`` when neither can be made."""
+    try:
+        ledgers = private_dir(os.path.join(user_dir(state_base(node_dir)).path, "ledgers"))
+    except RuntimeDirUnavailable as exc:
+        feature_off(
+            Feature.SHARED_LEDGER,
+            exc,
+            "Each process keeps the disk and node tiers' size limits by itself: a "
+            "directory shared by N processes may hold up to N times its limit",
+        )
+        return process_dir(), exc
+    prune_ledgers(ledgers)
+    return ledgers, None
+
+
 class DirectoryBudget:
-    def __init__(self, layout: DirectoryLayout, limit: int, min_residency: float) -> None:
+    def __init__(
+        self,
+        layout: DirectoryLayout,
+        limit: int,
+        min_residency: float,
+        node_dir: str = DEFAULT_BASE,
+    ) -> None:
         self.layout = layout
         self.limit = limit
         self.min_residency = min_residency
+        self.node_dir = node_dir  # whose runtime directory holds the ledger
+        # Why the ledger is this process's own (None: shared, or not opened yet).
+        self.unshared: RuntimeDirUnavailable | None = None
         self._own: set[str] = set()  # entries this process wrote
         self._local = threading.Lock()  # flock is per open file, not per thread
         self._fd = -1  # the ledger, while locked
@@ -77,8 +117,7 @@ class DirectoryBudget:
         # By inode: a directory deleted and made again starts a new ledger.
         if self._ledger is None:
             stat = os.stat(self.layout.path)
-            ledgers = private_dir(os.path.join(runtime_dir(), "ledgers"))
-            prune_ledgers(ledgers)
+            ledgers, self.unshared = ledger_dir(self.node_dir)
             self._ledger = os.path.join(ledgers, f"{stat.st_dev}-{stat.st_ino}")
         return self._ledger
 

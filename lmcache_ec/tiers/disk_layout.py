@@ -15,7 +15,7 @@ CLI. A directory holds:
 - the purge marker (``purge_marker.py``), which is not an entry.
 
 A directory's size ledger (``budget.py``) lives outside it, in this user's
-node-local runtime directory (``runtime_dir``), keyed by the directory's
+node-local runtime directory (``runtime_dirs.py``), keyed by the directory's
 device and inode: every process on the node that shares the directory finds it.
 
 Pids are compared within one pid namespace: processes sharing a directory
@@ -35,7 +35,6 @@ import contextlib
 import errno
 import itertools
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -102,24 +101,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True  # exists, another user's
     return True
-
-
-def private_dir(path: str) -> str:
-    """``path``, made if missing, mode 0700; ``PermissionError`` if it is not
-    this user's own private directory (another user may have made it first
-    in a world-writable parent such as /dev/shm)."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    stat = os.lstat(path)
-    if stat.st_uid != os.getuid() or stat.st_mode & 0o077 or not os.path.isdir(path):
-        raise PermissionError(f"{path} is not a private directory of this user")
-    return path
-
-
-def runtime_dir(base: str = "/dev/shm") -> str:
-    """This user's node-local directory for shared state (ledgers, the node tier)."""
-    if not os.path.isdir(base) or not os.access(base, os.W_OK):
-        base = tempfile.gettempdir()
-    return private_dir(os.path.join(base, f"lmcache-ec-{os.getuid()}"))
 
 
 def use_stamp() -> int:

@@ -31,6 +31,7 @@ from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 
 from ..codec import PREFIX_SIZE, FrameRead
 from ..key import ECKey
+from ..runtime_dirs import DEFAULT_BASE
 from .budget import DirectoryBudget
 from .contract import TierDefaults
 from .disk_layout import DirectoryLayout, read_frame
@@ -45,7 +46,6 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
     # Reads for the caller go through get_frame (no CPU-pool buffer);
     # read_into_pool serves promotion and LMCache's get_blocking.
     reads_frames = True
-    dir_mode = 0o755
 
     def __init__(
         self,
@@ -54,13 +54,14 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         min_residency: float,
         local_cpu_backend: Any,
         dst_device: str,
+        node_dir: str = DEFAULT_BASE,
     ) -> None:
         super().__init__(dst_device)
-        os.makedirs(path, mode=self.dir_mode, exist_ok=True)
         self.path = path
+        self._make_directory()
         self.max_cache_size = limit
         self.layout = DirectoryLayout(path)
-        self.budget = DirectoryBudget(self.layout, limit, min_residency)
+        self.budget = DirectoryBudget(self.layout, limit, min_residency, node_dir)
         self.local_cpu_backend = local_cpu_backend
         self.counters: Counter[str] = Counter()
         self._last_write_ok = True
@@ -82,6 +83,10 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
                 trimmed,
                 limit,
             )
+
+    def _make_directory(self) -> None:
+        """Make the directory, and its parents, if missing."""
+        os.makedirs(self.path, mode=0o755, exist_ok=True)
 
     # -- health --------------------------------------------------------------
 
@@ -275,7 +280,7 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
     def _recreate(self) -> None:
         # Deleted under us (rm -rf, a cleanup job): make it again rather than
         # failing every later write until a restart.
-        os.makedirs(self.path, mode=self.dir_mode, exist_ok=True)
+        self._make_directory()
         self.budget.directory_changed()
         self.counters["dir_recreated"] += 1
         logger.warning("%s tier directory %s was missing; created it again", self.name, self.path)  # type: ignore[attr-defined]

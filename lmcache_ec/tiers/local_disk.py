@@ -51,6 +51,7 @@ class ECLocalDiskBackend(FrameDirectoryTier):
             float(tier_setting(config, "min_residency_s")),
             local_cpu_backend,
             dst_device,
+            tier_setting(config, "node_dir"),
         )
 
     def _dispatch(

@@ -9,6 +9,10 @@ rest — storage plugins — to upstream, in upstream's order.
 ``tiers()`` is what the rest of lmcache-ec sees: the tiers in that order,
 each a ``Tier`` (``contract.py``); upstream's plugins are wrapped in
 ``PluginTier``. Backend names (LMCache's keys) are known here only.
+
+A node tier this user can have no private directory for is left out (one
+warning); ``features_off()`` says so, and whether a directory tier's size
+ledger is this process's own (``budget.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from lmcache.v1.storage_backend import is_cuda_worker
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
+from ..runtime_dirs import Feature, RuntimeDirUnavailable, feature_off
 from .contract import Tier, TierDefaults, TierKind
+from .frame_directory import FrameDirectoryTier
 from .local_cpu import ECLocalCPUBackend
 from .local_disk import ECLocalDiskBackend
 from .node import ECNodeBackend, node_tier_enabled
@@ -175,6 +181,14 @@ class ECStorageManager(StorageManager):
         cache[name] = (backend, tier)
         return tier
 
+    def features_off(self) -> dict[str, str]:
+        """Features off for want of a private runtime directory: name -> reason."""
+        off = {f.value: r.value for f, r in self.__dict__.get("_features_off", {}).items()}
+        for backend in self.storage_backends.values():
+            if isinstance(backend, FrameDirectoryTier) and backend.budget.unshared is not None:
+                off[Feature.SHARED_LEDGER.value] = backend.budget.unshared.reason.value
+        return off
+
     def create_backends(self) -> dict[str, str]:
         try:
             created = self._create_backends()
@@ -204,12 +218,13 @@ class ECStorageManager(StorageManager):
                 self.storage_backends[CPU_BACKEND] = cpu
                 created[CPU_BACKEND] = type(cpu).__name__
             if node_tier_enabled(self.config) and NODE_BACKEND not in self.storage_backends:
-                # One host copy per node (node.py): the shared tier holds the
-                # entries; the private pool only stages transfers.
-                node = ECNodeBackend(self.config, cpu, dst_device)
-                cpu.use_hot = False
-                self.storage_backends[NODE_BACKEND] = node
-                created[NODE_BACKEND] = type(node).__name__
+                node = self._node_tier(cpu, dst_device)
+                if node is not None:
+                    # One host copy per node (node.py): the shared tier holds
+                    # the entries; the private pool only stages transfers.
+                    cpu.use_hot = False
+                    self.storage_backends[NODE_BACKEND] = node
+                    created[NODE_BACKEND] = type(node).__name__
             if self.config.local_disk and DISK_BACKEND not in self.storage_backends:
                 disk = ECLocalDiskBackend(
                     self.config, self.loop, cpu, dst_device, None, self.metadata
@@ -231,3 +246,17 @@ class ECStorageManager(StorageManager):
                 created.update({name: type(b).__name__ for name, b in remotes.items()})
         created.update(super().create_backends())
         return created
+
+    def _node_tier(self, cpu: ECLocalCPUBackend, dst_device: str) -> ECNodeBackend | None:
+        """The node tier, or None where this user can have no directory for it."""
+        try:
+            return ECNodeBackend(self.config, cpu, dst_device)
+        except RuntimeDirUnavailable as exc:
+            feature_off(
+                Feature.NODE_TIER,
+                exc,
+                "The engine runs without the node tier: each process keeps its entries "
+                "in its own CPU tier",
+            )
+            self.__dict__.setdefault("_features_off", {})[Feature.NODE_TIER] = exc.reason
+            return None

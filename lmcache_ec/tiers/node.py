@@ -4,8 +4,11 @@ The CPU tier is per process: with 8 tensor-parallel ranks, every rank writes
 and stages its own copy of each encoder output. The node tier keeps the same
 self-verifying frames as files in shared memory
 (``<node_dir>/lmcache-ec-<uid>/node/<namespace slug>``, mode 0700, on
-``/dev/shm`` by default), so a frame is held once per node, whichever process
-wrote it, and survives the processes (not a reboot).
+``/dev/shm`` by default; the user directory is ``runtime_dirs.py``'s), so a
+frame is held once per node, whichever process wrote it, and survives the
+processes (not a reboot). Where this user can have no private directory
+there, ``ECNodeBackend`` raises ``RuntimeDirUnavailable`` and the engine runs
+without the node tier (``manager.py``).
 
 It is the directory tier of ``frame_directory.py`` (the disk tier's code) on
 another directory: the same layout, atomic publication and crash safety (a
@@ -35,8 +38,8 @@ import numpy as np
 
 from ..codec import PREFIX_SIZE, FrameRead
 from ..key import ECKey, slug
+from ..runtime_dirs import find_user_dir, private_dir, user_dir
 from .contract import TierKind, tier_setting
-from .disk_layout import private_dir
 from .frame_directory import FrameDirectoryTier
 
 
@@ -44,20 +47,25 @@ def node_tier_enabled(config: Any) -> bool:
     return bool(tier_setting(config, "node_tier"))
 
 
-def node_root(node_dir: str) -> str:
-    """Where this user's node-tier directories live (one per namespace)."""
-    return os.path.join(node_dir, f"lmcache-ec-{os.getuid()}", "node")
+def node_root(node_dir: str) -> str | None:
+    """Where this user's node-tier directories live (one per namespace); None
+    while this user has no runtime directory under ``node_dir`` (none is made)."""
+    user = find_user_dir(node_dir)
+    return None if user is None else os.path.join(user, "node")
 
 
 def node_path(node_dir: str, namespace: str) -> str:
-    """The node tier's directory for this user and namespace (made, 0700)."""
-    private_dir(os.path.dirname(node_root(node_dir)))
-    return private_dir(os.path.join(private_dir(node_root(node_dir)), slug(namespace)))
+    """The node tier's directory for this user and namespace (made, 0700);
+    ``RuntimeDirUnavailable`` where this user can have none."""
+    root = private_dir(os.path.join(user_dir(node_dir).path, "node"))
+    return private_dir(os.path.join(root, slug(namespace)))
 
 
 def node_dirs(node_dir: str) -> list[str]:
     """Every namespace directory of this user's node tier (none are made)."""
     root = node_root(node_dir)
+    if root is None:
+        return []
     try:
         names = sorted(os.listdir(root))
     except OSError:
@@ -69,16 +77,25 @@ class ECNodeBackend(FrameDirectoryTier):
     kind = TierKind.NODE
     name = "node"
     backend_name = "NodeBackend"
-    dir_mode = 0o700
 
     def __init__(self, config: Any, local_cpu_backend: Any, dst_device: str) -> None:
+        node_dir = tier_setting(config, "node_dir")
         super().__init__(
-            node_path(tier_setting(config, "node_dir"), tier_setting(config, "namespace")),
+            node_path(node_dir, tier_setting(config, "namespace")),
             int(float(tier_setting(config, "max_node_size")) * 1024**3),
             float(tier_setting(config, "min_residency_s")),
             local_cpu_backend,
             dst_device,
+            node_dir,
         )
+
+    def _make_directory(self) -> None:
+        # Every level through the ownership check: deleted under us, the user
+        # directory may since have been made by another user.
+        root = os.path.dirname(self.path)
+        private_dir(os.path.dirname(root))
+        private_dir(root)
+        private_dir(self.path)
 
     def get_frame(self, key: ECKey) -> FrameRead | None:
         """The entry over a private mapping of its file (no copy); its payload

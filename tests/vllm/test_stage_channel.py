@@ -15,12 +15,8 @@ import time
 
 import pytest
 
-from lmcache_ec.integration.vllm.channel import (
-    StageClient,
-    StageListener,
-    runtime_dir,
-    socket_path,
-)
+from lmcache_ec.integration.vllm.channel import StageClient, StageListener
+from lmcache_ec.runtime_dirs import socket_dir, socket_path
 from tests.conftest import bit_equal
 
 from .harness import Engine, encoder_output, image_hash, make_vllm_config
@@ -139,7 +135,7 @@ def test_without_a_channel_orders_ride_step_metadata(model_config, extra, monkey
 
 
 def test_socket_directory_is_private():
-    path = runtime_dir()
+    path = socket_dir()
     info = os.lstat(path)
     assert stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
     assert info.st_mode & 0o077 == 0

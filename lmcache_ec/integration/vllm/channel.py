@@ -42,8 +42,6 @@ import logging
 import math
 import os
 import socket
-import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -51,25 +49,6 @@ from multiprocessing.connection import Client, Connection, Listener, wait
 from typing import Any
 
 logger = logging.getLogger(__name__)
-
-
-def runtime_dir() -> str:
-    """A directory only this user can enter, for the sockets (created on demand)."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    path = os.path.join(base, f"lmcache-ec-{os.getuid()}")
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise PermissionError(f"{path} is not a directory owned by this user")
-    if info.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    return path
-
-
-def socket_path(engine_id: str, dp_rank: int, tp_rank: int) -> str:
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in engine_id)[:64]
-    return os.path.join(runtime_dir(), f"{safe}-dp{dp_rank}-tp{tp_rank}.sock")
 
 
 Message = dict[str, Any]

@@ -30,8 +30,9 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
 from ...claims import ClaimAgent, ClaimStore, DirectoryClaims, claims_dir_for
 from ...config import ConfigError, load_config
 from ...engine import ECCache
+from ...runtime_dirs import socket_path
 from . import seams
-from .channel import StageClient, StageListener, socket_path
+from .channel import StageClient, StageListener
 from .identity import identity_from_vllm, is_content_identifier
 from .index import TierIndex
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
@@ -107,11 +108,12 @@ def _parallel_position() -> tuple[int, int, int]:
     return 0, 1, 0  # every process writes: duplicates, never gaps
 
 
-def _stage_socket(vllm_config: VllmConfig, tp_rank: int) -> str:
-    """The stage channel's socket of one rank of this engine (see ``channel.py``)."""
+def _stage_socket(vllm_config: VllmConfig, node_dir: str, tp_rank: int) -> str:
+    """The stage channel's socket of one rank of this engine (see ``channel.py``);
+    ``RuntimeDirUnavailable`` where this user can have no directory for it."""
     engine_id = vllm_config.ec_transfer_config.engine_id or "engine"
     dp_rank = getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
-    return socket_path(engine_id, dp_rank, tp_rank)
+    return socket_path(engine_id, dp_rank, tp_rank, node_dir)
 
 
 def _bytes_per_embed(vllm_config: VllmConfig) -> int:
@@ -143,7 +145,8 @@ class LMCacheECTierConnector(ECConnectorBase):
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         fingerprint = self.settings.weights_fingerprint
         if role == ECConnectorRole.SCHEDULER:
-            channel = StageClient([_stage_socket(vllm_config, r) for r in range(tp_size)])
+            paths = [_stage_socket(vllm_config, config.node_dir, r) for r in range(tp_size)]
+            channel = StageClient(paths)
             index = TierIndex(
                 self.identity,
                 disk_dir=config.values.get("local_disk"),
@@ -192,7 +195,9 @@ class LMCacheECTierConnector(ECConnectorBase):
             if pp_rank == 0:  # only the first pipeline stage runs the encoder
                 try:
                     self._listener = StageListener(
-                        _stage_socket(vllm_config, tp_rank), self._on_stage_order, self._hello
+                        _stage_socket(vllm_config, config.node_dir, tp_rank),
+                        self._on_stage_order,
+                        self._hello,
                     )
                 except OSError as exc:
                     logger.warning("No stage channel (%s); orders go with step metadata", exc)
