@@ -107,3 +107,12 @@ def test_stats_flow_into_vllm_logging_and_prometheus(model_config):
     labels = {"model_name": "m", "engine": "0"}
     assert REGISTRY.get_sample_value("vllm:lmcache_ec_bytes_loaded_total", labels) == 1024
     assert REGISTRY.get_sample_value("vllm:lmcache_ec_hits_total", {**labels, "tier": "disk"}) == 2
+    # Features off arrive as changes; the gauge is their running sum: the
+    # processes (scheduler, worker ranks) that have the feature off now.
+    off = "feature_off:stage_channel:directory_taken"
+    gauge = {**labels, "feature": "stage_channel", "reason": "directory_taken"}
+    prom.observe({off: 1}, engine_idx=0)  # the scheduler
+    prom.observe({off: 1, "loads": 1}, engine_idx=0)  # a worker rank
+    assert REGISTRY.get_sample_value("vllm:lmcache_ec_feature_off", gauge) == 2
+    prom.observe({off: -1}, engine_idx=0)  # back on one of them
+    assert REGISTRY.get_sample_value("vllm:lmcache_ec_feature_off", gauge) == 1

@@ -30,7 +30,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
 from ...claims import ClaimAgent, ClaimStore, DirectoryClaims, claims_dir_for
 from ...config import ConfigError, load_config
 from ...engine import ECCache
-from ...runtime_dirs import socket_path
+from ...runtime_dirs import Feature, RuntimeDirUnavailable, feature_off, socket_path
 from . import seams
 from .channel import StageClient, StageListener
 from .identity import identity_from_vllm, is_content_identifier
@@ -145,8 +145,11 @@ class LMCacheECTierConnector(ECConnectorBase):
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         fingerprint = self.settings.weights_fingerprint
         if role == ECConnectorRole.SCHEDULER:
-            paths = [_stage_socket(vllm_config, config.node_dir, r) for r in range(tp_size)]
-            channel = StageClient(paths)
+            try:
+                paths = [_stage_socket(vllm_config, config.node_dir, r) for r in range(tp_size)]
+                channel, no_channel = StageClient(paths), None
+            except RuntimeDirUnavailable as exc:
+                channel, no_channel = None, exc
             index = TierIndex(
                 self.identity,
                 disk_dir=config.values.get("local_disk"),
@@ -173,6 +176,8 @@ class LMCacheECTierConnector(ECConnectorBase):
                     else None
                 ),
             )
+            if no_channel is not None:
+                self.scheduler.channel_unavailable(no_channel, self._without_channel())
         else:
             if fingerprint:
                 try:
@@ -199,8 +204,24 @@ class LMCacheECTierConnector(ECConnectorBase):
                         self._on_stage_order,
                         self._hello,
                     )
+                except RuntimeDirUnavailable as exc:
+                    self.worker.feature_off(Feature.STAGE_CHANNEL, exc.reason)
+                    feature_off(Feature.STAGE_CHANNEL, exc, self._without_channel())
                 except OSError as exc:
                     logger.warning("No stage channel (%s); orders go with step metadata", exc)
+
+    def _without_channel(self) -> str:
+        """What an engine without a stage channel does instead (for the warning)."""
+        text = (
+            "Stage orders and worker reports ride in step metadata (on Model Runner V1 "
+            "a request arriving at an idle engine is then encoded)"
+        )
+        if self.settings.weights_fingerprint:
+            text += (
+                "; the scheduler learns the encoder weights fingerprint from the workers' "
+                "first step report and caches nothing before it"
+            )
+        return text
 
     def _persistable(self, identifier: str) -> bool:
         return self.settings.persist_non_content_ids or is_content_identifier(identifier)

@@ -16,9 +16,12 @@ The flow, states, bounds and options are described once, in docs/vllm.md
 4. ``build_connector_meta``: load/release (and, without a channel, stage) orders.
 5. ``update_connector_output``: saves, staging results, worker stats.
 
-Items are keyed under the encoder-weights fingerprint the workers announce;
-a change gives up every prefetch. Each item has one state and deadline
-(``items.py``), changed by ``ItemTable`` only.
+Items are keyed under the encoder-weights fingerprint the workers announce
+(over the stage channel; without one, in their step reports); a change
+gives up every prefetch. Until it is known nothing is looked up: caching is
+paused, and the ``caching`` feature reads off in the stats, with why
+(``caching_paused``). Each item has one state and deadline (``items.py``),
+changed by ``ItemTable`` only.
 
 Why staging: a staged load cannot fail once promised; a tier read at the
 last moment could, after the encoder was skipped (vLLM's model runner raises
@@ -33,6 +36,7 @@ import time
 from typing import Any
 
 from ...claims import ClaimAgent
+from ...runtime_dirs import Feature, RuntimeDirUnavailable, feature_off
 from .channel import StageClient
 from .encode_claims import CLAIM_STATES, EncodeClaims
 from .identity import is_content_identifier
@@ -41,12 +45,27 @@ from .items import ItemState, ItemTable
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .prefetch import PrefetchQueue
 from .settings import ConnectorSettings
+from .stats import OffChanges
 from .step_wait import StepWait
 
 logger = logging.getLogger(__name__)
 
 S = ItemState
 _FETCHING = (S.QUEUED, S.STAGING, S.READY, S.PROMISED)  # a prefetch is under way or done
+
+CACHING = "caching"  # the feature paused while the encoder weights are not known
+# Why caching is paused: no worker has reported a fingerprint yet (or the
+# last one failed); or none can: no stage channel, and Model Runner V1 drops
+# an encode-only instance's step reports.
+WEIGHTS_UNKNOWN = "weights_unknown"
+WEIGHTS_UNREACHABLE = "weights_unreachable"
+_UNREACHABLE_HELP = (
+    "no stage channel reaches every worker rank, and Model Runner V1 drops an "
+    "encode-only instance's worker reports, so the encoder weights fingerprint never "
+    "reaches the scheduler and every item is encoded. Run every rank on the scheduler's "
+    "node with a private runtime directory, or set weights_fingerprint: false and "
+    "ec.weights_version"
+)
 
 
 class TierScheduler:
@@ -99,12 +118,41 @@ class TierScheduler:
         self._polled = False  # the channel was read this step
         self._base_identity = index.identity
         # The weights version keys use; None until the workers announce one.
+        self.weights_from_workers = weights_from_workers
         self.weights: str | None = None if weights_from_workers else index.identity.weights
         self.stats: dict[str, float] = {}
         self.worker_stats: dict[str, float] = {}
+        self._off: dict[str, str] = {}  # features off on this side: name -> reason
+        self._off_changes = OffChanges()
+        self._unreachable_told = False
 
     def _count(self, name: str, amount: float = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + amount
+
+    def channel_unavailable(self, error: RuntimeDirUnavailable, consequence: str) -> None:
+        """No stage channel: no private directory for its sockets (one warning)."""
+        self.channel = None
+        self._off[Feature.STAGE_CHANNEL.value] = error.reason.value
+        feature_off(Feature.STAGE_CHANNEL, error, consequence)
+        self._tell_if_unreachable()
+
+    def _tell_if_unreachable(self) -> None:
+        """One warning when the fingerprint can never reach this side."""
+        if self.caching_paused() == WEIGHTS_UNREACHABLE and not self._unreachable_told:
+            self._unreachable_told = True
+            logger.warning("Caching paused: %s", _UNREACHABLE_HELP)
+
+    def _reports_arrive(self) -> bool:
+        """Whether the workers' reports, and the fingerprint in them, reach this side."""
+        connected = self.channel is not None and self.channel.connected
+        # V1 drops an encode-only instance's step reports (the V2 runner does not).
+        return connected or self.deliver_on_idle or self.is_consumer
+
+    def caching_paused(self) -> str | None:
+        """Why nothing is looked up now (``WEIGHTS_*``), or None."""
+        if self.weights is not None:
+            return None
+        return WEIGHTS_UNKNOWN if self._reports_arrive() else WEIGHTS_UNREACHABLE
 
     def persistable(self, identifier: str) -> bool:
         return self.settings.persist_non_content_ids or is_content_identifier(identifier)
@@ -314,7 +362,8 @@ class TierScheduler:
         for message in self.channel.receive(timeout):
             weights = (message.get("weights") or [None])[0]
             if "report" in message:
-                self.update_connector_output(ECTierWorkerMetadata.from_message(message))
+                report = ECTierWorkerMetadata.from_message(message)
+                self.update_connector_output(report, over_channel=True)
                 continue
             if "staged" not in message and "failed" not in message:
                 self._set_weights(weights, now)
@@ -462,10 +511,16 @@ class TierScheduler:
 
     # -- after the step ------------------------------------------------------
 
-    def update_connector_output(self, meta: ECTierWorkerMetadata | None) -> None:
+    def update_connector_output(
+        self, meta: ECTierWorkerMetadata | None, *, over_channel: bool = False
+    ) -> None:
+        """Apply the workers' report (from step metadata, or ``over_channel``)."""
         if meta is None:
             return
         now = time.monotonic()
+        if self.weights_from_workers and not over_channel and not self._channel_connected():
+            # No stage channel: the fingerprint comes with the step reports.
+            self._set_weights(meta.weights, now)
         if meta.weights is not None and meta.weights == self.weights:
             for identifier in meta.saved:
                 self.index.note_present(identifier, "worker")
@@ -491,17 +546,28 @@ class TierScheduler:
         if self.items.state(identifier) in (S.STAGING, S.READY, S.PROMISED):
             self._give_up(identifier, now, "a worker could not fetch it")
 
+    def _channel_connected(self) -> bool:
+        return self.channel is not None and self.channel.connected
+
     def take_stats(self) -> dict[str, float]:
-        """Scheduler and worker counters since the last call, then reset.
+        """Scheduler and worker counters since the last call, then reset; with
+        the changes of the features off on this side (``stats.OffChanges``).
 
         vLLM asks right after each step; the workers' reports of that step are
         already on the stage channel.
         """
-        if self.channel is not None and self.channel.connected:
+        if self._channel_connected():
             self._poll_channel(0.0)
         merged = {f"scheduler_{k}": v for k, v in self.stats.items()}
         merged.update(self.worker_stats)
         self.stats, self.worker_stats = {}, {}
+        off = dict(self._off)
+        paused = self.caching_paused()
+        if paused is not None:
+            off[CACHING] = paused
+        self._tell_if_unreachable()
+        for name, change in self._off_changes.take(off).items():
+            merged[name] = merged.get(name, 0) + change  # a worker's may share the name
         return merged
 
     def close(self) -> None:

@@ -14,10 +14,17 @@ Worker counters: ``hits_<tier>``, ``misses``, ``bytes_out`` (loaded),
 ``tier_errors_<tier>``. Scheduler counters: ``scheduler_lookups``,
 ``scheduler_lookup_hits``, ``scheduler_stage_orders``,
 ``scheduler_stage_given_up``, ``scheduler_deferred_steps``.
+
+Features off travel the same way, as ``feature_off:<feature>:<reason>``
+deltas (``OffChanges``): +1 when a process (the scheduler, a worker rank)
+turns one off, -1 when it is back, so their running sum, the gauge
+``vllm:lmcache_ec_feature_off{feature,reason}``, counts the engine's
+processes that have it off now.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +32,27 @@ from vllm.distributed.ec_transfer.ec_connector.metrics import (
     ECConnectorPromMetrics,
     ECConnectorStats,
 )
+
+FEATURE_OFF = "feature_off"
+
+
+def off_key(feature: str, reason: str) -> str:
+    return f"{FEATURE_OFF}:{feature}:{reason}"
+
+
+class OffChanges:
+    """One process's features off, reported as changes since its last report."""
+
+    def __init__(self) -> None:
+        self._reported: set[str] = set()
+
+    def take(self, off: Mapping[str, str]) -> dict[str, float]:
+        """``off`` (feature -> reason) as deltas against the last call."""
+        now = {off_key(feature, reason) for feature, reason in off.items()}
+        changes = {key: 1.0 for key in now - self._reported}
+        changes.update({key: -1.0 for key in self._reported - now})
+        self._reported = now
+        return changes
 
 
 @dataclass
@@ -98,6 +126,14 @@ class ECTierPromMetrics(ECConnectorPromMetrics):
             labelnames=[*labelnames, "tier"],
         )
         self._hits = hits
+        self._features_off = self._gauge_cls(
+            name="vllm:lmcache_ec_feature_off",
+            documentation="Processes of the engine (scheduler, worker ranks) with a feature "
+            "off, and why (node_tier, shared_ledger, stage_channel: no private runtime "
+            "directory; caching: the encoder weights are not known)",
+            labelnames=[*labelnames, "feature", "reason"],
+        )
+        self._off_levels: dict[tuple[int, str, str], float] = {}
         self._labelvalues = per_engine_labelvalues
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
@@ -109,3 +145,9 @@ class ECTierPromMetrics(ECConnectorPromMetrics):
             if key.startswith("hits_") and value:
                 tier = key[len("hits_") :]
                 self._hits.labels(*self._labelvalues[engine_idx], tier).inc(value)
+            elif key.startswith(FEATURE_OFF + ":") and value and key.count(":") == 2:
+                _, feature, reason = key.split(":")
+                level = self._off_levels.get((engine_idx, feature, reason), 0) + value
+                self._off_levels[(engine_idx, feature, reason)] = level
+                labels = (*self._labelvalues[engine_idx], feature, reason)
+                self._features_off.labels(*labels).set(level)

@@ -11,6 +11,9 @@ encoder weights (``set_weights``, called once the model is resident and after
 every update). Until it is known nothing is staged or saved; when it changes,
 staged items are dropped, in-flight stagings answer "failed", and saves
 queued before the change still land under the weights that computed them.
+The step report after a change carries the new version even when it has
+nothing else to say: without a stage channel, that is how the scheduler
+learns it.
 
 Staging reads the tiers with one ``get_many`` per order batch in a
 background thread into worker memory (CPU tensors, ``max_staged_mb``); a
@@ -37,14 +40,17 @@ import torch
 
 from ...engine import ECCache
 from ...key import EncoderIdentity
+from ...runtime_dirs import Feature, Reason
 from .channel import StageLink
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .saver import SaveQueue
 from .settings import ConnectorSettings
+from .stats import OffChanges
 
 logger = logging.getLogger(__name__)
 
 _RECENT_MAX = 100_000  # identifiers remembered as already stored
+_NEVER = object()  # weights not reported yet
 
 
 def writer_rank(identifier: str, tp_size: int) -> int:
@@ -106,6 +112,9 @@ class TierWorker:
         self._failed: set[str] = set()
         self._counters: dict[str, float] = {}
         self._cache_stats = _flatten(cache.stats.snapshot())
+        self._weights_reported: object = _NEVER
+        self._off: dict[str, str] = {}  # features this worker turned off itself
+        self._off_changes = OffChanges()
         # Orders from step metadata (answered in worker metadata) or from the
         # stage channel (answered on its link).
         self._stage_queue: queue.SimpleQueue[
@@ -114,6 +123,11 @@ class TierWorker:
         self._stager = threading.Thread(target=self._stage_loop, name="ec-stage", daemon=True)
         self._stager.start()
         self._saver = SaveQueue(self._put, self._save_done, settings.max_pending_saves)
+
+    def feature_off(self, feature: Feature, reason: Reason) -> None:
+        """Report ``feature`` off (with the cache's own, ``features_off``)."""
+        with self._lock:
+            self._off[feature.value] = reason.value
 
     def record(self, name: str, amount: float) -> None:
         """Add ``amount`` to counter ``name`` (reported with the next step)."""
@@ -326,7 +340,8 @@ class TierWorker:
     # -- reporting -----------------------------------------------------------
 
     def build_worker_meta(self) -> ECTierWorkerMetadata | None:
-        current = _flatten(self.cache.stats.snapshot())
+        snapshot = self.cache.stats.snapshot()
+        current = _flatten(snapshot)
         with self._lock:
             stats = {
                 name: value - self._cache_stats.get(name, 0)
@@ -336,6 +351,9 @@ class TierWorker:
             self._cache_stats = current
             for name, value in self._counters.items():
                 stats[name] = stats.get(name, 0) + value
+            stats.update(self._off_changes.take({**snapshot["features_off"], **self._off}))
+            announce = self.weights != self._weights_reported
+            self._weights_reported = self.weights
             meta = ECTierWorkerMetadata(
                 weights=self.weights,
                 saved=self._saved,
@@ -345,7 +363,7 @@ class TierWorker:
             )
             self._saved, self._staged_report, self._failed = set(), set(), set()
             self._counters = {}
-        return None if meta.is_empty() else meta
+        return None if meta.is_empty() and not announce else meta
 
     def close(self) -> None:
         timeout = self.cache.config.close_timeout
