@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import subprocess
+import sys
 import time
 
 import torch
@@ -25,6 +27,7 @@ from vllm.v1.outputs import ECConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from lmcache_ec.claims import claims_dir_for
 from lmcache_ec.integration.vllm import connector as connector_module
 
 IMAGE_TOKEN = 4
@@ -76,6 +79,23 @@ def lone_request(identifier: str) -> Request:
         None,
         mm_features=[feature],
     )
+
+
+_DIE_HOLDING_A_CLAIM = """
+import os, sys
+from lmcache_ec.claims import DirectoryClaims
+assert DirectoryClaims(sys.argv[1]).claim(sys.argv[2], 600)
+os._exit(0)  # dies: never encodes, never releases
+"""
+
+
+def claimed_by_a_dead_process(engine: Engine, image: str, disk_dir) -> None:
+    """Another process claims ``image`` in the claims of ``disk_dir`` and dies
+    holding it: ``engine`` (which must know its encoder weights, part of the
+    name) waits for an output that never comes, up to ``claim_wait_s``."""
+    name = engine.connector.scheduler.index.storage_name(image)
+    claims = claims_dir_for(str(disk_dir))
+    subprocess.run([sys.executable, "-c", _DIE_HOLDING_A_CLAIM, claims, name], check=True)
 
 
 def make_vllm_config(

@@ -7,17 +7,20 @@ share a disk tier, hence its claims directory, or only a Redis remote tier
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from typing import Any
 
 import pytest
 
-from lmcache_ec.claims import claims_dir_for
 from tests.conftest import bit_equal
 
-from .harness import Engine, encoder_output, image_hash, make_vllm_config
+from .harness import (
+    Engine,
+    claimed_by_a_dead_process,
+    encoder_output,
+    image_hash,
+    make_vllm_config,
+)
 
 
 def _step_until(engine: Engine, done, max_steps: int = 400) -> None:
@@ -82,20 +85,10 @@ def test_an_image_reaching_two_instances_is_encoded_once(model_config, two_insta
         second.shutdown()
 
 
-_DIE_HOLDING_A_CLAIM = """
-import os, sys
-from lmcache_ec.claims import DirectoryClaims
-assert DirectoryClaims(sys.argv[1]).claim(sys.argv[2], 600)
-os._exit(0)  # dies: never encodes, never releases
-"""
-
-
 def _request_for_an_image_a_dead_process_claimed(engine: Engine, image: str, disk_dir) -> Any:
     """A process claims ``image`` and dies; then a request for it takes one step."""
     engine.step()  # the scheduler learns the encoder weights, part of the name
-    name = engine.connector.scheduler.index.storage_name(image)
-    claims = claims_dir_for(str(disk_dir))
-    subprocess.run([sys.executable, "-c", _DIE_HOLDING_A_CLAIM, claims, name], check=True)
+    claimed_by_a_dead_process(engine, image, disk_dir)
     request = engine.add_request([image])
     engine.step()
     return request

@@ -129,6 +129,12 @@ class TierWorker:
         with self._lock:
             self._off[feature.value] = reason.value
 
+    @property
+    def staged_bytes(self) -> int:
+        """Bytes of staged tensors held for loads."""
+        with self._lock:
+            return self._staged_bytes
+
     def record(self, name: str, amount: float) -> None:
         """Add ``amount`` to counter ``name`` (reported with the next step)."""
         self._count(name, amount)

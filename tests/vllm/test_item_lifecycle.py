@@ -1,0 +1,164 @@
+"""An item's record outlives neither its weights nor its request.
+
+- A stage answer carries the weights its order was made under: a late one,
+  made under weights since replaced, never moves an item ordered again
+  under the new ones (the scheduler side, with a real stage channel whose
+  worker end the test plays).
+- A staged item whose request ended is released when its deadline passes:
+  the worker's staged memory comes back (vLLM's real Scheduler).
+- Claims made for a request that ended unencoded are withdrawn at once:
+  another instance encodes the image without waiting out ``claim_wait_s``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from vllm.v1.request import RequestStatus
+
+from lmcache_ec.integration.vllm.channel import StageClient, StageListener
+from lmcache_ec.integration.vllm.index import TierIndex
+from lmcache_ec.integration.vllm.items import ItemState
+from lmcache_ec.integration.vllm.scheduler import TierScheduler
+from lmcache_ec.integration.vllm.settings import ConnectorSettings
+from lmcache_ec.key import EncoderIdentity
+from tests.conftest import bit_equal
+
+from .harness import (
+    Engine,
+    claimed_by_a_dead_process,
+    encoder_output,
+    image_hash,
+    lone_request,
+    make_vllm_config,
+)
+
+S = ItemState
+OLD, NEW = "weights-1", "weights-2"
+
+
+def _until(condition, poll, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        poll()
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def staging_under_new_weights(tmp_path):
+    """A scheduler on weights NEW with two items STAGING over the stage channel,
+    and the stage link the test answers them on (as the worker would)."""
+    links = []
+    path = str(tmp_path / "rank0.sock")
+    listener = StageListener(
+        path,
+        lambda ids, weights, link: links.append((ids, weights, link)),
+        lambda: {"weights": [NEW]},
+    )
+    index = TierIndex(
+        EncoderIdentity(model="m"), disk_dir=None, open_catalog=None, negative_ttl=5.0
+    )
+    scheduler = TierScheduler(
+        ConnectorSettings(idle_stage_wait_s=0.0, busy_stage_wait_s=0.0, stage_timeout_s=60.0),
+        index,
+        is_producer=True,
+        is_consumer=True,
+        tp_size=1,
+        deliver_on_idle=True,
+        channel=StageClient([path]),
+        weights_from_workers=True,
+    )
+    scheduler.build_connector_meta(object())  # connects; the worker announces NEW
+    _until(lambda: scheduler.weights == NEW, scheduler.take_stats)
+    late, control = image_hash("late.png"), image_hash("control.png")
+    for identifier in (late, control):
+        index.note_present(identifier, "worker")  # a worker saved it: prefetch it
+        assert not scheduler.ensure_cache_available(lone_request(identifier), 0)
+        assert scheduler.items.state(identifier) is S.STAGING
+    _until(lambda: len(links) == 2, lambda: None)
+    assert all(weights == NEW for _, weights, _ in links)
+    yield scheduler, links[0][2], late, control
+    scheduler.channel.close()
+    listener.close()
+    index.close()
+
+
+@pytest.mark.parametrize("answer", ["staged", "failed"])
+def test_a_late_answer_under_old_weights_moves_nothing(staging_under_new_weights, answer):
+    scheduler, link, late, control = staging_under_new_weights
+    # The answer to an order made under OLD, before the update: then one under NEW.
+    if answer == "staged":
+        link.answer([late], [], OLD)
+    else:
+        link.answer([], [late], OLD)
+    link.answer([control], [], NEW)
+    _until(lambda: scheduler.items.state(control) is S.READY, scheduler.take_stats)
+    # Both arrived, in order: the old one changed nothing.
+    assert scheduler.items.state(late) is S.STAGING
+    assert not scheduler.take_unavailable_requests()
+    assert late not in scheduler.build_connector_meta(object()).release
+
+
+def test_a_staged_item_of_an_ended_request_is_released_at_its_deadline(
+    model_config, extra, disk_dir
+):
+    stored, never = image_hash("staged-then-abandoned.png"), image_hash("never-encoded.png")
+    writer = Engine(make_vllm_config(model_config, "ec_both", extra))
+    try:
+        writer.run_until_finished([writer.add_request([stored])])
+        writer.flush()
+    finally:
+        writer.shutdown()
+    timeout = 2.0  # long enough for a staging on a loaded machine
+    settings = {**extra, "claim_wait_s": 600.0, "stage_timeout_s": timeout}
+    engine = Engine(make_vllm_config(model_config, "ec_both", settings))
+    scheduler = engine.connector.scheduler
+    worker = engine.workers[0].worker
+    try:
+        engine.step()  # the scheduler learns the encoder weights
+        claimed_by_a_dead_process(engine, never, disk_dir)
+        # Held back by the claimed image, the request waits while its other image
+        # is staged.
+        request = engine.add_request([never, stored])
+        for _ in range(50):
+            engine.step()
+            if scheduler.items.state(stored) is S.READY:
+                break
+        assert scheduler.items.state(stored) is S.READY
+        assert worker.staged_bytes > 0
+        assert not any(request in step for step in engine.scheduled)
+        engine.scheduler.finish_requests(request, RequestStatus.FINISHED_ABORTED)
+        time.sleep(timeout * 1.2)  # past the staged item's deadline
+        engine.run_until_finished([engine.add_request([])])  # steps that deliver orders
+        assert scheduler.items.state(stored) is S.UNKNOWN
+        assert worker.staged_bytes == 0
+        assert engine.encoded == []
+    finally:
+        engine.shutdown()
+
+
+def test_a_claim_of_an_ended_request_is_withdrawn_at_once(model_config, extra, disk_dir):
+    free, held = image_hash("claimed-then-aborted.png"), image_hash("held-by-the-dead.png")
+    waiting = {**extra, "claim_wait_s": 600.0}  # a bound no test reaches
+    first = Engine(make_vllm_config(model_config, "ec_both", waiting))
+    second = Engine(make_vllm_config(model_config, "ec_both", waiting))
+    try:
+        first.step()  # the scheduler learns the encoder weights
+        claimed_by_a_dead_process(first, held, disk_dir)
+        request = first.add_request([free, held])
+        first.step()  # claims ``free``; waits for ``held``
+        assert first.connector.scheduler.items.state(free) is S.CLAIMED
+        first.scheduler.finish_requests(request, RequestStatus.FINISHED_ABORTED)
+        second.step()
+        wanted = second.add_request([free])
+        second.step()
+        assert second.encoded == [free]  # at once, not after claim_wait_s
+        second.run_until_finished([wanted])
+        assert bit_equal(second.gathered[free], encoder_output(free))
+        assert second.ec_stats.get("scheduler_claims_lost", 0) == 0
+        assert first.encoded == []
+    finally:
+        first.shutdown()
+        second.shutdown()
