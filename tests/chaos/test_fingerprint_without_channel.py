@@ -22,7 +22,10 @@ import tempfile
 
 import pytest
 
+from lmcache_ec import ECCache
 from lmcache_ec.integration.vllm.plugin import register
+from lmcache_ec.integration.vllm.settings import ConnectorSettings
+from lmcache_ec.integration.vllm.worker import TierWorker
 from tests.conftest import bit_equal
 from tests.vllm.harness import Engine, encoder_output, image_hash, make_vllm_config
 
@@ -166,3 +169,26 @@ def test_an_encode_only_instance_on_v1_without_a_channel_says_caching_is_paused(
     paused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Caching paused")]
     assert len(paused) == 1, paused
     assert "weights_fingerprint: false" in paused[0]
+
+
+def test_a_weights_change_is_reported_even_with_nothing_else_to_say(local_config):
+    """Without a channel the step report is the scheduler's only news of new
+    weights: a report that would otherwise be empty still carries them."""
+    cache = ECCache.from_config(local_config, model="m/announce")
+    worker = TierWorker(
+        cache,
+        ConnectorSettings(),
+        persistable=lambda identifier: True,
+        is_producer=True,
+        is_consumer=True,
+        weights_known=False,
+    )
+    try:
+        worker.build_worker_meta()  # what start-up left to say
+        assert worker.build_worker_meta() is None  # nothing happened since
+        worker.set_weights("weights-2")
+        report = worker.build_worker_meta()
+        assert report is not None and report.weights == "weights-2"
+        assert worker.build_worker_meta() is None  # said once
+    finally:
+        worker.close()

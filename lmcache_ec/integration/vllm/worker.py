@@ -11,9 +11,9 @@ encoder weights (``set_weights``, called once the model is resident and after
 every update). Until it is known nothing is staged or saved; when it changes,
 staged items are dropped, in-flight stagings answer "failed", and saves
 queued before the change still land under the weights that computed them.
-The step report after a change carries the new version even when it has
-nothing else to say: without a stage channel, that is how the scheduler
-learns it.
+The step report after a change carries the new version (it counts the
+change, so it is never empty): without a stage channel, that is how the
+scheduler learns it.
 
 Staging reads the tiers with one ``get_many`` per order batch in a
 background thread into worker memory (CPU tensors, ``max_staged_mb``); a
@@ -50,7 +50,6 @@ from .stats import OffChanges
 logger = logging.getLogger(__name__)
 
 _RECENT_MAX = 100_000  # identifiers remembered as already stored
-_NEVER = object()  # weights not reported yet
 
 
 def writer_rank(identifier: str, tp_size: int) -> int:
@@ -112,7 +111,6 @@ class TierWorker:
         self._failed: set[str] = set()
         self._counters: dict[str, float] = {}
         self._cache_stats = _flatten(cache.stats.snapshot())
-        self._weights_reported: object = _NEVER
         self._off: dict[str, str] = {}  # features this worker turned off itself
         self._off_changes = OffChanges()
         # Orders from step metadata (answered in worker metadata) or from the
@@ -358,8 +356,6 @@ class TierWorker:
             for name, value in self._counters.items():
                 stats[name] = stats.get(name, 0) + value
             stats.update(self._off_changes.take({**snapshot["features_off"], **self._off}))
-            announce = self.weights != self._weights_reported
-            self._weights_reported = self.weights
             meta = ECTierWorkerMetadata(
                 weights=self.weights,
                 saved=self._saved,
@@ -369,7 +365,7 @@ class TierWorker:
             )
             self._saved, self._staged_report, self._failed = set(), set(), set()
             self._counters = {}
-        return None if meta.is_empty() and not announce else meta
+        return None if meta.is_empty() else meta
 
     def close(self) -> None:
         timeout = self.cache.config.close_timeout
