@@ -30,6 +30,11 @@ T_CODEC = "tests/test_codec.py"
 T_DISK = "tests/test_disk_tier.py"
 T_CORRUPTION = "tests/faults/test_corruption.py"
 T_OUTAGES = "tests/faults/test_remote_outages.py"
+SCHEDULER = "lmcache_ec/integration/vllm/scheduler.py"
+RUNTIME_DIRS = "lmcache_ec/runtime_dirs.py"
+T_LIFECYCLE = "tests/vllm/test_item_lifecycle.py"
+T_RUNTIME_DIRS = "tests/chaos/test_runtime_dirs.py"
+T_NO_CHANNEL = "tests/chaos/test_fingerprint_without_channel.py"
 
 
 def _digest_field(field: str, follows: str, extra: tuple[str, ...] = ()) -> Mutation:
@@ -275,6 +280,115 @@ MUTATIONS: list[Mutation] = [
         (
             "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_disk_on_v1",
             "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_redis_on_v1[ec_consumer]",
+        ),
+    ),
+    # -- a scheduler item's record outlives neither its weights nor its request
+    Mutation(
+        "stage-answer-weights-ignored",
+        "a stage answer made under replaced weights never moves an item ordered again",
+        SCHEDULER,
+        "            if weights != self.weights:\n"
+        "                continue  # ordered under weights since replaced\n",
+        "",
+        (
+            f"{T_LIFECYCLE}::test_a_late_answer_under_old_weights_moves_nothing[staged]",
+            f"{T_LIFECYCLE}::test_a_late_answer_under_old_weights_moves_nothing[failed]",
+        ),
+    ),
+    Mutation(
+        "expired-ready-item-kept",
+        "a staged item whose request ended is released at its deadline",
+        SCHEDULER,
+        "                self.prefetch.take_waiters(identifier)\n"
+        "                self._to_release.append(identifier)\n",
+        "                self.prefetch.take_waiters(identifier)\n",
+        (f"{T_LIFECYCLE}::test_a_staged_item_of_an_ended_request_is_released_at_its_deadline",),
+    ),
+    Mutation(
+        "claims-kept-when-a-request-ends",
+        "claims of a request that ended unencoded are withdrawn at once",
+        SCHEDULER,
+        "            self.claims.release_for(request_id)",
+        "            pass",
+        (f"{T_LIFECYCLE}::test_a_claim_of_an_ended_request_is_withdrawn_at_once",),
+    ),
+    # -- runtime directories another user took first
+    Mutation(
+        "runtime-dir-no-alternative",
+        "a runtime directory another user holds gives way to one only this user knows",
+        RUNTIME_DIRS,
+        "        if taken.reason is not Reason.TAKEN:\n",
+        "        if True:\n",
+        (f"{T_RUNTIME_DIRS}::test_a_taken_directory_gives_way_to_one_only_this_user_knows",),
+    ),
+    Mutation(
+        "runtime-dir-owner-unchecked",
+        "nothing is read or written in a runtime directory another user owns",
+        RUNTIME_DIRS,
+        "        if taken is not None:\n            raise taken\n",
+        "",
+        (f"{T_RUNTIME_DIRS}::test_a_taken_directory_gives_way_to_one_only_this_user_knows",),
+    ),
+    Mutation(
+        "node-tier-dir-unavailable-is-fatal",
+        "without a private directory the engine starts without the node tier",
+        "lmcache_ec/tiers/manager.py",
+        "        except RuntimeDirUnavailable as exc:\n            feature_off(\n",
+        "        except ImportError as exc:\n            feature_off(\n",
+        (
+            f"{T_RUNTIME_DIRS}::"
+            "test_without_a_private_directory_the_node_tier_is_off_and_the_engine_serves",
+        ),
+    ),
+    Mutation(
+        "ledger-dir-unavailable-loses-writes",
+        "without a private directory for the ledger, disk writes still land",
+        "lmcache_ec/tiers/budget.py",
+        "        return process_dir(), exc",
+        "        raise exc",
+        (
+            f"{T_RUNTIME_DIRS}::"
+            "test_without_a_private_directory_the_node_tier_is_off_and_the_engine_serves",
+            f"{T_RUNTIME_DIRS}::test_disk_writes_land_when_the_ledger_directory_is_taken",
+        ),
+    ),
+    Mutation(
+        "socket-dir-unavailable-is-fatal",
+        "without a directory for the stage sockets the scheduler starts and falls back",
+        "lmcache_ec/integration/vllm/connector.py",
+        "            except RuntimeDirUnavailable as exc:\n                channel, no_channel",
+        "            except ImportError as exc:\n                channel, no_channel",
+        (f"{T_NO_CHANNEL}::test_the_scheduler_starts_without_a_socket_directory_and_serves_hits",),
+    ),
+    # -- without a stage channel the weights fingerprint still reaches the scheduler
+    Mutation(
+        "fingerprint-only-over-the-channel",
+        "without a stage channel the scheduler takes the weights from the step reports",
+        SCHEDULER,
+        "            self._set_weights(meta.weights, now)",
+        "            pass",
+        (f"{T_NO_CHANNEL}::test_without_a_channel_the_fingerprint_arrives_with_the_step_reports",),
+    ),
+    Mutation(
+        "weights-change-not-reported",
+        "a worker's step report carries a new weights version even with nothing else in it",
+        "lmcache_ec/integration/vllm/worker.py",
+        '            self._counters["weights_changes"] = '
+        'self._counters.get("weights_changes", 0) + 1',
+        "            pass",
+        (f"{T_NO_CHANNEL}::test_a_weights_change_is_reported_even_with_nothing_else_to_say",),
+    ),
+    Mutation(
+        "caching-pause-unreported",
+        "a scheduler that cannot learn the weights says caching is paused, and why",
+        SCHEDULER,
+        "            off[CACHING] = paused",
+        "            pass",
+        (
+            f"{T_NO_CHANNEL}::test_an_encode_only_instance_on_v1_without_a_channel_says_"
+            "caching_is_paused[no socket directory]",
+            f"{T_NO_CHANNEL}::test_an_encode_only_instance_on_v1_without_a_channel_says_"
+            "caching_is_paused[channel unreachable]",
         ),
     ),
 ]
