@@ -1,0 +1,159 @@
+"""A real ``vllm serve`` whose runtime directory another user took before it started.
+
+Before the server starts, uid 65534 makes ``<node_dir>/lmcache-ec-<uid>``
+and even the private alternative's name (the test knows the token, as no
+other user could): the node tier, the shared size ledger and the stage
+channel can have no directory of this user's. The server must start, serve
+from the tiers (an image asked again once vLLM's own encoder cache let it
+go is loaded, not encoded; its output was written to disk), and say in its
+log and on ``/metrics`` which features are off and why. One server start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from lmcache_ec.bench.tiny_vlm import build_tiny_blip2
+from lmcache_ec.bench.vllm_server import (
+    BackgroundDecode,
+    VLLMServer,
+    chat_with_image,
+    ec_transfer_config,
+    read_metrics,
+)
+from lmcache_ec.runtime_dirs import TOKEN_FILE
+
+from .conftest import ARGS, BACKGROUND_TOKENS, ask, counters, settled_counters
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="needs root: the squatter's directories are made as uid 65534"
+    ),
+]
+
+SQUATTER = 65534
+TOKEN = "0123456789abcdef"
+IMAGE, OTHERS = 107, (108, 109)  # image seeds no other e2e test uses
+BUSY_TOKENS = 2  # beside a long decode, CPU steps of two requests are slow
+# vLLM's encoder cache holds max_num_batched_tokens embeddings: two images of
+# the tiny model (32 each), so a third one evicts the first. No prefix cache:
+# it would skip the image's tokens, encoder and connector alike.
+SERVER_ARGS = (
+    *ARGS,
+    "--max-num-batched-tokens",
+    "64",
+    "--max-num-seqs",
+    "4",
+    "--no-enable-prefix-caching",
+)
+
+
+def _squat(path: Path) -> None:
+    path.mkdir()
+    os.chmod(path, 0o777)
+    os.chown(path, SQUATTER, SQUATTER)
+
+
+@pytest.fixture(scope="module")
+def squatted(tmp_path_factory):
+    root = Path(tempfile.mkdtemp(prefix="lmcache-ec-e2e-squat-"))
+    base = root / "shm"
+    base.mkdir()
+    os.chmod(base, 0o1777)
+    taken = [base / f"lmcache-ec-{os.getuid()}", base / f"lmcache-ec-{os.getuid()}-{TOKEN}"]
+    for path in taken:
+        _squat(path)
+    home = root / "home"
+    token = home.joinpath(*TOKEN_FILE)
+    token.parent.mkdir(parents=True)
+    token.write_text(TOKEN)
+    os.chmod(token, 0o600)
+    tiers = {
+        "local_cpu": True,
+        "max_local_cpu_size": 0.25,
+        "local_disk": str(root / "disk"),
+        "max_local_disk_size": 1.0,
+        "node_tier": True,
+        "node_dir": str(base),
+    }
+    server = VLLMServer(
+        build_tiny_blip2(root / "models", seed=0),
+        root / "logs" / "squatted.log",
+        ec_config=ec_transfer_config("ec_both", tiers),
+        env={
+            "HOME": str(home),
+            "XDG_RUNTIME_DIR": None,
+            "XDG_CACHE_HOME": str(root / "xdg"),
+        },
+        extra_args=SERVER_ARGS,
+        ready_timeout=600,
+    )
+    try:
+        server.start()
+        chat_with_image(server.base_url, server.served_model, None, max_tokens=2)  # warm-up
+        yield server, root, taken
+    finally:
+        server.stop()
+        if os.environ.get("EC_E2E_KEEP"):
+            print(f"e2e files (logs, tiers) kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_server_whose_runtime_directory_was_taken_starts_and_serves_from_disk(squatted):
+    server, root, taken = squatted
+    before = counters(server)
+    first = ask(server, IMAGE)
+    change = settled_counters(server, before, 1)
+    assert (change["saves"], change["loads"]) == (1, 0), change  # encoded and saved
+
+    for other in OTHERS:  # the second one makes vLLM's encoder cache let IMAGE go
+        ask(server, other)
+    before = counters(server)
+    # A running decode: every step schedules tokens, so orders and answers
+    # ride step metadata (no stage channel) on Model Runner V1.
+    with BackgroundDecode(server.base_url, server.served_model, max_tokens=BACKGROUND_TOKENS):
+        again = ask(server, IMAGE, max_tokens=BUSY_TOKENS)
+    change = settled_counters(server, before, 1)
+    assert (change["saves"], change["loads"]) == (0, 1), change  # a hit, loaded
+    assert change["hits_cpu"] + change["hits_disk"] >= 1, change
+    assert change["prefix_cached_tokens"] == 0, change
+    assert again.logprobs == first.logprobs[:BUSY_TOKENS]  # the same encoder output
+
+    written = 1 + len(OTHERS)  # the disk writes landed (written in the background)
+    deadline = time.monotonic() + 10
+    while len(list((root / "disk").glob("*.pt"))) < written and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(list((root / "disk").glob("*.pt"))) == written
+    for path in taken:
+        assert os.listdir(path) == []  # nothing read or written there
+
+    log = Path(server.log_path).read_text(errors="replace")
+    # One line per process that met it: the worker (node tier, ledger, its
+    # socket) and the scheduler (its socket), in processes of their own here.
+    for feature, processes in (("node_tier", 1), ("shared_ledger", 1), ("stage_channel", 2)):
+        lines = [line for line in log.splitlines() if f"{feature} off: {taken[0]}" in line]
+        assert len(lines) == processes, (feature, lines)
+        assert all("belongs to uid 65534 (nobody), not this user" in line for line in lines)
+
+    page = read_metrics(server.metrics_url)
+    off = {
+        (labels["feature"], labels["reason"]): value
+        for labels, value in page.get("vllm:lmcache_ec_feature_off", [])
+        if value
+    }
+    # One worker rank; the stage channel is off on the scheduler's side too.
+    assert off == {
+        ("node_tier", "directory_taken"): 1,
+        ("shared_ledger", "directory_taken"): 1,
+        ("stage_channel", "directory_taken"): 2,
+    }, json.dumps({f"{k[0]}/{k[1]}": v for k, v in off.items()})
