@@ -103,6 +103,8 @@ def _foreign(path: str) -> RuntimeDirUnavailable | None:
         info = os.lstat(path)
     except FileNotFoundError:
         return None
+    except OSError as exc:  # a parent this user may not search
+        return _unusable(path, exc)
     if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
         return None
     return RuntimeDirUnavailable(path, Reason.TAKEN, owner_of(info.st_uid))
@@ -254,7 +256,9 @@ def socket_dir(node_dir: str = DEFAULT_BASE) -> str:
 
 
 def socket_path(engine_id: str, dp_rank: int, tp_rank: int, node_dir: str = DEFAULT_BASE) -> str:
-    """The stage channel's socket of one rank of engine ``engine_id``."""
+    """The stage channel's socket of one rank of engine ``engine_id`` (a name
+    too long for a socket is shortened to a digest of the engine's; binding a
+    path still too long fails, and the channel is then off)."""
     directory = socket_dir(node_dir)
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in engine_id)[:64]
     path = os.path.join(directory, f"{safe}-dp{dp_rank}-tp{tp_rank}.sock")
