@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -122,17 +123,40 @@ def _mapped_file(address: int) -> str | None:
     return None
 
 
-def test_reads_are_views_of_the_shared_frame(node_base):
+def test_reads_are_private_copies(node_base):
     tensor = _tensor(1)
     with ECCache.from_config(_config(node_base), model="m", dtype=torch.bfloat16) as cache:
         assert cache.put("img", tensor)
         out = cache.get("img")
         assert bit_equal(out, tensor)
         path = cache._storage.storage_backends["NodeBackend"].path_of(cache.key("img"))
-        assert _mapped_file(out.data_ptr()) == path  # no private copy
-        out.fill_(0)  # the caller owns what it got: private pages, not the frame
+        # Not a mapping of the shared file: a truncation of it cannot reach the caller.
+        assert _mapped_file(out.data_ptr()) != path
+        out.fill_(0)  # the caller owns what it got
         assert bit_equal(cache.get("img"), tensor)
         assert cache._cpu.used_bytes() == 0
+
+
+PADDING = 256 * 1024**2  # sparse on tmpfs: costs nothing until read
+
+
+def test_padded_entry_is_a_miss_removed_without_reading_its_padding(node_base):
+    """A frame's file must be exactly header + payload: a longer one is damaged,
+    and reading it must not allocate what the padding claims."""
+    with ECCache.from_config(_config(node_base), model="m", dtype=torch.bfloat16) as cache:
+        assert cache.put("img", _tensor(1))
+        path = cache._storage.storage_backends["NodeBackend"].path_of(cache.key("img"))
+        size = os.path.getsize(path)
+        os.truncate(path, size + PADDING)
+        tracemalloc.start()
+        try:
+            assert cache.get("img") is None
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 4 * size
+        assert cache.stats.snapshot()["integrity_failures"] == 1
+        assert not os.path.exists(path)
 
 
 KILLED = textwrap.dedent(

@@ -15,11 +15,13 @@ next scan), and the same per-directory limit with node-wide LRU
 
 - writes are synchronous (a memcpy into tmpfs): a put is readable by every
   process on the node when it returns;
-- reads map the file (``MAP_PRIVATE``) instead of copying it: the frame is
-  verified in place and the caller gets a tensor over the mapping (a device
-  caller copies straight from it). Publication never rewrites a file in place
-  and removal only unlinks it, so a mapped frame never changes under a reader;
-  a caller writing to its tensor gets private pages.
+- reads copy the frame into the reader's own memory, then verify it; no
+  tensor handed out aliases the shared file, so a file truncated under a
+  reader (a ``cp`` over it, ``truncate``, an I/O error) is a miss, never a
+  SIGBUS, and an evicted entry's pages are freed at once. A frame's file
+  must be exactly as long as its prefix declares (header + payload):
+  anything else is a damaged entry, dropped like one, and a read never
+  allocates more than the frame it asked for declares.
 
 When the node tier is on, the CPU tier keeps no entries (``manager.py``): its
 pool only stages puts and promotions, so each frame is in host memory once.
@@ -27,16 +29,13 @@ pool only stages puts and promotions, so each frame is in host memory once.
 
 from __future__ import annotations
 
-import mmap
 import os
 from typing import Any
 
-import numpy as np
-
-from ..codec import PREFIX_SIZE, FrameRead
+from ..codec import PREFIX_SIZE, CorruptEntryError, FrameRead, read_prefix
 from ..key import ECKey, slug
 from .contract import TierKind, tier_setting
-from .disk_layout import private_dir
+from .disk_layout import private_dir, read_frame
 from .frame_directory import FrameDirectoryTier
 
 
@@ -81,24 +80,31 @@ class ECNodeBackend(FrameDirectoryTier):
         )
 
     def get_frame(self, key: ECKey) -> FrameRead | None:
-        """The entry over a private mapping of its file (no copy); its payload
-        is hashed when decoded."""
+        """The entry read into fresh memory after its size is checked; its
+        payload hashed as it lands. ``CorruptEntryError``: not a frame's size."""
         path = self.path_of(key)
         fd = self._open(key, path)
         if fd is None:
             return None
         try:
             size = os.fstat(fd).st_size
-            if size < PREFIX_SIZE:  # not a frame: decoding rejects it
-                return FrameRead(np.frombuffer(os.pread(fd, PREFIX_SIZE, 0), dtype=np.uint8))
-            mapped = mmap.mmap(
-                fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
-            )
-            self.layout.touch(fd)
+            check_stored_size(os.pread(fd, PREFIX_SIZE, 0), size)
+            read = read_frame(fd, size)
+            self._used(key, fd)
         except OSError as exc:
             self._read_failed(path, exc)
             return None
         finally:
             os.close(fd)
-        self._remember(key)
-        return FrameRead(np.frombuffer(mapped, dtype=np.uint8))  # keeps the mapping alive
+        return read
+
+
+def check_stored_size(prefix: bytes, size: int) -> None:
+    """``CorruptEntryError`` unless a file of ``size`` bytes is exactly the frame
+    its ``prefix`` declares (a short prefix is left to decoding to reject)."""
+    if len(prefix) < PREFIX_SIZE:
+        return
+    header_len, payload_len, _, _ = read_prefix(prefix)
+    declared = PREFIX_SIZE + header_len + payload_len
+    if size != declared:
+        raise CorruptEntryError(f"stored size {size} is not the frame's {declared}")

@@ -190,6 +190,44 @@ MUTATIONS: list[Mutation] = [
             f"{T_DISK}::test_lru_order_survives_restart",
         ),
     ),
+    # -- node tier: reads copy out, check the stored size
+    Mutation(
+        "node-read-maps-the-file",
+        "a node-tier read hands out no memory mapped from the shared file",
+        "lmcache_ec/tiers/node.py",
+        "            read = read_frame(fd, size)\n",
+        "            read = FrameRead(__import__('numpy').frombuffer(__import__('mmap').mmap(\n"
+        "                fd, size, flags=__import__('mmap').MAP_PRIVATE), dtype='uint8'))\n",
+        (
+            "tests/chaos/test_node_truncation.py::test_the_reader_survives_every_truncation",
+            "tests/chaos/test_node_truncation.py::"
+            "test_a_result_stays_valid_after_its_entry_is_truncated",
+            "tests/test_node_tier.py::test_reads_are_private_copies",
+        ),
+    ),
+    Mutation(
+        "node-read-size-unchecked",
+        "a node-tier frame whose file is longer than header + payload is a miss, never read",
+        "lmcache_ec/tiers/node.py",
+        "            check_stored_size(os.pread(fd, PREFIX_SIZE, 0), size)\n",
+        "",
+        (
+            "tests/test_node_tier.py::"
+            "test_padded_entry_is_a_miss_removed_without_reading_its_padding",
+        ),
+    ),
+    Mutation(
+        "tier-damaged-entry-kept",
+        "an entry a tier reports damaged is removed like one that fails decoding",
+        "lmcache_ec/reads.py",
+        "        except codec.CorruptEntryError as exc:  # the tier found the entry damaged\n"
+        "            self._drop(key, tier, exc)\n",
+        "",
+        (
+            "tests/test_node_tier.py::"
+            "test_padded_entry_is_a_miss_removed_without_reading_its_padding",
+        ),
+    ),
     # -- input validation
     Mutation(
         "tensor-rank-unchecked",
