@@ -26,6 +26,7 @@ from .. import ECCache, codec
 from ..codec import FrameRead
 from .measure import interleave, summary
 from .rows import sample_tensors
+from .seams import node_tier
 
 SHAPES = {"Gemma-3": (256, 2560), "Gemma-3-27B": (256, 5376), "Qwen2.5-VL": (1024, 2048)}
 METHODS = ("mapped", "copied", "get")
@@ -56,7 +57,7 @@ def run_shape(shape: tuple[int, int], n: int, directory: str) -> dict[str, Any]:
         "namespace": f"bench-node-{shape[0]}x{shape[1]}",
     }
     with ECCache.from_config(config, model="bench/node", dtype=torch.bfloat16) as cache:
-        node = cache._storage.storage_backends["NodeBackend"]
+        node = node_tier(cache)
         names = {m: [f"{m}-{i}" for i in range(n)] for m in METHODS}
         for method in METHODS:
             for i, name in enumerate(names[method]):

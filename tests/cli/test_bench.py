@@ -493,3 +493,15 @@ def test_benchmarks_reach_private_state_only_through_seams():
                 if name.startswith("_") and not name.endswith("__")
             ]
     assert len(files) > 10 and found == []
+
+
+def test_bench_node_reads_reads_every_shape_both_ways(tmp_path, invoke):
+    path = tmp_path / "node-reads.json"
+    out = invoke("bench", "node-reads", "--iterations", "2", "--json", str(path)).output
+    assert "Node-tier read + verify" in out
+    rows = json.loads(path.read_text())
+    assert [row["model"] for row in rows] == ["Gemma-3", "Gemma-3-27B", "Qwen2.5-VL"]
+    for row in rows:
+        for method in ("mapped", "copied", "get"):
+            assert row[method]["hits"] == row[method]["n"] == 2, (row["model"], method)
+        assert row["copied_vs_mapped"] > 0

@@ -30,6 +30,7 @@ T_CODEC = "tests/test_codec.py"
 T_DISK = "tests/test_disk_tier.py"
 T_CORRUPTION = "tests/faults/test_corruption.py"
 T_OUTAGES = "tests/faults/test_remote_outages.py"
+T_FULL = "tests/chaos/test_node_full.py::"
 
 
 def _digest_field(field: str, follows: str, extra: tuple[str, ...] = ()) -> Mutation:
@@ -227,6 +228,58 @@ MUTATIONS: list[Mutation] = [
             "tests/test_node_tier.py::"
             "test_padded_entry_is_a_miss_removed_without_reading_its_padding",
         ),
+    ),
+    # -- node tier: a full filesystem, failed writes, cleanup
+    Mutation(
+        "node-tier-ignores-free-space",
+        "the node tier's limit is also capped by its filesystem's free space",
+        "lmcache_ec/tiers/node.py",
+        "    capped_by_free_space = True",
+        "    capped_by_free_space = False",
+        (f"{T_FULL}test_puts_beyond_the_filesystem_evict_and_keep_writing",),
+    ),
+    Mutation(
+        "full-write-not-retried",
+        "a node-tier write that finds its filesystem full evicts and retries once",
+        "lmcache_ec/tiers/frame_directory.py",
+        "if exc.errno != errno.ENOSPC or not self.budget.capped_by_free_space:",
+        "if True:",
+        (f"{T_FULL}test_a_write_that_finds_the_filesystem_full_evicts_and_retries_once",),
+    ),
+    Mutation(
+        "failed-node-write-reported-stored",
+        "put returns False when the node tier could not write the entry",
+        "lmcache_ec/engine.py",
+        "if node is not None and not node.holds(key):",
+        "if False:",
+        (f"{T_FULL}test_a_filesystem_filled_by_others_fails_puts_until_it_has_room",),
+    ),
+    Mutation(
+        "node-tier-never-cleared",
+        "the last process to leave the node tier removes its entries",
+        "lmcache_ec/tiers/node.py",
+        "            return self._clear() if self._alone() else 0",
+        "            return 0",
+        (
+            "tests/test_node_tier.py::test_the_last_user_to_leave_clears_the_node_tier",
+            "tests/test_node_tier.py::test_four_ranks_hold_each_image_once",
+        ),
+    ),
+    Mutation(
+        "node-leftovers-kept",
+        "entries no process uses are removed by the next process to use the node tier",
+        "lmcache_ec/tiers/node.py",
+        "            self.cleared_at_start = self._clear() if self._alone() else 0",
+        "            self.cleared_at_start = 0 if self._alone() else 0",
+        ("tests/test_node_tier.py::test_entries_nobody_uses_are_removed_by_the_next_user",),
+    ),
+    Mutation(
+        "node-users-not-counted",
+        "node-tier entries stay while any process on the node uses them",
+        "lmcache_ec/tiers/node.py",
+        "            fcntl.flock(self._fd, fcntl.LOCK_SH)",
+        "            fcntl.flock(self._fd, fcntl.LOCK_UN)",
+        ("tests/test_node_tier.py::test_the_last_user_to_leave_clears_the_node_tier",),
     ),
     # -- input validation
     Mutation(
