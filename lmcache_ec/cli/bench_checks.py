@@ -42,3 +42,47 @@ def node_reads(
     console.print(table)
     if as_json is not None:
         as_json.write_text(json.dumps(rows, indent=2))
+
+
+def fingerprint(
+    tensors: Annotated[int, typer.Option(help="bfloat16 tensors fingerprinted per pass.")] = 8,
+    elements: Annotated[int, typer.Option(help="Elements per tensor.")] = 8 * 1024 * 1024,
+    repeat: Annotated[int, typer.Option(help="Passes per method (interleaved).")] = 5,
+    gpu_bandwidth_gbs: Annotated[
+        float, typer.Option(help="Device memory bandwidth for the GPU estimate (GB/s).")
+    ] = 3000.0,
+    link_gbs: Annotated[
+        float, typer.Option(help="Device-to-host bandwidth for the GPU estimate (GB/s).")
+    ] = 25.0,
+    as_json: Annotated[Path | None, typer.Option("--json", help="Also write results here.")] = None,
+) -> None:
+    """Weights fingerprint cost on the CPU (old sums, mixed sum, host copy + hash), GPU estimate."""
+    from ..bench.fingerprint import run
+
+    if min(tensors, elements, repeat) < 1:
+        fail("--tensors, --elements and --repeat must be >= 1", 2)
+    result = run(tensors, elements, repeat, gpu_bandwidth_gbs, link_gbs)
+    size = result["bytes"] / 1e6
+    table = Table(
+        title=f"Fingerprint of {tensors} x {elements} bf16 ({size:.0f} MB), "
+        f"{result['threads']} torch threads: ms per GB (median)"
+    )
+    for column in ("method", "CPU ms/GB", "CPU MB/s", "GPU estimate ms/GB"):
+        table.add_column(column)
+    estimate = result["gpu_estimate"]
+    for method in ("sums", "mixed", "host_hash", "hash"):
+        row = result[method]
+        gpu = estimate.get(f"{method}_ms_per_gb")
+        table.add_row(
+            method,
+            f"{row['ms_per_gb']:.0f}",
+            f"{row['mb_s']:.0f}",
+            "-" if gpu is None else f"{gpu:.1f}",
+        )
+    console.print(table)
+    console.print(
+        f"mixed / sums: {result['mixed_vs_sums']:.2f}x; "
+        f"host_hash / mixed: {result['host_hash_vs_mixed']:.2f}x"
+    )
+    if as_json is not None:
+        as_json.write_text(json.dumps(result, indent=2))

@@ -505,3 +505,16 @@ def test_bench_node_reads_reads_every_shape_both_ways(tmp_path, invoke):
         for method in ("mapped", "copied", "get"):
             assert row[method]["hits"] == row[method]["n"] == 2, (row["model"], method)
         assert row["copied_vs_mapped"] > 0
+
+
+def test_bench_fingerprint_times_every_method(tmp_path, invoke):
+    path = tmp_path / "fingerprint.json"
+    invoke(
+        "bench", "fingerprint", "--tensors", "2", "--elements", "5000", "--repeat", "2",
+        "--json", str(path),
+    )  # fmt: skip
+    result = json.loads(path.read_text())
+    assert result["bytes"] == 2 * 5000 * 2
+    for method in ("sums", "mixed", "host_hash", "hash"):
+        assert result[method]["n"] == 2 and result[method]["median_ms"] > 0
+    assert result["gpu_estimate"]["mixed_ms_per_gb"] < result["gpu_estimate"]["sums_ms_per_gb"]

@@ -31,6 +31,8 @@ T_DISK = "tests/test_disk_tier.py"
 T_CORRUPTION = "tests/faults/test_corruption.py"
 T_OUTAGES = "tests/faults/test_remote_outages.py"
 T_FULL = "tests/chaos/test_node_full.py::"
+T_WEIGHTS = "tests/vllm/test_weights.py::"
+T_IDENTITY = "tests/vllm/test_identity_plugin_stats.py::"
 
 
 def _digest_field(field: str, follows: str, extra: tuple[str, ...] = ()) -> Mutation:
@@ -343,6 +345,68 @@ MUTATIONS: list[Mutation] = [
             "tests/vllm/test_weights.py::test_fingerprint_sees_the_encoder_only",
             "tests/vllm/test_weights.py::test_the_weights_matter",
         ),
+    ),
+    Mutation(
+        "device-fingerprint-cancels",
+        "structured changes of device-resident weights change the fingerprint",
+        "lmcache_ec/integration/vllm/weights.py",
+        # Position weights 1..65521, as the sums this replaced had.
+        "table = _splitmix64(np.arange(MIX_CHUNK, dtype=np.uint64)) | np.uint64(1)",
+        "table = np.arange(MIX_CHUNK, dtype=np.uint64) % np.uint64(65521) + np.uint64(1)",
+        (
+            f"{T_WEIGHTS}test_mixed_sum_sees_a_plus_one_minus_two_plus_one_on_neighbours",
+            f"{T_WEIGHTS}test_mixed_sum_sees_two_values_swapped_65521_apart",
+        ),
+    ),
+    Mutation(
+        "device-fingerprint-chunks-unkeyed",
+        "whole chunks of a device tensor trading places change the fingerprint",
+        "lmcache_ec/integration/vllm/weights.py",
+        "        total += (sums * keys[first:last]).sum()\n",
+        "        total += sums.sum()\n",
+        (f"{T_WEIGHTS}test_mixed_sum_sees_chunks_trade_places_and_single_changes",),
+    ),
+    Mutation(
+        "encoder-buffers-not-fingerprinted",
+        "the vision tower's buffers are part of the fingerprint",
+        "lmcache_ec/integration/vllm/weights.py",
+        "    for name, tensor in model.named_buffers(remove_duplicate=True):",
+        "    for name, tensor in []:",
+        (f"{T_WEIGHTS}test_vision_buffers_count_and_language_model_buffers_do_not",),
+    ),
+    Mutation(
+        "language-model-buffers-fingerprinted",
+        "the language model's buffers are not part of the fingerprint",
+        "lmcache_ec/integration/vllm/weights.py",
+        "skip = {id(t) for t in language.parameters()} | {id(t) for t in language.buffers()}",
+        "skip = {id(t) for t in language.parameters()}",
+        (f"{T_WEIGHTS}test_vision_buffers_count_and_language_model_buffers_do_not",),
+    ),
+    Mutation(
+        "weights-dtype-not-fingerprinted",
+        "a weight's dtype is part of the fingerprint",
+        "lmcache_ec/integration/vllm/weights.py",
+        "{tuple(tensor.shape)}|{tensor.dtype}|{tensor.device.type}",
+        "{tuple(tensor.shape)}|{tensor.device.type}",
+        (
+            f"{T_WEIGHTS}test_a_weight_reinterpreted_as_another_16_bit_dtype_changes_the_fingerprint",
+        ),
+    ),
+    Mutation(
+        "identity-without-processor-kwargs",
+        "mm_processor_kwargs are part of the encoder identity",
+        "lmcache_ec/integration/vllm/identity.py",
+        '"mm_processor_kwargs": _jsonable(mm_kwargs or {}),',
+        '"mm_processor_kwargs": {},',
+        (f"{T_IDENTITY}test_processor_kwargs_alone_and_quantization_alone_change_the_identity",),
+    ),
+    Mutation(
+        "identity-without-quantization",
+        "the quantization method is part of the encoder identity",
+        "lmcache_ec/integration/vllm/identity.py",
+        '"quantization": str(getattr(model_config, "quantization", None)),',
+        '"quantization": "",',
+        (f"{T_IDENTITY}test_processor_kwargs_alone_and_quantization_alone_change_the_identity",),
     ),
     # -- an upload sends the pool buffer in place: it must hold it until sent
     Mutation(
