@@ -33,6 +33,7 @@ T_OUTAGES = "tests/faults/test_remote_outages.py"
 T_FULL = "tests/chaos/test_node_full.py::"
 T_WEIGHTS = "tests/vllm/test_weights.py::"
 T_IDENTITY = "tests/vllm/test_identity_plugin_stats.py::"
+T_CLAIMS = "tests/remote/test_claims.py::"
 
 
 def _digest_field(field: str, follows: str, extra: tuple[str, ...] = ()) -> Mutation:
@@ -407,6 +408,69 @@ MUTATIONS: list[Mutation] = [
         '"quantization": str(getattr(model_config, "quantization", None)),',
         '"quantization": "",',
         (f"{T_IDENTITY}test_processor_kwargs_alone_and_quantization_alone_change_the_identity",),
+    ),
+    # -- claims: only the owner releases; claiming again renews
+    Mutation(
+        "redis-release-deletes-any-claim",
+        "a Redis claim is released only by its owner",
+        "lmcache_ec/remote/redis_store.py",
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return",
+        "if true then return",
+        (
+            f"{T_CLAIMS}test_a_slow_holders_release_leaves_anothers_fresh_claim[redis]",
+            "tests/cluster/test_cluster_claims.py::test_cluster_claims[0.001]",
+        ),
+    ),
+    Mutation(
+        "redis-claim-not-reentrant",
+        "a Redis claim already held by the caller is renewed, not refused",
+        "lmcache_ec/remote/redis_store.py",
+        "if held and held ~= ARGV[1] then return 0 end",
+        "if held then return 0 end",
+        (
+            f"{T_CLAIMS}test_the_holder_claiming_again_renews_its_claim[redis]",
+            "tests/cluster/test_cluster_claims.py::test_cluster_claims[3600.0]",
+        ),
+    ),
+    Mutation(
+        "s3-release-deletes-any-claim",
+        "an S3 claim is released only by its owner",
+        "lmcache_ec/remote/s3_store.py",
+        "        if held is None or held[0] != self.claim_owner:\n",
+        "        if held is None:\n",
+        (f"{T_CLAIMS}test_a_slow_holders_release_leaves_anothers_fresh_claim[s3]",),
+    ),
+    Mutation(
+        "s3-release-unconditional-delete",
+        "an S3 release deletes only the claim version it read (If-Match)",
+        "lmcache_ec/remote/s3_store.py",
+        "self._client.delete_object(IfMatch=held[2], **claim)",
+        "self._client.delete_object(**claim)",
+        (f"{T_CLAIMS}test_s3_release_racing_a_takeover_deletes_nothing",),
+    ),
+    Mutation(
+        "s3-claim-not-reentrant",
+        "an S3 claim already held by the caller is renewed, not refused",
+        "lmcache_ec/remote/s3_store.py",
+        "if owner != self.claim_owner and expires > time.time():",
+        "if expires > time.time():",
+        (f"{T_CLAIMS}test_the_holder_claiming_again_renews_its_claim[s3]",),
+    ),
+    Mutation(
+        "directory-release-unchecked",
+        "a directory claim taken over during its release is put back",
+        "lmcache_ec/claims.py",
+        "            if _read(aside) != held:\n",
+        "            if False:\n",
+        ("tests/test_claims.py::test_a_slow_holders_release_leaves_a_takeover_alone",),
+    ),
+    Mutation(
+        "directory-claim-not-renewed",
+        "claiming a directory claim one holds renews it",
+        "lmcache_ec/claims.py",
+        "                self._renew(path, ttl_s)\n",
+        "",
+        ("tests/test_claims.py::test_claiming_again_renews",),
     ),
     # -- an upload sends the pool buffer in place: it must hold it until sent
     Mutation(
