@@ -10,9 +10,15 @@ that dies holds nobody up past the TTL; an expired claim is taken over by the
 next claimant. At worst (a takeover racing another) two instances encode the
 same item — a duplicate, never a wrong tensor.
 
+A claim names its owner, and only the owner releases it: a holder too slow
+to release before its claim expired and was taken over leaves the new
+holder's claim alone (compare-and-delete). Claiming what one already holds
+renews it.
+
 ``ClaimStore`` is what the scheduler needs; ``DirectoryClaims`` keeps claims
 as files in a directory (one node, or a directory every node mounts). Remote
-stores offer the same two methods (``SET NX PX`` on Redis).
+stores offer the same two methods (a Lua script on Redis, conditional puts
+and deletes on S3).
 """
 
 from __future__ import annotations
@@ -49,14 +55,16 @@ class ClaimStore(Protocol):
     def claim(self, name: str, ttl_s: float) -> bool:
         """Announce that this process works on ``name`` for ``ttl_s`` seconds.
 
-        Returns True if the claim is now ours (free, expired, or already ours),
-        False while another holder's claim is live. Never raises for a store
-        failure: the caller then simply works on ``name`` (returns True).
+        Returns True if the claim is now ours (free, expired, or already ours:
+        then it is renewed for ``ttl_s``), False while another holder's claim
+        is live. Never raises for a store failure: the caller then simply
+        works on ``name`` (returns True).
         """
         ...
 
     def release(self, name: str) -> None:
-        """Withdraw our claim on ``name`` (nothing if it is not ours)."""
+        """Withdraw our claim on ``name``. A claim that is not ours (ours
+        expired and another took it over) is left alone: compare-and-delete."""
         ...
 
 
@@ -97,6 +105,7 @@ class DirectoryClaims:
                 return self._create(path, ttl_s)  # released meanwhile
             owner, expires = held
             if owner == self.owner:
+                self._renew(path, ttl_s)
                 return True
             if time.time() < expires:
                 return False
@@ -108,12 +117,25 @@ class DirectoryClaims:
     def release(self, name: str) -> None:
         path = self._path(name)
         held = _read(path)
-        if held is not None and held[0] == self.owner:
-            with contextlib.suppress(OSError):  # gone already
-                os.unlink(path)
+        if held is None or held[0] != self.owner:
+            return  # not ours: never touched
+        # Moved aside first, then checked: a takeover between the read and the
+        # move (ours had expired) is put back, never deleted.
+        aside = f"{path}.{secrets.token_hex(6)}.stale"
+        try:
+            os.rename(path, aside)
+        except OSError:
+            return  # gone already
+        try:
+            if _read(aside) != held:
+                with contextlib.suppress(FileExistsError):
+                    os.link(aside, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(aside)
 
-    def _create(self, path: str, ttl_s: float) -> bool:
-        """Create the claim file, complete, iff none exists (written aside, then linked)."""
+    def _record(self, path: str, ttl_s: float) -> str:
+        """A complete claim record of ours in a new private file beside ``path``."""
         record = json.dumps({"owner": self.owner, "expires": time.time() + ttl_s}).encode()
         aside = f"{path}.{secrets.token_hex(6)}.tmp"
         fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -121,6 +143,14 @@ class DirectoryClaims:
             os.write(fd, record)
         finally:
             os.close(fd)
+        return aside
+
+    def _renew(self, path: str, ttl_s: float) -> None:
+        os.replace(self._record(path, ttl_s), path)  # atomic: never absent, never torn
+
+    def _create(self, path: str, ttl_s: float) -> bool:
+        """Create the claim file, complete, iff none exists (written aside, then linked)."""
+        aside = self._record(path, ttl_s)
         try:
             os.link(aside, path)  # atomic and exclusive, like O_EXCL, and never half-written
             return True

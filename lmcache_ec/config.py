@@ -174,7 +174,8 @@ SCHEMA: dict[str, Option] = {
             "max_node_size",
             "float",
             4.0,
-            "Node tier capacity in GB, shared by every process on the node (LRU).",
+            "Node tier capacity in GB, shared by every process on the node (LRU); "
+            "never more than node_dir's file system has free.",
             False,
             _size_gb,
         ),

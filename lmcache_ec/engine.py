@@ -197,8 +197,9 @@ class ECCache:
 
         ``identity``: the identity that produced ``tensor`` when it may differ
         from the cache's current one (a save queued before a weight update).
-        Returns True when the entry is stored (or already was), False when the
-        CPU pool has no room right now. Raises ``TypeError``/``ValueError`` for
+        Returns True when the entry is stored (or already was), False when it
+        is not: the CPU pool has no room right now, or the node tier (when on)
+        could not write it (full, I/O error). Raises ``TypeError``/``ValueError`` for
         input that can never be stored.
         """
         key = self.key(mm_hash) if identity is None else identity.key(mm_hash)
@@ -250,6 +251,12 @@ class ECCache:
         # CPU hits then copy out without decoding the frame again.
         remember_payload(memory_obj, codec.frame_payload(buffer, header, tensor, key.storage_name))
         self._storage.batched_put([key], [memory_obj])  # takes our reference
+        node = self._storage.node
+        if node is not None and not node.holds(key):
+            # The node tier holds this node's host copy: its write failed (full,
+            # I/O error; counted and logged by the tier), so nothing is stored.
+            self.stats.add("put_rejected")
+            return False
         self.stats.put(size, time.perf_counter() - started)
         return True
 

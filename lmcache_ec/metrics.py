@@ -67,7 +67,7 @@ class ECStats:
         self.misses = 0
         self.puts = 0
         self.put_skipped_existing = 0
-        self.put_rejected = 0  # no room in the CPU pool (full now, or entry larger than it)
+        self.put_rejected = 0  # put returned False: CPU pool full, or the node write failed
         self.integrity_failures = 0
         self.purges_seen = 0  # purge generations (lmcache-ec purge) acted on
         self.bytes_in = 0  # accepted by put

@@ -9,7 +9,7 @@ and nothing needs a hook on the hot path. Metrics (all labelled with
     lmcache_ec_misses_total                 gets that found nothing usable
     lmcache_ec_puts_total                   entries accepted by put
     lmcache_ec_put_skipped_existing_total   puts of entries already in the CPU tier
-    lmcache_ec_put_rejected_total           puts refused: CPU pool full or too small
+    lmcache_ec_put_rejected_total           puts not stored: CPU pool full, node write failed
     lmcache_ec_bytes_in_total               frame bytes accepted by put
     lmcache_ec_bytes_out_total              tensor bytes returned by get
     lmcache_ec_integrity_failures_total     entries dropped for failing verification
@@ -54,7 +54,7 @@ _COUNTERS = (
     ("misses", "misses", "Gets that found nothing usable in any tier."),
     ("puts", "puts", "Entries accepted by put."),
     ("put_skipped_existing", "put_skipped_existing", "Puts of entries already in the CPU tier."),
-    ("put_rejected", "put_rejected", "Puts refused: CPU pool full, or entry larger than it."),
+    ("put_rejected", "put_rejected", "Puts not stored: CPU pool full, or node tier write failed."),
     ("bytes_in", "bytes_in", "Frame bytes accepted by put."),
     ("bytes_out", "bytes_out", "Tensor bytes returned by get."),
     ("integrity_failures", "integrity_failures", "Entries dropped for failing verification."),

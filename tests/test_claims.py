@@ -28,6 +28,38 @@ def test_expired_claim_is_taken_over(tmp_path):
     assert not dead.claim("item", 60)
 
 
+def test_a_slow_holders_release_leaves_a_takeover_alone(tmp_path, monkeypatch):
+    """The holder's claim expires and is taken over between its release's check
+    of the owner and the removal: the new holder keeps its claim."""
+    from lmcache_ec import claims as module
+
+    slow, fast = DirectoryClaims(str(tmp_path)), DirectoryClaims(str(tmp_path))
+    assert slow.claim("item", 0)  # expired at once
+    read = module._read
+    taken: list[bool] = []
+
+    def taken_over_after_the_check(path):
+        found = read(path)
+        if not taken and path.endswith("item.claim"):
+            monkeypatch.setattr(module, "_read", read)
+            taken.append(fast.claim("item", 60))  # the takeover, in the window
+        return found
+
+    monkeypatch.setattr(module, "_read", taken_over_after_the_check)
+    slow.release("item")
+    assert taken == [True]
+    assert not DirectoryClaims(str(tmp_path)).claim("item", 60)  # still the fast one's
+    fast.release("item")
+    assert DirectoryClaims(str(tmp_path)).claim("item", 60)
+
+
+def test_claiming_again_renews(tmp_path):
+    first, second = DirectoryClaims(str(tmp_path)), DirectoryClaims(str(tmp_path))
+    assert first.claim("item", 0)  # expired at once
+    assert first.claim("item", 60)  # ours: renewed
+    assert not second.claim("item", 60)
+
+
 def test_garbage_claim_file_counts_as_expired(tmp_path):
     (tmp_path / "item.claim").write_bytes(b"\x00not json")
     assert DirectoryClaims(str(tmp_path)).claim("item", 60)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -74,37 +75,42 @@ RANK = textwrap.dedent(
 
 def test_four_ranks_hold_each_image_once(node_base):
     config = _config(node_base)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK, json.dumps(config), str(IMAGES)],
-            cwd=ROOT,
-            env={**os.environ, "LMCACHE_LOG_LEVEL": "ERROR"},
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(RANKS)
-    ]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outputs
-    reports = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
-    for report in reports:
-        assert report["tiers"] == ["node"]
-        assert all(report["stored"]) and all(report["exact"])
-        assert report["where"] == ["node"] * IMAGES
-        # No private copy: the pool staged the puts and holds nothing now.
-        assert report["pool_bytes"] == 0 and report["cpu_entries"] == 0
-    # Host memory: each image once in /dev/shm, whichever rank wrote it.
     directory = node_path(node_base, "node-test")
-    files = os.listdir(directory)
-    assert not [f for f in files if f.startswith(TEMP_PREFIX)]
-    entries = DirectoryLayout(directory).scan().entries
-    assert len(entries) == IMAGES
-    frame = entries[0].size
-    assert all(e.size == frame for e in entries)
-    shm_bytes = sum(os.stat(os.path.join(directory, f)).st_blocks * 512 for f in files)
-    assert frame * IMAGES <= shm_bytes < frame * IMAGES + 4096 * IMAGES
-    assert sum(r["skipped_existing"] for r in reports) == (RANKS - 1) * IMAGES
-    assert stat_mode(directory) == 0o700
+    # A process of the node using the tier throughout (an engine's other rank,
+    # a co-located engine): the entries outlive the four ranks for as long.
+    with ECCache.from_config(config, model="org/vlm", dtype=torch.bfloat16):
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", RANK, json.dumps(config), str(IMAGES)],
+                cwd=ROOT,
+                env={**os.environ, "LMCACHE_LOG_LEVEL": "ERROR"},
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(RANKS)
+        ]
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+        assert all(p.returncode == 0 for p in procs), outputs
+        reports = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+        for report in reports:
+            assert report["tiers"] == ["node"]
+            assert all(report["stored"]) and all(report["exact"])
+            assert report["where"] == ["node"] * IMAGES
+            # No private copy: the pool staged the puts and holds nothing now.
+            assert report["pool_bytes"] == 0 and report["cpu_entries"] == 0
+        # Host memory: each image once in /dev/shm, whichever rank wrote it.
+        files = os.listdir(directory)
+        assert not [f for f in files if f.startswith(TEMP_PREFIX)]
+        entries = DirectoryLayout(directory).scan().entries
+        assert len(entries) == IMAGES
+        frame = entries[0].size
+        assert all(e.size == frame for e in entries)
+        shm_bytes = sum(os.stat(os.path.join(directory, f)).st_blocks * 512 for f in files)
+        assert frame * IMAGES <= shm_bytes < frame * IMAGES + 4096 * IMAGES
+        assert sum(r["skipped_existing"] for r in reports) == (RANKS - 1) * IMAGES
+        assert stat_mode(directory) == 0o700
+    # The last process using the node tier is gone: so is what it held.
+    assert DirectoryLayout(directory).scan().entries == []
 
 
 def stat_mode(path: str) -> int:
@@ -122,17 +128,40 @@ def _mapped_file(address: int) -> str | None:
     return None
 
 
-def test_reads_are_views_of_the_shared_frame(node_base):
+def test_reads_are_private_copies(node_base):
     tensor = _tensor(1)
     with ECCache.from_config(_config(node_base), model="m", dtype=torch.bfloat16) as cache:
         assert cache.put("img", tensor)
         out = cache.get("img")
         assert bit_equal(out, tensor)
         path = cache._storage.storage_backends["NodeBackend"].path_of(cache.key("img"))
-        assert _mapped_file(out.data_ptr()) == path  # no private copy
-        out.fill_(0)  # the caller owns what it got: private pages, not the frame
+        # Not a mapping of the shared file: a truncation of it cannot reach the caller.
+        assert _mapped_file(out.data_ptr()) != path
+        out.fill_(0)  # the caller owns what it got
         assert bit_equal(cache.get("img"), tensor)
         assert cache._cpu.used_bytes() == 0
+
+
+PADDING = 256 * 1024**2  # sparse on tmpfs: costs nothing until read
+
+
+def test_padded_entry_is_a_miss_removed_without_reading_its_padding(node_base):
+    """A frame's file must be exactly header + payload: a longer one is damaged,
+    and reading it must not allocate what the padding claims."""
+    with ECCache.from_config(_config(node_base), model="m", dtype=torch.bfloat16) as cache:
+        assert cache.put("img", _tensor(1))
+        path = cache._storage.storage_backends["NodeBackend"].path_of(cache.key("img"))
+        size = os.path.getsize(path)
+        os.truncate(path, size + PADDING)
+        tracemalloc.start()
+        try:
+            assert cache.get("img") is None
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 4 * size
+        assert cache.stats.snapshot()["integrity_failures"] == 1
+        assert not os.path.exists(path)
 
 
 KILLED = textwrap.dedent(
@@ -175,33 +204,68 @@ KILLED = textwrap.dedent(
 
 def test_writer_killed_mid_write_leaves_the_node_tier_consistent(node_base):
     config = _config(node_base)
-    child = subprocess.Popen(
-        [sys.executable, "-c", KILLED, json.dumps(config)],
-        cwd=ROOT,
-        env={**os.environ, "LMCACHE_LOG_LEVEL": "ERROR"},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = ECCache.from_config(config, model="m", dtype=torch.bfloat16)  # keeps the tier in use
     try:
-        line = child.stdout.readline()
-        assert line.startswith("HALF "), line
-        temp = line.split(" ", 1)[1].strip()
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=30)
+        child = subprocess.Popen(
+            [sys.executable, "-c", KILLED, json.dumps(config)],
+            cwd=ROOT,
+            env={**os.environ, "LMCACHE_LOG_LEVEL": "ERROR"},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            line = child.stdout.readline()
+            assert line.startswith("HALF "), line
+            temp = line.split(" ", 1)[1].strip()
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(timeout=30)
+        finally:
+            if child.poll() is None:
+                child.kill()
+            child.stdout.close()
+        assert os.path.exists(temp)  # the torn write is only a temp file
+        with ECCache.from_config(config, model="m", dtype=torch.bfloat16) as cache:
+            assert not os.path.exists(temp)  # reclaimed at start: its writer is dead
+            assert cache.contains("killed") is None
+            assert cache.get("killed") is None
+            assert all(bit_equal(cache.get(f"done-{i}"), _tensor(i)) for i in range(3))
+            assert cache.stats.snapshot()["integrity_failures"] == 0
+            node = cache._storage.storage_backends["NodeBackend"]
+            on_shm = sum(size for _, size, _ in node.entries())
+            assert node.budget.ledger() == on_shm  # no bytes leaked in the accounting
+            # And it is writable again.
+            assert cache.put("killed", _tensor(9))
+            assert bit_equal(cache.get("killed"), _tensor(9))
     finally:
-        if child.poll() is None:
-            child.kill()
-        child.stdout.close()
-    assert os.path.exists(temp)  # the torn write is only a temp file
+        holder.close()
+    # The killed writer never left, yet the last one to leave cleared the tier.
+    directory = node_path(node_base, "node-test")
+    assert DirectoryLayout(directory).scan().entries == []
+
+
+def test_the_last_user_to_leave_clears_the_node_tier(node_base):
+    config = _config(node_base)
+    first = ECCache.from_config(config, model="m", dtype=torch.bfloat16)
+    with ECCache.from_config(config, model="m", dtype=torch.bfloat16) as second:
+        assert first.put("img", _tensor(1))
+        first.close()  # another user remains: the entry stays
+        assert bit_equal(second.get("img"), _tensor(1))
+        directory = second._storage.storage_backends["NodeBackend"].path
+    assert DirectoryLayout(directory).scan().entries == []
+    assert DirectoryLayout(directory).scan().temp_bytes == 0
+
+
+def test_entries_nobody_uses_are_removed_by_the_next_user(node_base, tmp_path):
+    """Files a process left without closing (killed, crashed) and nobody uses."""
+    config = _config(node_base)
     with ECCache.from_config(config, model="m", dtype=torch.bfloat16) as cache:
-        assert not os.path.exists(temp)  # reclaimed at start: its writer is dead
-        assert cache.contains("killed") is None
-        assert cache.get("killed") is None
-        assert all(bit_equal(cache.get(f"done-{i}"), _tensor(i)) for i in range(3))
-        assert cache.stats.snapshot()["integrity_failures"] == 0
+        assert cache.put("img", _tensor(1))
         node = cache._storage.storage_backends["NodeBackend"]
-        on_shm = sum(size for _, size, _ in node.entries())
-        assert node.budget.ledger() == on_shm  # no bytes leaked in the accounting
-        # And it is writable again.
-        assert cache.put("killed", _tensor(9))
-        assert bit_equal(cache.get("killed"), _tensor(9))
+        path = node.path_of(cache.key("img"))
+        shutil.copy2(path, tmp_path / "left")
+    shutil.copy2(tmp_path / "left", path)  # as a process that ended without leaving left it
+    with ECCache.from_config(config, model="m", dtype=torch.bfloat16) as cache:
+        assert not os.path.exists(path)
+        assert cache.get("img") is None
+        node = cache._storage.storage_backends["NodeBackend"]
+        assert node.budget.ledger() == 0

@@ -273,11 +273,15 @@ def _run(
         **remote,
     }
     node_dir = None
+    node_users = None
     if settings.node_tier:
         from ..runtime_dirs import state_base
+        from ..tiers.node import NodeUsers, node_path
 
         node_dir = tempfile.mkdtemp(prefix=f"{run}-", dir=state_base())
         ec.update(node_tier=True, node_dir=node_dir, max_node_size=ec["max_local_cpu_size"])
+        # Used by this process too, until measured: the last user to leave clears it.
+        node_users = NodeUsers(node_path(node_dir, run), lambda: 0)
     job = {
         "job": "fleet-node",
         "run": run,
@@ -318,6 +322,8 @@ def _run(
             thread.join(30)
         raise
     node_bytes = _node_bytes(node_dir) if node_dir else None
+    if node_users is not None:
+        node_users.leave()
     if node_dir:
         shutil.rmtree(node_dir, ignore_errors=True)
     _remove_entries(ec, {r["storage_prefix"] for r in results if isinstance(r, dict)})

@@ -2,11 +2,12 @@
 
 Every access here is to LMCache 0.5.6's ``ECCacheEngine`` (the baseline) or to
 lmcache-ec's vLLM connector; lmcache-ec's ``ECCache`` itself is measured
-through its public calls only. Upstream names relied on (pinned by the tests
-of upstream behaviour): ``ECCacheEngine._storage_manager``,
-``ECCacheEngine._make_cache_key``, ``StorageManager.storage_backends``,
-``LocalDiskBackend.disk_worker.put_lock``/``put_tasks``; the backends' public
-``get_blocking`` and ``MemoryObj.ref_count_down`` are used as ``ECCache`` uses them.
+through its public calls only (its node tier's reads excepted: ``node_tier``).
+Upstream names relied on (pinned by the tests of upstream behaviour):
+``ECCacheEngine._storage_manager``, ``ECCacheEngine._make_cache_key``,
+``StorageManager.storage_backends``, ``LocalDiskBackend.disk_worker.put_lock``/
+``put_tasks``; the backends' public ``get_blocking`` and
+``MemoryObj.ref_count_down`` are used as ``ECCache`` uses them.
 """
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ def upstream_remote_names(engine: Any, mm_hash: str) -> list[str]:
     """The Redis keys upstream writes for ``mm_hash`` (to see when its upload landed)."""
     name = upstream_key(engine, mm_hash).to_string()
     return [name + "kv_bytes", name + "metadata"]
+
+
+def node_tier(cache: Any) -> Any:
+    """``ECCache``'s node tier: ``bench node-reads`` reads its frames directly, to
+    time the read and verification apart from the rest of ``get``."""
+    return cache._storage.node
 
 
 def mark_staged(scheduler_connector: Any, identifiers: list[str]) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
+from redis.commands.core import Script
 from redis.connection import Encoder, PythonRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -49,6 +50,22 @@ logger = logging.getLogger(__name__)
 MGET_BATCH = 32
 SCAN_BATCH = 500
 _NODE_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+# A claim's value is its owner. Taken if free or already ours (renewed), and
+# released only by its owner: compare-and-set/delete in one script, atomic
+# on the server (on a cluster, on the primary owning the key).
+CLAIM = Script(
+    None,
+    b"local held = redis.call('GET', KEYS[1])\n"
+    b"if held and held ~= ARGV[1] then return 0 end\n"
+    b"redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])\n"
+    b"return 1\n",
+)
+RELEASE = Script(
+    None,
+    b"if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end\n"
+    b"return 0\n",
+)
 
 
 # redis-py's own packer sends a large value (a frame) from the caller's buffer
@@ -170,12 +187,12 @@ class RedisStore(RemoteStore):
         self._client.set(name, data)
 
     def claim(self, name: str, ttl_s: float) -> bool:
-        # SET NX PX: taken atomically, and gone by itself when it expires.
-        key = claim_key(name)
-        return bool(self._client.set(key, b"1", nx=True, px=max(1, int(ttl_s * 1000))))
+        # SET … PX inside the script: gone by itself when it expires.
+        args = [self.claim_owner, max(1, int(ttl_s * 1000))]
+        return bool(CLAIM(keys=[claim_key(name)], args=args, client=self._client))
 
     def release(self, name: str) -> None:
-        self._client.delete(claim_key(name))
+        RELEASE(keys=[claim_key(name)], args=[self.claim_owner], client=self._client)
 
     def ping(self) -> None:
         self._client.ping()
@@ -390,12 +407,12 @@ class RedisClusterStore(RemoteStore):
         self._run(name, lambda c: c.set(name, data))
 
     def claim(self, name: str, ttl_s: float) -> bool:
-        key, px = claim_key(name), max(1, int(ttl_s * 1000))
-        return bool(self._run(key, lambda c: c.set(key, b"1", nx=True, px=px)))
+        key, args = claim_key(name), [self.claim_owner, max(1, int(ttl_s * 1000))]
+        return bool(self._run(key, lambda c: CLAIM(keys=[key], args=args, client=c)))
 
     def release(self, name: str) -> None:
         key = claim_key(name)
-        self._run(key, lambda c: c.delete(key))
+        self._run(key, lambda c: RELEASE(keys=[key], args=[self.claim_owner], client=c))
 
     def ping(self) -> None:
         """Answers if any primary does: a down shard alone is not a down tier."""

@@ -165,33 +165,26 @@ class S3Store(RemoteStore):
         self._client.put_object(Body=data, **self._object(name))
 
     def claim(self, name: str, ttl_s: float) -> bool:
-        """Conditional put (``If-None-Match: *``); the expiry (wall clock) is in
-        the object, and an expired claim is taken over with ``If-Match`` on its
-        ETag, so of several takers exactly one wins."""
+        """Conditional put (``If-None-Match: *``); owner and expiry (wall clock)
+        are in the object. A claim that expired, or is already ours, is
+        replaced with ``If-Match`` on its ETag, so of several takers exactly
+        one wins."""
         claim = self._object(claim_key(name))
-        body = json.dumps({"expires": time.time() + ttl_s}).encode()
+        body = json.dumps({"owner": self.claim_owner, "expires": time.time() + ttl_s}).encode()
         try:
             self._client.put_object(Body=body, IfNoneMatch="*", **claim)
             return True
         except Exception as exc:
             if not _is_precondition_failed(exc):
                 raise
-        try:
-            held = self._client.get_object(**claim)
-        except Exception as exc:
-            if is_not_found(exc):  # released meanwhile: next caller's turn
-                return False
-            raise
-        with held["Body"] as stream:
-            raw = stream.read()
-        try:
-            expires = float(json.loads(raw)["expires"])
-        except (ValueError, KeyError, TypeError):
-            expires = 0.0  # unreadable: treat as expired
-        if expires > time.time():
+        held = self._held_claim(claim)
+        if held is None:
+            return False  # released meanwhile: next caller's turn
+        owner, expires, etag = held
+        if owner != self.claim_owner and expires > time.time():
             return False
         try:
-            self._client.put_object(Body=body, IfMatch=held["ETag"], **claim)
+            self._client.put_object(Body=body, IfMatch=etag, **claim)
             return True
         except Exception as exc:
             if _is_precondition_failed(exc) or is_not_found(exc):
@@ -199,7 +192,35 @@ class S3Store(RemoteStore):
             raise
 
     def release(self, name: str) -> None:
-        self._client.delete_object(**self._object(claim_key(name)))
+        """Delete the claim only if it is ours, and only the version read
+        (``If-Match`` on its ETag): a takeover in between is left alone."""
+        claim = self._object(claim_key(name))
+        held = self._held_claim(claim)
+        if held is None or held[0] != self.claim_owner:
+            return
+        try:
+            self._client.delete_object(IfMatch=held[2], **claim)
+        except Exception as exc:
+            if not (_is_precondition_failed(exc) or is_not_found(exc)):
+                raise
+
+    def _held_claim(self, claim: dict[str, str]) -> tuple[str, float, str] | None:
+        """(owner, expires, ETag) of a claim object; None if absent. An
+        unreadable one has no owner and has expired."""
+        try:
+            held = self._client.get_object(**claim)
+        except Exception as exc:
+            if is_not_found(exc):
+                return None
+            raise
+        with held["Body"] as stream:
+            raw = stream.read(4096)
+        try:
+            record = json.loads(raw)
+            owner, expires = str(record.get("owner", "")), float(record["expires"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            owner, expires = "", 0.0
+        return owner, expires, held["ETag"]
 
     # -- lifecycle -------------------------------------------------------------
 

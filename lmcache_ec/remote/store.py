@@ -21,6 +21,8 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterator, Sequence
 
+from ..claims import owner_token
+
 
 class StoreError(OSError):
     """The remote store failed a call."""
@@ -85,17 +87,28 @@ class RemoteStore(abc.ABC):
     def put_object(self, name: str, data: bytes) -> None:
         """Store the object ``name`` (not an entry)."""
 
+    @property
+    def claim_owner(self) -> str:
+        """Whose claims this store object makes: a token of its own (host, pid
+        and a random part), so that it releases only what it claimed."""
+        owner = self.__dict__.get("_claim_owner")
+        if owner is None:
+            owner = self.__dict__.setdefault("_claim_owner", owner_token())
+        return owner
+
     @abc.abstractmethod
     def claim(self, name: str, ttl_s: float) -> bool:
-        """Take the claim ``name`` for ``ttl_s`` seconds; False if someone holds it.
+        """Take the claim ``name`` for ``ttl_s`` seconds; False if someone else holds it.
 
         Announces work in flight (an encode) to other instances; an expired
-        claim can be taken by anyone. Raises on failure.
+        claim can be taken by anyone, and a claim already ours is renewed
+        (True). Raises on failure.
         """
 
     @abc.abstractmethod
     def release(self, name: str) -> None:
-        """Give up the claim ``name`` (whoever holds it: claims are advisory)."""
+        """Give up our claim ``name``; a claim another holder made meanwhile
+        (ours expired and was taken over) is left alone. Raises on failure."""
 
     # -- lifecycle -------------------------------------------------------------
 

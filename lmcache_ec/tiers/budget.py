@@ -27,6 +27,13 @@ takes another process's fresh entries (which that process may be about to
 read); a write that finds no such room is skipped (counted), not forced.
 Eviction never touches a temp file of a live writer. Crash-safe: the lock
 dies with its holder, and a lost reservation is corrected by the next scan.
+
+A directory on a filesystem shared with others (the node tier in
+``/dev/shm``, where vLLM's own shared memory lives too) is also held to the
+filesystem's real free space (``capped_by_free_space``): a write must leave
+``free_reserve`` of the filesystem free (1/16 of it, at most 256 MiB), and
+when it would not, entries are evicted as for the limit until it does (plus
+the same slack the low-water mark gives), or the write is skipped.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ from ..runtime_dirs import (
 from .disk_layout import DirectoryLayout, Scan
 
 LOW_WATER = 15 / 16  # evict down to this share of the limit
+BLOCK = 4096  # tmpfs and most filesystems allocate whole pages
+FREE_RESERVE_MAX = 256 * 1024**2  # what a capped directory leaves its filesystem's other users
 # A ledger nobody wrote for this long belongs to a directory no longer in use
 # (or gone); it is removed, and rebuilt by a scan if the directory comes back.
 IDLE_LEDGER_S = 24 * 3600
@@ -94,6 +103,16 @@ def ledger_dir(node_dir: str = DEFAULT_BASE) -> tuple[str, RuntimeDirUnavailable
     return ledgers, None
 
 
+def free_reserve(total: int) -> int:
+    """Bytes of a ``total``-byte filesystem a capped directory leaves free."""
+    return min(total // 16, FREE_RESERVE_MAX)
+
+
+def on_disk(size: int) -> int:
+    """Bytes a ``size``-byte file takes on the filesystem (whole blocks)."""
+    return -(-size // BLOCK) * BLOCK
+
+
 class DirectoryBudget:
     def __init__(
         self,
@@ -101,6 +120,8 @@ class DirectoryBudget:
         limit: int,
         min_residency: float,
         node_dir: str = DEFAULT_BASE,
+        *,
+        capped_by_free_space: bool = False,
     ) -> None:
         self.layout = layout
         self.limit = limit
@@ -108,6 +129,7 @@ class DirectoryBudget:
         self.node_dir = node_dir  # whose runtime directory holds the ledger
         # Why the ledger is this process's own (None: shared, or not opened yet).
         self.unshared: RuntimeDirUnavailable | None = None
+        self.capped_by_free_space = capped_by_free_space
         self._own: set[str] = set()  # entries this process wrote
         self._local = threading.Lock()  # flock is per open file, not per thread
         self._fd = -1  # the ledger, while locked
@@ -161,7 +183,7 @@ class DirectoryBudget:
             return None
         with self._locked():
             used = self._read()
-            if used is None or used + size > self.limit:
+            if used is None or used + size > self.limit or self._short_of(size) > 0:
                 used = self._make_room(size)
                 if used is None:
                     return None
@@ -212,11 +234,14 @@ class DirectoryBudget:
         scan = self.layout.scan()
         self._own.intersection_update(e.name for e in scan.entries)  # others evicted some
         used = scan.total
-        if used + size <= self.limit:
+        short = self._short_of(size)
+        if used + size <= self.limit and short <= 0:
             return used
         target = min(self.limit - size, int(self.limit * LOW_WATER))
+        if short > 0:  # the filesystem is fuller than the limit: free what it lacks, and slack
+            short = self._short_of(size, slack=True)
         for entry in self._victims(scan):
-            if used <= target:
+            if used <= target and short <= 0:
                 break
             try:
                 self.layout.remove(entry.path)
@@ -224,15 +249,44 @@ class DirectoryBudget:
                 continue  # read-only: it stays, and counts
             self._own.discard(entry.name)
             used -= entry.size
-        if used + size > self.limit:
+            short -= on_disk(entry.size)
+        if used + size > self.limit or self._short_of(size) > 0:
             self._write(used)
             return None
         return used
+
+    def _short_of(self, size: int, *, slack: bool = False) -> int:
+        """Bytes the filesystem lacks for a ``size``-byte write beyond its reserve
+        (0 or less: it fits); always 0 for a directory not capped by free space.
+        ``slack``: also the room the low-water mark would leave, so that a full
+        filesystem is not scanned for every write."""
+        if not self.capped_by_free_space:
+            return 0
+        stat = os.statvfs(self.layout.path)
+        total = stat.f_blocks * stat.f_frsize
+        free = stat.f_bavail * stat.f_frsize - free_reserve(total)
+        extra = int(min(self.limit, total) * (1 - LOW_WATER)) if slack else 0
+        return on_disk(size) + extra - free
 
     def _victims(self, scan: Scan) -> list:
         cutoff = time.time_ns() - int(self.min_residency * 1e9)
         idle = [e for e in scan.entries if e.mtime_ns <= cutoff or e.name in self._own]
         return idle  # already least recently used first
+
+    def clear(self) -> int:
+        """Remove every entry (and dead writers' temp files); the number removed."""
+        with self._locked():
+            scan = self.layout.scan()
+            used, removed = scan.total, 0
+            for entry in scan.entries:
+                try:
+                    removed += self.layout.remove(entry.path)
+                except OSError:
+                    continue  # read-only: it stays, and counts
+                used -= entry.size
+            self._own.clear()
+            self._write(used)
+        return removed
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

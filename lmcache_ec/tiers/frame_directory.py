@@ -18,6 +18,7 @@ every process sees every other's writes, evictions and purges at once
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -46,6 +47,7 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
     # Reads for the caller go through get_frame (no CPU-pool buffer);
     # read_into_pool serves promotion and LMCache's get_blocking.
     reads_frames = True
+    capped_by_free_space = False  # also held to the filesystem's free space (budget.py)
 
     def __init__(
         self,
@@ -61,10 +63,17 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         self._make_directory()
         self.max_cache_size = limit
         self.layout = DirectoryLayout(path)
-        self.budget = DirectoryBudget(self.layout, limit, min_residency, node_dir)
+        self.budget = DirectoryBudget(
+            self.layout,
+            limit,
+            min_residency,
+            node_dir,
+            capped_by_free_space=self.capped_by_free_space,
+        )
         self.local_cpu_backend = local_cpu_backend
         self.counters: Counter[str] = Counter()
         self._last_write_ok = True
+        self._had_room = True  # no-room episodes are logged once each
         self._in_flight: set[ECKey] = set()
         self._seen: set[ECKey] = set()  # entries known to exist, to count vanished ones
         self._flight_lock = threading.Lock()
@@ -299,21 +308,32 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         name = key.to_string()
         size = memory_obj.get_physical_size()
         try:
-            temp = self._reserve(name, size)
-            if temp is None:
-                self.counters["skipped_no_room"] += 1
-                return
             try:
-                published = self.layout.write(name, memory_obj.byte_array, self._open_tmp, temp)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    self.budget.release(size)
-                raise
-            if published:
+                written = self._reserve_and_write(name, memory_obj.byte_array, size)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC or not self.budget.capped_by_free_space:
+                    raise
+                # Filled by others since the reservation: this time it evicts for it.
+                self.counters["full_retries"] += 1
+                written = self._reserve_and_write(name, memory_obj.byte_array, size)
+            if written is None:
+                self.counters["skipped_no_room"] += 1
+                if self._had_room:
+                    self._had_room = False
+                    logger.warning(
+                        "%s tier %s is full (limit %d bytes%s): new entries are skipped "
+                        "until older ones can be evicted",
+                        self.name,  # type: ignore[attr-defined]
+                        self.path,
+                        self.max_cache_size,
+                        ", or its filesystem" if self.capped_by_free_space else "",
+                    )
+                return
+            self._had_room = True
+            if written:
                 self.budget.wrote(name)
                 self._remember(key)
             else:
-                self.budget.release(size)
                 self.counters["skipped_existing"] += 1
         except OSError as exc:
             self.counters["write_errors"] += 1
@@ -329,6 +349,23 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
                 callback(key)
             except Exception as exc:
                 logger.warning("on_complete_callback failed for %s: %s", key, exc)
+
+    def _reserve_and_write(self, name: str, buffer: Any, size: int) -> bool | None:
+        """Publish ``buffer`` as entry ``name`` within the budget: True if written,
+        False if the entry existed, None if there is no room. Raises ``OSError``
+        with the reservation given back and no temp file left."""
+        temp = self._reserve(name, size)
+        if temp is None:
+            return None
+        try:
+            published = self.layout.write(name, buffer, self._open_tmp, temp)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.budget.release(size)
+            raise
+        if not published:
+            self.budget.release(size)
+        return published
 
     def remove(self, key: ECKey, force: bool = True) -> bool:
         name = key.to_string()

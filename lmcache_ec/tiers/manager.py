@@ -157,6 +157,11 @@ class ECStorageManager(StorageManager):
         disk = self.storage_backends.get(DISK_BACKEND)
         return disk if isinstance(disk, ECLocalDiskBackend) else None
 
+    @property
+    def node(self) -> ECNodeBackend | None:
+        node = self.storage_backends.get(NODE_BACKEND)
+        return node if isinstance(node, ECNodeBackend) else None
+
     def tiers(self) -> list[Tier]:
         """The tiers a read walks, in hierarchy order: built, not bypassed or
         frozen by LMCache, and holding entries (the CPU tier not when

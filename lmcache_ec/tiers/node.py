@@ -5,8 +5,10 @@ and stages its own copy of each encoder output. The node tier keeps the same
 self-verifying frames as files in shared memory
 (``<node_dir>/lmcache-ec-<uid>/node/<namespace slug>``, mode 0700, on
 ``/dev/shm`` by default; the user directory is ``runtime_dirs.py``'s), so a
-frame is held once per node, whichever process wrote it, and survives the
-processes (not a reboot). Where this user can have no private directory
+frame is held once per node, whichever process wrote it, for as long as a
+process on the node uses the tier (``NodeUsers``: the last one to leave
+removes the entries, and entries nobody uses are removed by the next process
+to start on the directory). Where this user can have no private directory
 there, ``ECNodeBackend`` raises ``RuntimeDirUnavailable`` and the engine runs
 without the node tier (``manager.py``).
 
@@ -14,15 +16,21 @@ It is the directory tier of ``frame_directory.py`` (the disk tier's code) on
 another directory: the same layout, atomic publication and crash safety (a
 process killed mid-write leaves only a pid-tagged temp file, reclaimed by the
 next scan), and the same per-directory limit with node-wide LRU
-(``budget.py``, ``max_node_size``). Two differences:
+(``budget.py``, ``max_node_size``). The differences:
 
 - writes are synchronous (a memcpy into tmpfs): a put is readable by every
-  process on the node when it returns;
-- reads map the file (``MAP_PRIVATE``) instead of copying it: the frame is
-  verified in place and the caller gets a tensor over the mapping (a device
-  caller copies straight from it). Publication never rewrites a file in place
-  and removal only unlinks it, so a mapped frame never changes under a reader;
-  a caller writing to its tensor gets private pages.
+  process on the node when it returns, and a failed write makes ``put``
+  return False (``engine.py``);
+- the limit is also the file system's free space, less a reserve left to its
+  other users (vLLM's shared memory is there too); a write that still finds
+  it full (``ENOSPC``) evicts and retries once;
+- reads copy the frame into the reader's own memory, then verify it; no
+  tensor handed out aliases the shared file, so a file truncated under a
+  reader (a ``cp`` over it, ``truncate``, an I/O error) is a miss, never a
+  SIGBUS, and an evicted entry's pages are freed at once. A frame's file
+  must be exactly as long as its prefix declares (header + payload):
+  anything else is a damaged entry, dropped like one, and a read never
+  allocates more than the frame it asked for declares.
 
 When the node tier is on, the CPU tier keeps no entries (``manager.py``): its
 pool only stages puts and promotions, so each frame is in host memory once.
@@ -30,17 +38,21 @@ pool only stages puts and promotions, so each frame is in host memory once.
 
 from __future__ import annotations
 
-import mmap
+import atexit
+import fcntl
+import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from ..codec import PREFIX_SIZE, FrameRead
+from ..codec import PREFIX_SIZE, CorruptEntryError, FrameRead, read_prefix
 from ..key import ECKey, slug
 from ..runtime_dirs import find_user_dir, private_dir, user_dir
 from .contract import TierKind, tier_setting
+from .disk_layout import read_frame
 from .frame_directory import FrameDirectoryTier
+
+logger = logging.getLogger(__name__)
 
 
 def node_tier_enabled(config: Any) -> bool:
@@ -73,10 +85,58 @@ def node_dirs(node_dir: str) -> list[str]:
     return [os.path.join(root, n) for n in names if os.path.isdir(os.path.join(root, n))]
 
 
+USERS_FILE = ".users"  # not an entry name: entries end in .pt, temp files start .tmp-
+
+
+class NodeUsers:
+    """The processes using one node-tier directory, counted by the kernel: each
+    holds a shared ``flock`` on the directory's ``.users`` file while it uses
+    it, and a process that ends (however it ends) stops holding it.
+
+    Joining: if nobody else uses the directory (an exclusive lock is free),
+    whatever it holds was left by processes that are gone, and ``clear`` runs
+    first. Leaving (``leave``: ``close``, or at exit): the last user runs
+    ``clear``. A process that joins while a last user clears waits for it.
+    """
+
+    def __init__(self, directory: str, clear: Callable[[], int]) -> None:
+        self._clear = clear
+        self._pid = os.getpid()  # a forked child shares the lock: it never leaves for us
+        self._fd = os.open(
+            os.path.join(directory, USERS_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        try:
+            self.cleared_at_start = self._clear() if self._alone() else 0
+            fcntl.flock(self._fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        atexit.register(self.leave)
+
+    def _alone(self) -> bool:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def leave(self) -> int:
+        """Stop using the directory; the entries removed (the last user clears it)."""
+        if self._fd < 0 or os.getpid() != self._pid:
+            return 0
+        atexit.unregister(self.leave)
+        try:
+            return self._clear() if self._alone() else 0
+        finally:
+            os.close(self._fd)  # drops the lock
+            self._fd = -1
+
+
 class ECNodeBackend(FrameDirectoryTier):
     kind = TierKind.NODE
     name = "node"
     backend_name = "NodeBackend"
+    capped_by_free_space = True  # /dev/shm is shared with vLLM and everyone else
 
     def __init__(self, config: Any, local_cpu_backend: Any, dst_device: str) -> None:
         node_dir = tier_setting(config, "node_dir")
@@ -88,6 +148,29 @@ class ECNodeBackend(FrameDirectoryTier):
             dst_device,
             node_dir,
         )
+        self._users = NodeUsers(self.path, self._clear)
+        if self._users.cleared_at_start:
+            logger.info(
+                "node tier %s: removed %d entries left by processes that have ended",
+                self.path,
+                self._users.cleared_at_start,
+            )
+
+    def _clear(self) -> int:
+        try:
+            return self.budget.clear()
+        except OSError as exc:
+            logger.warning("node tier %s: clearing failed: %s", self.path, exc)
+            return 0
+
+    def holds(self, key: ECKey) -> bool:
+        """The entry is stored, or another thread of this process is storing it."""
+        return self.exists_in_put_tasks(key) or self.contains(key)
+
+    def close(self) -> None:
+        cleared = self._users.leave()
+        if cleared:
+            logger.info("node tier %s: last user gone, removed %d entries", self.path, cleared)
 
     def _make_directory(self) -> None:
         # Every level through the ownership check: deleted under us, the user
@@ -98,24 +181,31 @@ class ECNodeBackend(FrameDirectoryTier):
         private_dir(self.path)
 
     def get_frame(self, key: ECKey) -> FrameRead | None:
-        """The entry over a private mapping of its file (no copy); its payload
-        is hashed when decoded."""
+        """The entry read into fresh memory after its size is checked; its
+        payload hashed as it lands. ``CorruptEntryError``: not a frame's size."""
         path = self.path_of(key)
         fd = self._open(key, path)
         if fd is None:
             return None
         try:
             size = os.fstat(fd).st_size
-            if size < PREFIX_SIZE:  # not a frame: decoding rejects it
-                return FrameRead(np.frombuffer(os.pread(fd, PREFIX_SIZE, 0), dtype=np.uint8))
-            mapped = mmap.mmap(
-                fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
-            )
-            self.layout.touch(fd)
+            check_stored_size(os.pread(fd, PREFIX_SIZE, 0), size)
+            read = read_frame(fd, size)
+            self._used(key, fd)
         except OSError as exc:
             self._read_failed(path, exc)
             return None
         finally:
             os.close(fd)
-        self._remember(key)
-        return FrameRead(np.frombuffer(mapped, dtype=np.uint8))  # keeps the mapping alive
+        return read
+
+
+def check_stored_size(prefix: bytes, size: int) -> None:
+    """``CorruptEntryError`` unless a file of ``size`` bytes is exactly the frame
+    its ``prefix`` declares (a short prefix is left to decoding to reject)."""
+    if len(prefix) < PREFIX_SIZE:
+        return
+    header_len, payload_len, _, _ = read_prefix(prefix)
+    declared = PREFIX_SIZE + header_len + payload_len
+    if size != declared:
+        raise CorruptEntryError(f"stored size {size} is not the frame's {declared}")

@@ -493,3 +493,28 @@ def test_benchmarks_reach_private_state_only_through_seams():
                 if name.startswith("_") and not name.endswith("__")
             ]
     assert len(files) > 10 and found == []
+
+
+def test_bench_node_reads_reads_every_shape_both_ways(tmp_path, invoke):
+    path = tmp_path / "node-reads.json"
+    out = invoke("bench", "node-reads", "--iterations", "2", "--json", str(path)).output
+    assert "Node-tier read + verify" in out
+    rows = json.loads(path.read_text())
+    assert [row["model"] for row in rows] == ["Gemma-3", "Gemma-3-27B", "Qwen2.5-VL"]
+    for row in rows:
+        for method in ("mapped", "copied", "get"):
+            assert row[method]["hits"] == row[method]["n"] == 2, (row["model"], method)
+        assert row["copied_vs_mapped"] > 0
+
+
+def test_bench_fingerprint_times_every_method(tmp_path, invoke):
+    path = tmp_path / "fingerprint.json"
+    invoke(
+        "bench", "fingerprint", "--tensors", "2", "--elements", "5000", "--repeat", "2",
+        "--json", str(path),
+    )  # fmt: skip
+    result = json.loads(path.read_text())
+    assert result["bytes"] == 2 * 5000 * 2
+    for method in ("sums", "mixed", "host_hash", "hash"):
+        assert result[method]["n"] == 2 and result[method]["median_ms"] > 0
+    assert result["gpu_estimate"]["mixed_ms_per_gb"] < result["gpu_estimate"]["sums_ms_per_gb"]

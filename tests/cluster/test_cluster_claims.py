@@ -17,11 +17,20 @@ def test_cluster_claims(redis_cluster, ttl):
         assert all(first.claim(name, ttl) for name in names)
         if ttl > 1:
             assert not any(second.claim(name, ttl) for name in names)
+            assert all(first.claim(name, ttl) for name in names)  # already ours
+            for name in names:
+                second.release(name)  # not its claims: left alone
+            assert not any(second.claim(name, ttl) for name in names)
+            for name in names:
+                first.release(name)
         else:
             time.sleep(0.05)
             assert all(second.claim(name, 30) for name in names)
-        for name in names:
-            second.release(name)
+            for name in names:
+                first.release(name)  # a slow holder's late release: not its claims now
+            assert not any(first.claim(name, 30) for name in names)
+            for name in names:
+                second.release(name)
         assert all(first.claim(name, 30) for name in names)
     finally:
         first.close()

@@ -35,6 +35,10 @@ RUNTIME_DIRS = "lmcache_ec/runtime_dirs.py"
 T_LIFECYCLE = "tests/vllm/test_item_lifecycle.py"
 T_RUNTIME_DIRS = "tests/chaos/test_runtime_dirs.py"
 T_NO_CHANNEL = "tests/chaos/test_fingerprint_without_channel.py"
+T_FULL = "tests/chaos/test_node_full.py::"
+T_WEIGHTS = "tests/vllm/test_weights.py::"
+T_IDENTITY = "tests/vllm/test_identity_plugin_stats.py::"
+T_CLAIMS = "tests/remote/test_claims.py::"
 
 
 def _digest_field(field: str, follows: str, extra: tuple[str, ...] = ()) -> Mutation:
@@ -195,6 +199,96 @@ MUTATIONS: list[Mutation] = [
             f"{T_DISK}::test_lru_order_survives_restart",
         ),
     ),
+    # -- node tier: reads copy out, check the stored size
+    Mutation(
+        "node-read-maps-the-file",
+        "a node-tier read hands out no memory mapped from the shared file",
+        "lmcache_ec/tiers/node.py",
+        "            read = read_frame(fd, size)\n",
+        "            read = FrameRead(__import__('numpy').frombuffer(__import__('mmap').mmap(\n"
+        "                fd, size, flags=__import__('mmap').MAP_PRIVATE), dtype='uint8'))\n",
+        (
+            "tests/chaos/test_node_truncation.py::test_the_reader_survives_every_truncation",
+            "tests/chaos/test_node_truncation.py::"
+            "test_a_result_stays_valid_after_its_entry_is_truncated",
+            "tests/test_node_tier.py::test_reads_are_private_copies",
+        ),
+    ),
+    Mutation(
+        "node-read-size-unchecked",
+        "a node-tier frame whose file is longer than header + payload is a miss, never read",
+        "lmcache_ec/tiers/node.py",
+        "            check_stored_size(os.pread(fd, PREFIX_SIZE, 0), size)\n",
+        "",
+        (
+            "tests/test_node_tier.py::"
+            "test_padded_entry_is_a_miss_removed_without_reading_its_padding",
+        ),
+    ),
+    Mutation(
+        "tier-damaged-entry-kept",
+        "an entry a tier reports damaged is removed like one that fails decoding",
+        "lmcache_ec/reads.py",
+        "        except codec.CorruptEntryError as exc:  # the tier found the entry damaged\n"
+        "            self._drop(key, tier, exc)\n",
+        "",
+        (
+            "tests/test_node_tier.py::"
+            "test_padded_entry_is_a_miss_removed_without_reading_its_padding",
+        ),
+    ),
+    # -- node tier: a full filesystem, failed writes, cleanup
+    Mutation(
+        "node-tier-ignores-free-space",
+        "the node tier's limit is also capped by its filesystem's free space",
+        "lmcache_ec/tiers/node.py",
+        "    capped_by_free_space = True",
+        "    capped_by_free_space = False",
+        (f"{T_FULL}test_puts_beyond_the_filesystem_evict_and_keep_writing",),
+    ),
+    Mutation(
+        "full-write-not-retried",
+        "a node-tier write that finds its filesystem full evicts and retries once",
+        "lmcache_ec/tiers/frame_directory.py",
+        "if exc.errno != errno.ENOSPC or not self.budget.capped_by_free_space:",
+        "if True:",
+        (f"{T_FULL}test_a_write_that_finds_the_filesystem_full_evicts_and_retries_once",),
+    ),
+    Mutation(
+        "failed-node-write-reported-stored",
+        "put returns False when the node tier could not write the entry",
+        "lmcache_ec/engine.py",
+        "if node is not None and not node.holds(key):",
+        "if False:",
+        (f"{T_FULL}test_a_filesystem_filled_by_others_fails_puts_until_it_has_room",),
+    ),
+    Mutation(
+        "node-tier-never-cleared",
+        "the last process to leave the node tier removes its entries",
+        "lmcache_ec/tiers/node.py",
+        "            return self._clear() if self._alone() else 0",
+        "            return 0",
+        (
+            "tests/test_node_tier.py::test_the_last_user_to_leave_clears_the_node_tier",
+            "tests/test_node_tier.py::test_four_ranks_hold_each_image_once",
+        ),
+    ),
+    Mutation(
+        "node-leftovers-kept",
+        "entries no process uses are removed by the next process to use the node tier",
+        "lmcache_ec/tiers/node.py",
+        "            self.cleared_at_start = self._clear() if self._alone() else 0",
+        "            self.cleared_at_start = 0 if self._alone() else 0",
+        ("tests/test_node_tier.py::test_entries_nobody_uses_are_removed_by_the_next_user",),
+    ),
+    Mutation(
+        "node-users-not-counted",
+        "node-tier entries stay while any process on the node uses them",
+        "lmcache_ec/tiers/node.py",
+        "            fcntl.flock(self._fd, fcntl.LOCK_SH)",
+        "            fcntl.flock(self._fd, fcntl.LOCK_UN)",
+        ("tests/test_node_tier.py::test_the_last_user_to_leave_clears_the_node_tier",),
+    ),
     # -- input validation
     Mutation(
         "tensor-rank-unchecked",
@@ -257,6 +351,131 @@ MUTATIONS: list[Mutation] = [
             "tests/vllm/test_weights.py::test_fingerprint_sees_the_encoder_only",
             "tests/vllm/test_weights.py::test_the_weights_matter",
         ),
+    ),
+    Mutation(
+        "device-fingerprint-cancels",
+        "structured changes of device-resident weights change the fingerprint",
+        "lmcache_ec/integration/vllm/weights.py",
+        # Position weights 1..65521, as the sums this replaced had.
+        "table = _splitmix64(np.arange(MIX_CHUNK, dtype=np.uint64)) | np.uint64(1)",
+        "table = np.arange(MIX_CHUNK, dtype=np.uint64) % np.uint64(65521) + np.uint64(1)",
+        (
+            f"{T_WEIGHTS}test_mixed_sum_sees_a_plus_one_minus_two_plus_one_on_neighbours",
+            f"{T_WEIGHTS}test_mixed_sum_sees_two_values_swapped_65521_apart",
+        ),
+    ),
+    Mutation(
+        "device-fingerprint-chunks-unkeyed",
+        "whole chunks of a device tensor trading places change the fingerprint",
+        "lmcache_ec/integration/vllm/weights.py",
+        "        total += (sums * keys[first:last]).sum()\n",
+        "        total += sums.sum()\n",
+        (f"{T_WEIGHTS}test_mixed_sum_sees_chunks_trade_places_and_single_changes",),
+    ),
+    Mutation(
+        "encoder-buffers-not-fingerprinted",
+        "the vision tower's buffers are part of the fingerprint",
+        "lmcache_ec/integration/vllm/weights.py",
+        "    for name, tensor in model.named_buffers(remove_duplicate=True):",
+        "    for name, tensor in []:",
+        (f"{T_WEIGHTS}test_vision_buffers_count_and_language_model_buffers_do_not",),
+    ),
+    Mutation(
+        "language-model-buffers-fingerprinted",
+        "the language model's buffers are not part of the fingerprint",
+        "lmcache_ec/integration/vllm/weights.py",
+        "skip = {id(t) for t in language.parameters()} | {id(t) for t in language.buffers()}",
+        "skip = {id(t) for t in language.parameters()}",
+        (f"{T_WEIGHTS}test_vision_buffers_count_and_language_model_buffers_do_not",),
+    ),
+    Mutation(
+        "weights-dtype-not-fingerprinted",
+        "a weight's dtype is part of the fingerprint",
+        "lmcache_ec/integration/vllm/weights.py",
+        "{tuple(tensor.shape)}|{tensor.dtype}|{tensor.device.type}",
+        "{tuple(tensor.shape)}|{tensor.device.type}",
+        (
+            f"{T_WEIGHTS}test_a_weight_reinterpreted_as_another_16_bit_dtype_changes_the_fingerprint",
+        ),
+    ),
+    Mutation(
+        "identity-without-processor-kwargs",
+        "mm_processor_kwargs are part of the encoder identity",
+        "lmcache_ec/integration/vllm/identity.py",
+        '"mm_processor_kwargs": _jsonable(mm_kwargs or {}),',
+        '"mm_processor_kwargs": {},',
+        (f"{T_IDENTITY}test_processor_kwargs_alone_and_quantization_alone_change_the_identity",),
+    ),
+    Mutation(
+        "identity-without-quantization",
+        "the quantization method is part of the encoder identity",
+        "lmcache_ec/integration/vllm/identity.py",
+        '"quantization": str(getattr(model_config, "quantization", None)),',
+        '"quantization": "",',
+        (f"{T_IDENTITY}test_processor_kwargs_alone_and_quantization_alone_change_the_identity",),
+    ),
+    # -- claims: only the owner releases; claiming again renews
+    Mutation(
+        "redis-release-deletes-any-claim",
+        "a Redis claim is released only by its owner",
+        "lmcache_ec/remote/redis_store.py",
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return",
+        "if true then return",
+        (
+            f"{T_CLAIMS}test_a_slow_holders_release_leaves_anothers_fresh_claim[redis]",
+            "tests/cluster/test_cluster_claims.py::test_cluster_claims[0.001]",
+        ),
+    ),
+    Mutation(
+        "redis-claim-not-reentrant",
+        "a Redis claim already held by the caller is renewed, not refused",
+        "lmcache_ec/remote/redis_store.py",
+        "if held and held ~= ARGV[1] then return 0 end",
+        "if held then return 0 end",
+        (
+            f"{T_CLAIMS}test_the_holder_claiming_again_renews_its_claim[redis]",
+            "tests/cluster/test_cluster_claims.py::test_cluster_claims[3600.0]",
+        ),
+    ),
+    Mutation(
+        "s3-release-deletes-any-claim",
+        "an S3 claim is released only by its owner",
+        "lmcache_ec/remote/s3_store.py",
+        "        if held is None or held[0] != self.claim_owner:\n",
+        "        if held is None:\n",
+        (f"{T_CLAIMS}test_a_slow_holders_release_leaves_anothers_fresh_claim[s3]",),
+    ),
+    Mutation(
+        "s3-release-unconditional-delete",
+        "an S3 release deletes only the claim version it read (If-Match)",
+        "lmcache_ec/remote/s3_store.py",
+        "self._client.delete_object(IfMatch=held[2], **claim)",
+        "self._client.delete_object(**claim)",
+        (f"{T_CLAIMS}test_s3_release_racing_a_takeover_deletes_nothing",),
+    ),
+    Mutation(
+        "s3-claim-not-reentrant",
+        "an S3 claim already held by the caller is renewed, not refused",
+        "lmcache_ec/remote/s3_store.py",
+        "if owner != self.claim_owner and expires > time.time():",
+        "if expires > time.time():",
+        (f"{T_CLAIMS}test_the_holder_claiming_again_renews_its_claim[s3]",),
+    ),
+    Mutation(
+        "directory-release-unchecked",
+        "a directory claim taken over during its release is put back",
+        "lmcache_ec/claims.py",
+        "            if _read(aside) != held:\n",
+        "            if False:\n",
+        ("tests/test_claims.py::test_a_slow_holders_release_leaves_a_takeover_alone",),
+    ),
+    Mutation(
+        "directory-claim-not-renewed",
+        "claiming a directory claim one holds renews it",
+        "lmcache_ec/claims.py",
+        "                self._renew(path, ttl_s)\n",
+        "",
+        ("tests/test_claims.py::test_claiming_again_renews",),
     ),
     # -- an upload sends the pool buffer in place: it must hold it until sent
     Mutation(

@@ -1,7 +1,9 @@
 """Claims (in-flight announcements) on every store: one holder, expiry, release.
 
-Redis: ``SET NX PX``; S3: conditional put (``If-None-Match: *``), an expired
-claim taken over with ``If-Match`` on its ETag. Real servers, two clients.
+Redis: a script that sets the owner with ``PX`` if free or ours, and one that
+deletes only the owner's; S3: conditional put (``If-None-Match: *``), an
+expired or own claim replaced with ``If-Match`` on its ETag, a release that
+deletes only its own version. Real servers, separate clients.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ def test_one_holder_until_release(remote):
     try:
         assert first.claim("ec-claim.item-a", 30)
         assert not second.claim("ec-claim.item-a", 30)
-        assert not first.claim("ec-claim.item-a", 30)  # not re-entrant either
+        assert first.claim("ec-claim.item-a", 30)  # already ours
+        second.release("ec-claim.item-a")  # not its claim: left alone
+        assert not second.claim("ec-claim.item-a", 30)
         assert second.claim("ec-claim.item-b", 30)  # other names are independent
         first.release("ec-claim.item-a")
         assert second.claim("ec-claim.item-a", 30)
@@ -67,6 +71,59 @@ def test_an_expired_claim_is_taken_by_exactly_one(remote):
             store.close()
 
 
+def test_a_slow_holders_release_leaves_anothers_fresh_claim(remote):
+    slow, fast, third = open_stores(**remote, count=3)
+    try:
+        for store in (slow, fast, third):
+            store.ping()
+        assert slow.claim("ec-claim.item", TTL)
+        time.sleep(TTL + 0.3)  # the slow holder's claim expires
+        assert fast.claim("ec-claim.item", 30)
+        slow.release("ec-claim.item")  # late: the claim is no longer its own
+        assert not third.claim("ec-claim.item", 30)
+        fast.release("ec-claim.item")
+        assert third.claim("ec-claim.item", 30)
+    finally:
+        for store in (slow, fast, third):
+            store.close()
+
+
+def test_s3_release_racing_a_takeover_deletes_nothing(s3_bucket, s3_server):
+    """S3 reads the claim, then deletes it: a takeover in between (the holder's
+    claim had expired) fails the delete's ``If-Match``, so the new claim stays."""
+    remote = {"url": f"s3://{s3_bucket}/ec-test", "endpoint": s3_server.endpoint}
+    slow, fast, third = open_stores(**remote, count=3)
+    try:
+        assert slow.claim("ec-claim.item", 0.001)  # expired at once
+        read = slow._held_claim
+
+        def taken_over_after_the_read(claim):
+            found = read(claim)
+            assert fast.claim("ec-claim.item", 30)  # the takeover, in the window
+            return found
+
+        slow._held_claim = taken_over_after_the_read
+        slow.release("ec-claim.item")
+        assert not third.claim("ec-claim.item", 30)  # still the fast one's
+    finally:
+        for store in (slow, fast, third):
+            store.close()
+
+
+def test_the_holder_claiming_again_renews_its_claim(remote):
+    first, second = open_stores(**remote)
+    try:
+        first.ping()
+        second.ping()
+        assert first.claim("ec-claim.item", TTL)
+        assert first.claim("ec-claim.item", 30)  # ours: True, and renewed
+        time.sleep(TTL + 0.3)  # past the first claim's expiry
+        assert not second.claim("ec-claim.item", 30)
+    finally:
+        first.close()
+        second.close()
+
+
 def test_claims_are_not_entries(remote):
     (first,) = open_stores(**remote, count=1)
     try:
@@ -75,8 +132,9 @@ def test_claims_are_not_entries(remote):
         with catalog:
             assert list(catalog.list()) == []
             assert not catalog.claim("ec-claim.hidden", 30)
-            catalog.release("ec-claim.hidden")
+            first.release("ec-claim.hidden")
             assert catalog.claim("ec-claim.hidden", 30)
+            catalog.release("ec-claim.hidden")
     finally:
         first.close()
 

@@ -57,6 +57,17 @@ def test_identity_covers_model_revision_encoder_config_and_dtype(model_config):
     assert other.key("x" * 64).storage_name != identity.key("x" * 64).storage_name
 
 
+def test_processor_kwargs_alone_and_quantization_alone_change_the_identity(model_config):
+    base = encoder_fingerprint(model_config)
+    with_kwargs = copy.deepcopy(model_config)
+    with_kwargs.multimodal_config.mm_processor_kwargs = {"num_query_tokens": 16}
+    assert encoder_fingerprint(with_kwargs) != base
+    quantized = copy.deepcopy(model_config)
+    quantized.quantization = "fp8"
+    assert encoder_fingerprint(quantized) != base
+    assert encoder_fingerprint(copy.deepcopy(model_config)) == base
+
+
 def test_identifier_policy():
     assert is_content_identifier(image_hash("a"))
     assert is_content_identifier("my-lora:" + image_hash("a"))

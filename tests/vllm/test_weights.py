@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 from lmcache_ec.integration.vllm.weights import weights_fingerprint
@@ -166,16 +167,102 @@ def test_fingerprint_gathers_over_tensor_parallel_ranks():
     assert len(shards) == 1 and shards[0].dtype == torch.int64
 
 
-def test_device_sums_see_every_value_and_its_place():
-    """The reduction used for GPU-resident weights (run here on CPU tensors)."""
-    from lmcache_ec.integration.vllm.weights import _device_sums
+def _old_sums(bits: torch.Tensor) -> tuple[int, int]:
+    """Plain and position-weighted sums of raw bits (weights 1..65521): the
+    device digest these tests replace, kept to show their changes cancel it."""
+    values = bits.to(torch.int64)
+    weights = torch.arange(values.numel()) % 65521 + 1
+    return int(values.sum()), int((values * weights).sum())
 
-    weights = torch.randn(1000, dtype=torch.bfloat16)
-    base = _device_sums(weights)
+
+def _weights(elements: int, seed: int) -> torch.Tensor:
+    return torch.randn(elements, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+# In a whole chunk (summed a group of chunks at a time) and in a tensor's tail.
+PLACES = (100, "tail")
+
+
+def test_mixed_sum_sees_a_plus_one_minus_two_plus_one_on_neighbours():
+    from lmcache_ec.integration.vllm.weights import MIX_CHUNK, mixed_sum
+
+    weights = _weights(MIX_CHUNK + 4096, seed=1)
+    for place in PLACES:
+        at = MIX_CHUNK + 100 if place == "tail" else place
+        changed = weights.clone()
+        bits = changed.view(torch.int16)
+        bits[at : at + 3] += torch.tensor([1, -2, 1], dtype=torch.int16)
+        assert _old_sums(bits) == _old_sums(weights.view(torch.int16))  # a structured collision
+        assert int(mixed_sum(changed)) != int(mixed_sum(weights)), place
+
+
+def test_mixed_sum_sees_two_values_swapped_65521_apart():
+    from lmcache_ec.integration.vllm.weights import MIX_CHUNK, mixed_sum
+
+    weights = _weights(MIX_CHUNK + 70_000, seed=2)
+    for place in PLACES:
+        at = MIX_CHUNK + 10 if place == "tail" else place
+        swapped = weights.clone()
+        swapped[[at, at + 65521]] = swapped[[at + 65521, at]]
+        assert not torch.equal(swapped, weights)
+        assert _old_sums(swapped.view(torch.int16)) == _old_sums(weights.view(torch.int16))
+        assert int(mixed_sum(swapped)) != int(mixed_sum(weights)), place
+
+
+def test_mixed_sum_sees_chunks_trade_places_and_single_changes():
+    from lmcache_ec.integration.vllm.weights import MIX_CHUNK, mixed_sum
+
+    weights = torch.randint(-(2**15), 2**15, (2 * MIX_CHUNK,), dtype=torch.int16)
+    base = int(mixed_sum(weights))
+    assert int(mixed_sum(weights.clone())) == base
+    halves = torch.cat([weights[MIX_CHUNK:], weights[:MIX_CHUNK]])
+    assert int(mixed_sum(halves)) != base
     changed = weights.clone()
-    changed[500] = changed[500] + 1
-    swapped = weights.clone()
-    swapped[[3, 4]] = swapped[[4, 3]]
-    assert not torch.equal(_device_sums(changed), base)
-    assert not torch.equal(_device_sums(swapped), base)
-    assert torch.equal(_device_sums(weights.clone()), base)
+    changed[MIX_CHUNK + 7] += 1
+    assert int(mixed_sum(changed)) != base
+
+
+def test_mixed_sum_is_exact_arithmetic_modulo_2_64():
+    """The value any device must give (a GPU check compares a CUDA tensor's
+    ``mixed_sum`` with this): each element's bits times its position's odd
+    multiplier, each chunk's sum times its own odd key, wrapping at 2**64."""
+    from lmcache_ec.integration.vllm.weights import MIX_CHUNK, _splitmix64, mixed_sum
+
+    values = torch.randint(-(2**15), 2**15, (2 * MIX_CHUNK + 12_345,), dtype=torch.int16)
+    expected = 0
+    with np.errstate(over="ignore"):
+        table = _splitmix64(np.arange(MIX_CHUNK, dtype=np.uint64)) | np.uint64(1)
+        for index, start in enumerate(range(0, values.numel(), MIX_CHUNK)):
+            chunk = values[start : start + MIX_CHUNK].numpy().astype(np.int64).view(np.uint64)
+            chunk_sum = int(np.sum(chunk * table[: chunk.size], dtype=np.uint64))
+            key = int(_splitmix64(np.array([MIX_CHUNK + index], dtype=np.uint64))[0]) | 1
+            expected = (expected + chunk_sum * key) % 2**64
+    assert int(mixed_sum(values)) % 2**64 == expected
+    assert int(mixed_sum(values.view(torch.float16))) == int(mixed_sum(values))  # raw bits
+
+
+class BufferedVLM(TinyVLM):
+    """TinyVLM with a buffer in each part (a vision tower's position ids, a
+    language model's rotary table)."""
+
+    def __init__(self, weights_seed: int) -> None:
+        super().__init__(weights_seed)
+        self.vision_tower.register_buffer("positions", torch.arange(16, dtype=torch.float32))
+        self.language_model.register_buffer("rotary", torch.ones(16))
+
+
+def test_vision_buffers_count_and_language_model_buffers_do_not():
+    model = BufferedVLM(W1)
+    before = weights_fingerprint(model)
+    model.language_model.rotary[3] = 2.0
+    assert weights_fingerprint(model) == before
+    model.vision_tower.positions[3] = 42.0
+    assert weights_fingerprint(model) != before
+
+
+def test_a_weight_reinterpreted_as_another_16_bit_dtype_changes_the_fingerprint():
+    model = TinyVLM(W1).to(torch.bfloat16)
+    before = weights_fingerprint(model)
+    tower = model.vision_tower
+    tower.weight = torch.nn.Parameter(tower.weight.detach().view(torch.float16))  # same bits
+    assert weights_fingerprint(model) != before

@@ -11,9 +11,20 @@ model (``get_language_model()``, which multimodal vLLM models implement) —
 the vision/audio tower, projector, Q-Former… — by name, shape, dtype and
 content, so any changed value changes the fingerprint. Content is hashed
 where the tensor lives: host tensors with xxh3-128 over their raw bytes
-(tens of GB/s, no copy); device tensors with two exact integer sums of their
-raw bits (plain and position-weighted), reduced on the device and brought to
-the host once, so GPU weights are never copied out. Tensor-parallel ranks
+(tens of GB/s, no copy); device tensors with ``mixed_sum``, reduced on the
+device and brought to the host once, so GPU weights are never copied out.
+
+``mixed_sum`` multiplies each element's raw bits by a pseudo-random odd
+64-bit number of its own position (splitmix64 of the position) and adds the
+products, wrapping at 2**64. A change of any set of values moves the sum by
+the changes weighted with those unrelated multipliers, so structured edits
+(a (+1, -2, +1) on neighbours, two values swapped whatever their distance,
+a shifted block) cancel only by a 1-in-2**64 accident, unlike plain or
+position-weighted sums. The multipliers repeat every ``MIX_CHUNK`` positions,
+and each chunk's sum is multiplied again by an odd number of its own index,
+so whole chunks cannot trade places either. Integer arithmetic modulo 2**64
+is exact and order-free: the same tensor gives the same sum on any device.
+Tensor-parallel ranks
 hold different shards: each rank's digest is gathered over the group, so
 every rank gets the same answer. Identical weights loaded from different
 paths give the same fingerprint.
@@ -25,12 +36,13 @@ import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import xxhash
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_CHUNK = 1 << 24  # elements per reduction: bounds the int64 temporaries
-_PERIOD = 65521  # position weights 1..65521 (a prime: shifts change the sum)
+MIX_CHUNK = 1 << 20  # positions per multiplier table (8 MB on the device, once per digest)
+MIX_GROUP = 16  # chunks per kernel: a 128 MB int64 temporary at most, few launches
 
 
 def encoder_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -60,15 +72,51 @@ def _raw_bits(tensor: torch.Tensor) -> torch.Tensor:
     return flat.view(_BITS[flat.element_size()])
 
 
-def _device_sums(tensor: torch.Tensor) -> torch.Tensor:
-    """[plain, position-weighted] int64 sums of ``tensor``'s raw bits (wrapping)."""
+def _splitmix64(values: np.ndarray) -> np.ndarray:
+    """splitmix64's output function on uint64 values (wrapping arithmetic)."""
+    z = values + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def multipliers(device: torch.device | str = "cpu") -> torch.Tensor:
+    """The odd int64 multiplier of each position in a chunk, on ``device``."""
+    with np.errstate(over="ignore"):
+        table = _splitmix64(np.arange(MIX_CHUNK, dtype=np.uint64)) | np.uint64(1)
+    return torch.from_numpy(table.view(np.int64)).to(device)
+
+
+def _chunk_keys(count: int) -> np.ndarray:
+    """The odd key of each of ``count`` chunks, as int64."""
+    with np.errstate(over="ignore"):
+        index = np.arange(count, dtype=np.uint64) + np.uint64(MIX_CHUNK)
+        return (_splitmix64(index) | np.uint64(1)).view(np.int64)
+
+
+def mixed_sum(tensor: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
+    """The mixed sum of ``tensor``'s raw bits: an int64 scalar on its device.
+
+    ``table``: ``multipliers(tensor.device)``, made once for many tensors.
+    Works on any device (CPU, CUDA…) and gives the same value on each.
+    """
     bits = _raw_bits(tensor)
-    total = torch.zeros(2, dtype=torch.int64, device=bits.device)
-    for start in range(0, bits.numel(), _CHUNK):
-        chunk = bits[start : start + _CHUNK].to(torch.int64)
-        weights = torch.arange(start, start + chunk.numel(), device=chunk.device) % _PERIOD + 1
-        total[0] += chunk.sum()
-        total[1] += (chunk * weights).sum()
+    device = bits.device
+    if table is None:
+        table = multipliers(device)
+    chunks = -(-bits.numel() // MIX_CHUNK)
+    keys = torch.from_numpy(_chunk_keys(chunks)).to(device)
+    total = torch.zeros((), dtype=torch.int64, device=device)
+    whole = bits.numel() // MIX_CHUNK
+    for first in range(0, whole, MIX_GROUP):
+        last = min(first + MIX_GROUP, whole)
+        rows = bits[first * MIX_CHUNK : last * MIX_CHUNK].view(-1, MIX_CHUNK)
+        # int16/uint8 times int64: the bits widen inside the one multiply kernel.
+        sums = (rows * table).sum(dim=1)
+        total += (sums * keys[first:last]).sum()
+    tail = bits[whole * MIX_CHUNK :]
+    if tail.numel():
+        total += (tail * table[: tail.numel()]).sum() * keys[whole]
     return total
 
 
@@ -76,6 +124,7 @@ def local_digest(model: torch.nn.Module) -> bytes:
     """SHA-256 over this process's encoder tensors (names, shapes, dtypes, content)."""
     hasher = hashlib.sha256()
     device_sums = []
+    tables: dict[torch.device, torch.Tensor] = {}
     for name, tensor in encoder_tensors(model):
         hasher.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|{tensor.device.type};".encode())
         if tensor.numel() == 0:
@@ -83,7 +132,9 @@ def local_digest(model: torch.nn.Module) -> bytes:
         if tensor.device.type == "cpu":
             hasher.update(xxhash.xxh3_128_digest(_raw_bits(tensor).view(torch.uint8).numpy()))
         else:
-            device_sums.append(_device_sums(tensor))
+            if tensor.device not in tables:
+                tables[tensor.device] = multipliers(tensor.device)
+            device_sums.append(mixed_sum(tensor, tables[tensor.device]))
     if device_sums:  # one transfer to the host for every device tensor
         hasher.update(torch.stack(device_sums).cpu().numpy().tobytes())
     return hasher.digest()
