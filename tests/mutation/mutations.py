@@ -277,6 +277,27 @@ MUTATIONS: list[Mutation] = [
             "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_redis_on_v1[ec_consumer]",
         ),
     ),
+    # -- LMCache's compiled ops may be off (another torch): the tier never needs them
+    Mutation(
+        "pool-through-lmcache-device-ops",
+        "the encoder tier's pool, puts and reads call none of LMCache's device ops",
+        "lmcache_ec/tiers/allocator.py",
+        "super().__init__(0)  # a zero-byte arena costs nothing; ours replaces it",
+        "super().__init__(4096)",
+        (
+            "tests/upstream/test_lmcache_contract.py::"
+            "test_the_encoder_tier_calls_none_of_lmcaches_device_ops",
+        ),
+    ),
+    # -- doctor: a vLLM without a weight seam is a failure, not a pass
+    Mutation(
+        "doctor-passes-missing-seams",
+        "doctor fails when vLLM lacks a method the weight tracking wraps",
+        "lmcache_ec/cli/doctor.py",
+        "        gone = seams.missing()\n",
+        "        gone = []\n",
+        ("tests/cli/test_doctor.py::test_doctor_fails_when_a_weight_seam_is_gone",),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
