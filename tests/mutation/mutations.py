@@ -277,6 +277,30 @@ MUTATIONS: list[Mutation] = [
             "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_redis_on_v1[ec_consumer]",
         ),
     ),
+    # -- a weight transfer replaces the encoder chunk by chunk: keys wait for its end
+    Mutation(
+        "weight-transfer-start-unwatched",
+        "no output of an encoder a weight transfer is replacing is saved or loaded",
+        "lmcache_ec/integration/vllm/seams.py",
+        '    ("vllm.v1.worker.gpu_worker", "Worker", "start_weight_update", REPLACING),\n',
+        "",
+        (
+            "tests/vllm/test_weights.py::"
+            "test_nothing_is_saved_or_loaded_while_a_weight_transfer_replaces_the_encoder",
+        ),
+    ),
+    # -- a draft-model transfer leaves the encoder alone: loads go on
+    Mutation(
+        "draft-transfer-pauses-the-tier",
+        "a draft-model weight transfer keeps the encoder's key and its loads",
+        "lmcache_ec/integration/vllm/seams.py",
+        '"Worker", "start_weight_update", REPLACING)',
+        '"Worker", "_start_weight_update", REPLACING)',
+        (
+            "tests/vllm/test_weights.py::"
+            "test_a_draft_model_transfer_keeps_the_encoders_key_and_its_loads",
+        ),
+    ),
     # -- LMCache's compiled ops may be off (another torch): the tier never needs them
     Mutation(
         "pool-through-lmcache-device-ops",
