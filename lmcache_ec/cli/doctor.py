@@ -6,6 +6,8 @@ Each check yields ``ok``, ``warn`` (works, but probably not what you want) or
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -101,6 +103,93 @@ def check_versions() -> list[Check]:
                 Check(area, "fail", f"{installed} is outside the supported range {wanted}")
             )
     return checks
+
+
+def _model_runner() -> str:
+    """The model runner vLLM picks before looking at the model's features
+    (``VllmConfig.use_v2_model_runner``): the environment variable, then Triton."""
+    from vllm import envs
+    from vllm.triton_utils import HAS_TRITON
+
+    forced = envs.VLLM_USE_V2_MODEL_RUNNER
+    if forced is not None:
+        return f"{'V2' if forced else 'V1'} (VLLM_USE_V2_MODEL_RUNNER={int(forced)})"
+    if not HAS_TRITON:
+        return "V1 (Triton is not usable here)"
+    return "V2 (features V2 lacks, such as some speculative methods, pick V1 at start-up)"
+
+
+def check_vllm() -> list[Check]:
+    """The vLLM the connector runs in: its version, model runner and weight seams."""
+    if importlib.util.find_spec("vllm") is None:
+        return []  # check_versions says whether the [vllm] extra is installed
+    from ..integration.vllm import seams
+
+    try:
+        vllm = importlib.import_module("vllm")
+        runner = _model_runner()
+        gone = seams.missing()
+    except Exception as exc:  # a broken install: say so, do not crash the doctor
+        return [Check("vllm", "fail", f"cannot inspect vLLM: {type(exc).__name__}: {exc}")]
+    checks = [Check("vllm runtime", "ok", f"vLLM {vllm.__version__}, model runner {runner}")]
+    if gone:
+        checks.append(
+            Check(
+                "vllm seams",
+                "fail",
+                f"missing {', '.join(gone)}: the connector cannot follow weight updates and "
+                "refuses to start unless weights_fingerprint is false",
+            )
+        )
+    else:
+        found = ", ".join(
+            f"{module.removeprefix('vllm.v1.worker.')}.{cls}.{method}"
+            for module, cls, method, _ in seams.SEAMS
+        )
+        checks.append(Check("vllm seams", "ok", f"all {len(seams.SEAMS)} found: {found}"))
+    return checks
+
+
+def check_lmcache_native() -> Check:
+    """Whether LMCache's compiled extensions load. ``cuda_ops`` is built for one
+    torch release; under another LMCache runs its torch fallbacks. The encoder
+    tier's pool and copies are torch's own either way."""
+    area = "lmcache native"
+    spec = importlib.util.find_spec("lmcache")
+    if spec is None or not spec.submodule_search_locations:
+        return Check(area, "fail", "lmcache is not installed")
+    import torch
+
+    folder = next(iter(spec.submodule_search_locations))
+    names = sorted(
+        name.split(".")[0] for name in os.listdir(folder) if name.endswith((".so", ".pyd"))
+    )
+    loaded, failed = [], []
+    for name in names:
+        try:
+            importlib.import_module(f"lmcache.{name}")
+            loaded.append(name)
+        except ImportError as exc:
+            failed.append((name, str(exc)))
+    message = f"loaded: {', '.join(loaded) or 'none'}"
+    status = "ok"
+    for name, error in failed:
+        if name == "cuda_ops" and torch.version.cuda is None:
+            message += f"; {name} not used (CPU build of torch {torch.__version__})"
+            continue
+        status = "warn"
+        why = (
+            f"built for another torch than {torch.__version__}"
+            if "undefined symbol" in error
+            else error.rsplit(": ", 1)[-1]
+        )
+        message += (
+            f"; {name} NOT loaded ({why}): LMCache's own kernels (its KV cache paths) fall "
+            "back to torch ops; the encoder tier does not use them"
+            if name == "cuda_ops"
+            else f"; {name} NOT loaded ({why})"
+        )
+    return Check(area, status, message)
 
 
 def _mem_available() -> int | None:
@@ -300,6 +389,8 @@ def doctor(
 ) -> None:
     """Validate the configuration, check every tier and the installed versions."""
     checks = check_versions()
+    checks.extend(check_vllm())
+    checks.append(check_lmcache_native())
     try:
         loaded = load_config(config_source(config))
     except ConfigError as exc:

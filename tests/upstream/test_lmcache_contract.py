@@ -82,6 +82,40 @@ def test_mixed_allocator_builds_an_empty_arena_and_allocates_from_pin_allocator(
     obj.ref_count_down()
 
 
+def test_the_encoder_tier_calls_none_of_lmcaches_device_ops(monkeypatch, tmp_path):
+    """LMCache binds its compiled ``cuda_ops`` into ``lmcache.device_ops`` when the
+    extension loads for the installed torch, and keeps torch fallbacks otherwise
+    (lmcache 0.5.6 under torch 2.14). The encoder tier's pool, puts and reads use
+    torch alone, so that difference cannot reach them: every op is counted here."""
+    import lmcache
+
+    calls: list[str] = []
+    for name in dir(lmcache.device_ops):
+        op = getattr(lmcache.device_ops, name, None)
+        if name.startswith("_") or isinstance(op, type) or not callable(op):
+            continue
+
+        def counted(*args, _name=name, _op=op, **kwargs):
+            calls.append(_name)
+            return _op(*args, **kwargs)
+
+        monkeypatch.setattr(lmcache.device_ops, name, counted)
+    config = {
+        "max_local_cpu_size": 0.01,
+        "local_disk": str(tmp_path),
+        "max_local_disk_size": 0.01,
+    }
+    tensor = torch.randn(16, 32).to(torch.bfloat16)
+    with ECCache.from_config(config, model=MODEL) as cache:
+        cache.put("device-ops", tensor)
+        assert torch.equal(cache.get("device-ops"), tensor)
+        assert cache.flush(10)
+    with ECCache.from_config(config, model=MODEL) as cache:  # a fresh process: disk
+        assert torch.equal(cache.get_many(["device-ops"])[0], tensor)
+    HostPoolAllocator(1 << 20).close()
+    assert calls == [], f"the encoder tier now calls LMCache's device ops {sorted(set(calls))}"
+
+
 def test_tensor_allocator_counts_allocated_bytes():
     """``ECLocalCPUBackend.used_bytes`` (stats) reads
     ``TensorMemoryAllocator.total_allocated_size``: no public usage counter."""

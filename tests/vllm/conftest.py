@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import os
 import tempfile
+from importlib import metadata
 
 os.environ["VLLM_TARGET_DEVICE"] = "cpu"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 # vLLM caches model inspection under its cache root; keep it stable across
-# tests (the shared conftest points XDG_CACHE_HOME at a per-test directory).
+# tests (the shared conftest points XDG_CACHE_HOME at a per-test directory),
+# one per vLLM version (the venvs' inspections would replace each other's).
 os.environ.setdefault(
-    "VLLM_CACHE_ROOT", os.path.join(tempfile.gettempdir(), f"lmcache-ec-vllm-{os.getuid()}")
+    "VLLM_CACHE_ROOT",
+    os.path.join(
+        tempfile.gettempdir(), f"lmcache-ec-vllm-{os.getuid()}-{metadata.version('vllm')}"
+    ),
 )
 
 import pytest

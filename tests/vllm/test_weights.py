@@ -8,6 +8,7 @@ weights, and the connectors learn of a change the way vLLM's seams tell them
 from __future__ import annotations
 
 import os
+import types
 
 import numpy as np
 import torch
@@ -18,6 +19,7 @@ from tests.conftest import bit_equal
 from .harness import Engine, TinyVLM, encoder_output, image_hash, make_vllm_config
 
 W1, W2 = 1, 2
+HALF = 12  # an encoder whose weight transfer is half done
 
 
 def _engine(model_config, extra, weights_seed: int, role: str = "ec_both") -> Engine:
@@ -122,6 +124,125 @@ def test_saves_queued_before_an_update_keep_their_weights(model_config, extra):
         engine.shutdown()
     assert _read(model_config, extra, image, W1)  # the W1 output, under W1's key
     assert not _read(model_config, extra, image, W2)
+
+
+class _TransferBackend:
+    """What vLLM's ``Worker`` weight-transfer methods call on its transfer backend
+    (NCCL, IPC…); the chunks themselves are written into the model by the test."""
+
+    supports_draft_weight_update = True
+
+    def __init__(self) -> None:
+        self.target: torch.nn.Module | None = None
+
+    def start_weight_update(self) -> None:
+        pass
+
+    def finish_weight_update(self) -> None:
+        pass
+
+    def set_weight_update_target(self, model, model_config) -> None:
+        self.target = model
+
+    def reset_weight_update_target(self) -> None:
+        self.target = None
+
+
+def _vllm_worker(engine: Engine, monkeypatch, draft: torch.nn.Module | None = None):
+    """vLLM's own ``Worker`` (its weight-transfer methods, as seams.py wraps them)
+    over the harness's model; rank 0's connector is this process's EC transfer agent."""
+    from vllm.distributed.ec_transfer import ec_transfer_state
+    from vllm.v1.worker.gpu_worker import Worker
+
+    monkeypatch.setattr(ec_transfer_state, "_EC_CONNECTOR_AGENT", engine.workers[0])
+    worker = object.__new__(Worker)  # no device, no model loading: the state these use
+    worker.vllm_config = engine.vllm_config
+    worker.speculative_config = (
+        types.SimpleNamespace(draft_model_config=object()) if draft is not None else None
+    )
+    worker.weight_transfer_engine = _TransferBackend()
+    worker._weight_update_active = False
+    worker._weight_update_is_draft = False
+    worker.model_runner = types.SimpleNamespace(
+        get_model=lambda: engine.model, get_draft_model=lambda: draft, reset_lora_state=lambda: None
+    )
+    return worker
+
+
+def _load_vision_tower(engine: Engine, weights_seed: int) -> None:
+    """Chunks of a weight transfer reach the encoder (no reset_encoder_cache follows)."""
+    engine.weights_seed = weights_seed
+    with torch.no_grad():
+        engine.model.vision_tower.load_state_dict(TinyVLM(weights_seed).vision_tower.state_dict())
+
+
+def test_nothing_is_saved_or_loaded_while_a_weight_transfer_replaces_the_encoder(
+    model_config, extra, monkeypatch
+):
+    """Between start_weight_update and finish_weight_update the encoder is partly
+    replaced: its outputs are keyed by no weights, and no stored output is loaded."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    stored, during = image_hash("stored.png"), image_hash("during.png")
+    _store(model_config, extra, stored, W1)
+    engine = _engine(model_config, extra, W1)
+    try:
+        worker = _vllm_worker(engine, monkeypatch)
+        Worker.start_weight_update(worker)
+        _load_vision_tower(engine, HALF)
+        _serve(engine, stored)
+        _serve(engine, during)
+        assert engine.encoded == [stored, during]  # nothing loaded mid-transfer
+        assert bit_equal(engine.gathered[stored], encoder_output(stored, HALF))
+        assert engine.ec_stats.get("saves_skipped_weights_unknown", 0) == 2
+        _load_vision_tower(engine, W2)
+        Worker.finish_weight_update(worker)  # fingerprinted: W2's key from now on
+        after = image_hash("after.png")
+        _serve(engine, after)
+        engine.flush()
+    finally:
+        engine.shutdown()
+    assert not _read(model_config, extra, during, W1)  # never under the old key ...
+    assert not _read(model_config, extra, during, HALF)  # ... nor any other
+    assert _read(model_config, extra, stored, W1)  # W1's entries are untouched
+    assert _read(model_config, extra, after, W2)
+
+
+def test_a_draft_model_transfer_keeps_the_encoders_key_and_its_loads(
+    model_config, extra, monkeypatch
+):
+    """start_draft_weight_update writes the draft model, which shares only the
+    target's language-model modules (vLLM's proposers share its head and embeddings):
+    the encoder's outputs stay valid, so loads go on during and after the session."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    during, after = image_hash("draft-during.png"), image_hash("draft-after.png")
+    for image in (during, after):
+        _store(model_config, extra, image, W1)
+    engine = _engine(model_config, extra, W1)
+    try:
+        draft = torch.nn.Module()
+        draft.layer = torch.nn.Linear(8, 8)
+        draft.lm_head = engine.model.language_model  # shared with the target
+        worker = _vllm_worker(engine, monkeypatch, draft)
+        key = engine.workers[0].worker.weights
+        Worker.start_draft_weight_update(worker)
+        assert worker.weight_transfer_engine.target is draft
+        with torch.no_grad():
+            for parameter in draft.parameters():  # the draft's chunks, shared head included
+                parameter.add_(1.0)
+        _serve(engine, during)
+        Worker.finish_weight_update(worker)  # fingerprinted again: the same encoder
+        _serve(engine, after)
+        assert engine.encoded == []  # both loaded from the tiers
+        assert [image for step in engine.loads for image in step] == [during, after]
+        assert engine.workers[0].worker.weights == key
+        assert engine.connector.scheduler.weights == key
+        assert engine.ec_stats["scheduler_weights_changes"] == 1  # W1's, at start-up
+        for image in (during, after):
+            assert bit_equal(engine.gathered[image], encoder_output(image, W1))
+    finally:
+        engine.shutdown()
 
 
 def test_without_a_fingerprint_nothing_is_saved_or_loaded(model_config, extra):

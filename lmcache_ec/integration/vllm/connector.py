@@ -234,18 +234,23 @@ class LMCacheECTierConnector(ECConnectorBase):
             return None
         return "/".join(part for part in (self.identity.weights, fingerprint) if part)
 
-    def weights_changed(self, model: Callable[[], torch.nn.Module]) -> None:
+    def weights_changed(self, model: Callable[[], torch.nn.Module] | None) -> None:
         """Worker: the weights may have changed (``seams.py``); re-key if they did.
 
-        The new version reaches the scheduler over the stage channel before
-        this returns. A failed fingerprint makes the weights unknown: nothing
-        is loaded or saved until the next one succeeds.
+        ``model`` None: they are being replaced, and unknown until the next
+        call. The new version reaches the scheduler over the stage channel
+        before this returns. A failed fingerprint makes the weights unknown:
+        nothing is loaded or saved until the next one succeeds.
         """
         if self.worker is None or not self.settings.weights_fingerprint:
             return
         started = time.perf_counter()
         try:
-            version = self._weights_version(weights_fingerprint(model(), tp_gather()))
+            version = (
+                None
+                if model is None
+                else self._weights_version(weights_fingerprint(model(), tp_gather()))
+            )
         except Exception as exc:
             logger.error("Encoder weights fingerprint failed (%s); loads and saves paused", exc)
             version = None
@@ -253,7 +258,10 @@ class LMCacheECTierConnector(ECConnectorBase):
         self.worker.record("fingerprint_seconds", seconds)
         if self.worker.set_weights(version) and self._listener is not None:
             self._listener.broadcast({"weights": [version] if version is not None else []})
-        logger.info("Encoder weights fingerprint %s (%.3f s)", version, seconds)
+        if model is None:
+            logger.info("Encoder weights being replaced: loads and saves wait for the next")
+        else:
+            logger.info("Encoder weights fingerprint %s (%.3f s)", version, seconds)
 
     def _hello(self) -> dict[str, list[str]] | None:
         weights = self.worker.weights if self.worker is not None else None

@@ -1,18 +1,28 @@
 """Where vLLM changes a worker's weights, and the one place that listens.
 
-``ECConnectorBase`` has no hook for weight updates: vLLM 0.32 resets only its
-own encoder cache (``reset_encoder_cache``) after ``reload_weights`` or a
-``pause_generation(clear_cache=True)``, and a weight-transfer update
-(``finish_weight_update``) resets nothing. These methods are wrapped, at the
-class level, so that after each of them the worker's EC connector takes a
-new fingerprint of the encoder weights (``weights.py``):
+``ECConnectorBase`` has no hook for weight updates: vLLM 0.32 and 0.33 reset
+only their own encoder cache (``reset_encoder_cache``) after
+``reload_weights`` or a ``pause_generation(clear_cache=True)``, and a
+weight-transfer session (``start_weight_update`` … ``finish_weight_update``)
+resets nothing. These methods are wrapped, at the class level, so that after
+each of them the worker's EC connector takes a new fingerprint of the encoder
+weights (``weights.py``):
 
 - ``Worker.load_model`` — the model is resident (the initial fingerprint;
   ``start_worker_services`` runs there too but is not handed the model);
+- ``Worker.start_weight_update`` — a session begins replacing the model's
+  weights: they are unknown until it ends, so no output of a half-replaced
+  encoder is saved under the old key and nothing is loaded meanwhile;
 - ``Worker.finish_weight_update`` — a weight-transfer session ended;
 - ``reset_encoder_cache`` of the V1 and V2 model runners — called by
   ``reload_weights`` and by the engine's ``reset_encoder_cache`` (pause with
   ``clear_cache``, the dev endpoint, RL frameworks after a weight sync).
+
+A draft-model session (``start_draft_weight_update``) does not pass through
+``start_weight_update``: a draft shares only language-model modules with the
+target (its embeddings and head), which the fingerprint leaves out, so loads
+go on and the key stays. Its ``finish_weight_update`` still re-fingerprints:
+a change that did reach the encoder is seen either way.
 
 A missing seam (vLLM moved a method) is an error at start-up, not a silent
 loss of weight tracking; ``tests/upstream`` pins each one.
@@ -28,9 +38,11 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# (module, class, method, how to reach the model from ``self``)
+# (module, class, method, how to reach the model from ``self``; REPLACING: not yet)
+REPLACING = "replacing"
 SEAMS: tuple[tuple[str, str, str, str], ...] = (
     ("vllm.v1.worker.gpu_worker", "Worker", "load_model", "worker"),
+    ("vllm.v1.worker.gpu_worker", "Worker", "start_weight_update", REPLACING),
     ("vllm.v1.worker.gpu_worker", "Worker", "finish_weight_update", "worker"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "reset_encoder_cache", "runner"),
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "reset_encoder_cache", "runner"),
@@ -57,7 +69,7 @@ def _notify(owner: Any, kind: str) -> None:
     weights_changed = getattr(connector, "weights_changed", None)
     if weights_changed is None:
         return  # another EC connector
-    weights_changed(lambda: _model_of(owner, kind))
+    weights_changed(None if kind == REPLACING else lambda: _model_of(owner, kind))
 
 
 def _wrap(method: Callable[..., Any], kind: str) -> Callable[..., Any]:
