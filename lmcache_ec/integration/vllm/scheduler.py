@@ -39,13 +39,13 @@ from ...claims import ClaimAgent
 from ...runtime_dirs import Feature, RuntimeDirUnavailable, feature_off
 from .channel import StageClient
 from .encode_claims import CLAIM_STATES, EncodeClaims
+from .features_off import OffChanges
 from .identity import is_content_identifier
 from .index import PENDING, TierIndex
 from .items import ItemState, ItemTable
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .prefetch import PrefetchQueue
 from .settings import ConnectorSettings
-from .stats import OffChanges
 from .step_wait import StepWait
 
 logger = logging.getLogger(__name__)
@@ -551,7 +551,7 @@ class TierScheduler:
 
     def take_stats(self) -> dict[str, float]:
         """Scheduler and worker counters since the last call, then reset; with
-        the changes of the features off on this side (``stats.OffChanges``).
+        the changes of the features off on this side (``features_off.OffChanges``).
 
         vLLM asks right after each step; the workers' reports of that step are
         already on the stage channel.

@@ -24,7 +24,6 @@ processes that have it off now.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,26 +32,7 @@ from vllm.distributed.ec_transfer.ec_connector.metrics import (
     ECConnectorStats,
 )
 
-FEATURE_OFF = "feature_off"
-
-
-def off_key(feature: str, reason: str) -> str:
-    return f"{FEATURE_OFF}:{feature}:{reason}"
-
-
-class OffChanges:
-    """One process's features off, reported as changes since its last report."""
-
-    def __init__(self) -> None:
-        self._reported: set[str] = set()
-
-    def take(self, off: Mapping[str, str]) -> dict[str, float]:
-        """``off`` (feature -> reason) as deltas against the last call."""
-        now = {off_key(feature, reason) for feature, reason in off.items()}
-        changes = {key: 1.0 for key in now - self._reported}
-        changes.update({key: -1.0 for key in self._reported - now})
-        self._reported = now
-        return changes
+from .features_off import FEATURE_OFF
 
 
 @dataclass

@@ -1,0 +1,34 @@
+"""Features off, as the counters the connector reports.
+
+Each process (the scheduler, a worker rank) reports the features it has off
+(``runtime_dirs.Feature``, or caching paused) as ``feature_off:<feature>:<reason>``
+deltas: +1 when it turns one off, -1 when it is back, so their running sum
+(``stats.py``: the gauge ``vllm:lmcache_ec_feature_off{feature,reason}``)
+counts the engine's processes that have it off now. No vLLM import: the
+worker side uses it outside vLLM too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+FEATURE_OFF = "feature_off"
+
+
+def off_key(feature: str, reason: str) -> str:
+    return f"{FEATURE_OFF}:{feature}:{reason}"
+
+
+class OffChanges:
+    """One process's features off, reported as changes since its last report."""
+
+    def __init__(self) -> None:
+        self._reported: set[str] = set()
+
+    def take(self, off: Mapping[str, str]) -> dict[str, float]:
+        """``off`` (feature -> reason) as deltas against the last call."""
+        now = {off_key(feature, reason) for feature, reason in off.items()}
+        changes = {key: 1.0 for key in now - self._reported}
+        changes.update({key: -1.0 for key in self._reported - now})
+        self._reported = now
+        return changes
