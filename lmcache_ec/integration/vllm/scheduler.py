@@ -33,7 +33,6 @@ import time
 from typing import Any
 
 from ...claims import ClaimAgent
-from .channel import StageClient
 from .encode_claims import CLAIM_STATES, EncodeClaims
 from .identity import is_content_identifier
 from .index import PENDING, TierIndex
@@ -41,6 +40,8 @@ from .items import ItemState, ItemTable
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .prefetch import PrefetchQueue
 from .settings import ConnectorSettings
+from .stage_client import StageClient
+from .stage_messages import StageAnswer, WeightsAnnouncement, WorkerReport
 from .step_wait import StepWait
 
 logger = logging.getLogger(__name__)
@@ -302,8 +303,9 @@ class TierScheduler:
         if not self.channel.reconnect():
             return False
         logger.info("Stage orders go over the stage channel")
-        # Workers announce their weights on connect; take it before deciding anything.
-        self._poll_channel(self.settings.idle_stage_wait_s)
+        # Workers announce their weights on connect; take it before deciding
+        # anything, within what is left of this step's budget.
+        self.step.wait(self._poll_channel, self.settings.idle_stage_wait_s)
         return True
 
     def _poll_channel(self, timeout: float) -> None:
@@ -312,19 +314,18 @@ class TierScheduler:
             return
         now = time.monotonic()
         for message in self.channel.receive(timeout):
-            weights = (message.get("weights") or [None])[0]
-            if "report" in message:
-                self.update_connector_output(ECTierWorkerMetadata.from_message(message))
-                continue
-            if "staged" not in message and "failed" not in message:
-                self._set_weights(weights, now)
-                continue
-            if weights != self.weights:
-                continue  # ordered under weights since replaced
-            for identifier in message.get("staged", ()):
-                self._note_staged(identifier, 1, now)
-            for identifier in message.get("failed", ()):
-                self._note_failed(identifier, now)
+            match message:
+                case WorkerReport():
+                    self.update_connector_output(ECTierWorkerMetadata.from_report(message))
+                case WeightsAnnouncement(weights=weights):
+                    self._set_weights(weights, now)
+                case StageAnswer(weights=weights) if weights == self.weights:
+                    for identifier in message.staged:
+                        self._note_staged(identifier, 1, now)
+                    for identifier in message.failed:
+                        self._note_failed(identifier, now)
+                case StageAnswer():
+                    pass  # ordered under weights since replaced
         if not self.channel.connected:  # broke: nothing more will answer these
             for identifier in self.items.having(S.STAGING):
                 if self._staging_direct(identifier):
@@ -497,8 +498,11 @@ class TierScheduler:
         vLLM asks right after each step; the workers' reports of that step are
         already on the stage channel.
         """
-        if self.channel is not None and self.channel.connected:
-            self._poll_channel(0.0)
+        if self.channel is not None:
+            if self.channel.connected:
+                self._poll_channel(0.0)
+            for name, value in self.channel.take_counts().items():
+                self._count(name, value)
         merged = {f"scheduler_{k}": v for k, v in self.stats.items()}
         merged.update(self.worker_stats)
         self.stats, self.worker_stats = {}, {}
