@@ -225,7 +225,9 @@ def test_a_bad_frame_closes_only_its_link_on_the_worker(path, frame, caplog):
         orders.append(identifiers)
         _answering(identifiers, weights, link)
 
-    listener = StageListener(path, on_order, hello=lambda: HELLO)
+    # Frames in progress may wait a minute: each bad frame must be refused on sight.
+    patient = ChannelLimits(frame_deadline_s=60.0)
+    listener = StageListener(path, on_order, hello=lambda: HELLO, limits=patient)
     good = StageClient([path])
     bad = _raw(path)
     try:
@@ -256,6 +258,7 @@ BAD_FRAMES_TO_THE_SCHEDULER = {
     "400-digit-int": _frame(b'{"report":[],"stats":{"n":' + b"9" * 400 + b"}}"),
     "400-digit-int-in-a-report": _frame(b"{" + _REPORT + b',"stats":{"n":' + b"9" * 400 + b"}}"),
     "float-overflow": _frame(b"{" + _REPORT + b',"stats":{"n":1e400}}'),
+    "huge-counter": _frame(b"{" + _REPORT + b',"stats":{"n":1e300}}'),
     "boolean-counter": _frame(b"{" + _REPORT + b',"stats":{"n":true}}'),
     "deep-nesting": _frame(_DEEP),
     "2^62-length-header": struct.pack("!i", -1) + struct.pack("!Q", 2**62),
@@ -274,7 +277,7 @@ def test_a_bad_frame_from_a_worker_breaks_the_channel_not_the_step(path, frame, 
     server = socket.socket(socket.AF_UNIX)
     server.bind(path)
     server.listen(1)
-    client = StageClient([path])
+    client = StageClient([path], limits=ChannelLimits(frame_deadline_s=60.0))
     try:
         assert client.connect()
         worker, _ = server.accept()

@@ -132,6 +132,62 @@ def test_without_a_channel_orders_ride_step_metadata(model_config, extra, monkey
         engine.shutdown()
 
 
+def test_two_engines_on_one_host_each_get_only_their_own_orders(model_config, extra):
+    """Each engine's sockets are named by its engine id: two instances on one
+    host never stage, or answer, each other's orders."""
+    images = [image_hash(f"two-engines-{i}.png") for i in range(4)]
+    _store(model_config, extra, images)
+    engines = [Engine(make_vllm_config(model_config, "ec_both", extra), runner="v1") for _ in "ab"]
+    staged_by: list[list[str]] = [[], []]
+    try:
+        paths = {engine.workers[0]._listener.path for engine in engines}
+        assert len(paths) == 2  # one socket per engine, both listening
+        for engine, staged in zip(engines, staged_by, strict=True):
+            stage = engine.workers[0].worker.stage
+
+            def record(identifiers, weights, link, stage=stage, staged=staged):
+                staged.extend(identifiers)
+                stage(identifiers, weights, link)
+
+            engine.workers[0].worker.stage = record
+        for engine, mine in zip(engines, (images[:2], images[2:]), strict=True):
+            _one_at_a_time(engine, mine)
+        assert staged_by == [images[:2], images[2:]]
+        for engine, mine in zip(engines, (images[:2], images[2:]), strict=True):
+            assert engine.encoded == []
+            assert engine.ec_stats["loads"] == 2
+            assert engine.ec_stats.get("load_direct_reads", 0) == 0
+            for image in mine:
+                assert bit_equal(engine.gathered[image], encoder_output(image))
+    finally:
+        for engine in engines:
+            engine.shutdown()
+
+
+def test_a_hostile_peer_at_a_running_engine_is_counted_and_changes_nothing(model_config, extra):
+    """A bad frame on the worker's socket closes that link only; the counter
+    reaches vLLM's stats (and so ``/metrics``) and the engine keeps loading."""
+    images = [image_hash(f"hostile-{i}.png") for i in range(2)]
+    _store(model_config, extra, images)
+    engine = Engine(make_vllm_config(model_config, "ec_both", extra), runner="v1")
+    try:
+        _one_at_a_time(engine, images[:1])
+        hostile = socket.socket(socket.AF_UNIX)
+        hostile.connect(engine.workers[0]._listener.path)
+        hostile.sendall(b"\x00\x00\x00\x02[]")
+        deadline = time.monotonic() + 5.0
+        while engine.workers[0]._listener.links > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        hostile.close()
+        _one_at_a_time(engine, images[1:])
+        assert engine.encoded == []
+        assert engine.ec_stats["loads"] == 2
+        assert engine.ec_stats["channel_bad_frames"] == 1
+        assert engine.ec_stats.get("scheduler_channel_breaks", 0) == 0
+    finally:
+        engine.shutdown()
+
+
 # -- the channel itself ------------------------------------------------------
 
 
