@@ -185,7 +185,7 @@ def test_orders_never_block_on_a_worker_that_does_not_read(path):
         assert client.connect()
 
         def orders() -> list[bool]:
-            return [client.send(list(_ids(5000)), "w1") for _ in range(20)]
+            return [client.send(list(_ids(5000)), "w1") and client.flush() for _ in range(20)]
 
         returned, sent = _returns(orders)
         assert returned, "an order blocked on a worker that does not read"

@@ -271,6 +271,8 @@ class TierScheduler:
         step = self.step
         budget = min(step.budget(), step.waited + deadline - started)
         left = budget - step.waited
+        if left <= 0:
+            return  # the step's next poll reads the answer (and sends the order)
         self._poll_channel(0.0)
         while self._staging_direct(identifier) and left > 0:
             self._poll_channel(left)
@@ -452,6 +454,8 @@ class TierScheduler:
                 self.prefetch.take_waiters(identifier)
                 self._to_release.append(identifier)
         self._dispatch_prefetches()
+        if self.channel is not None:
+            self.channel.flush()  # this step's orders, in as few writes as they fit
         meta = ECTierConnectorMetadata(loads=self._loads)
         self._loads = {}
         idle = not getattr(scheduler_output, "total_num_scheduled_tokens", 0)

@@ -79,7 +79,9 @@ class StageClient:
     def send(self, identifiers: list[str], weights: str = "") -> bool:
         """Order every rank to stage ``identifiers`` (keyed under ``weights``).
 
-        False if the channel is not connected or broke.
+        The order is queued: it leaves with the next ``flush`` or ``receive``,
+        together with the orders queued after it. False if the channel is not
+        connected or broke.
         """
         if self._ranks is None:
             return False
@@ -92,7 +94,11 @@ class StageClient:
             if not rank.outbox.add(frame):
                 self._break("slow", "a worker stopped reading its orders")
                 return False
-        return self._flush()
+        return True
+
+    def flush(self) -> bool:
+        """Write queued orders as far as the sockets take them now; False if broke."""
+        return self._ranks is not None and self._flush()
 
     def _flush(self) -> bool:
         assert self._ranks is not None
