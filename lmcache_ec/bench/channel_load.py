@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import select
 import socket
 import statistics
 import struct
@@ -96,7 +97,6 @@ class HostilePeer:
                 peer.connect(self.path)
                 self.connections += 1
                 peer.sendall(struct.pack("!I", 1000) + b'{"kind":"stage","ids":["')
-                peer.settimeout(0.05)
                 while not self._stop.is_set() and _still_open(peer):
                     pass
             except OSError:
@@ -110,13 +110,13 @@ class HostilePeer:
 
 
 def _still_open(peer: socket.socket) -> bool:
-    """Whether the other end still holds ``peer`` open; reads nothing."""
-    try:
-        return peer.recv(1, socket.MSG_PEEK) != b""
-    except TimeoutError:
-        return True
-    except OSError:
-        return False
+    """Whether the other end still holds ``peer`` open (waits up to 50 ms); reads nothing."""
+    poller = select.poll()
+    poller.register(peer, select.POLLRDHUP)
+    return not any(
+        events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+        for _, events in poller.poll(50)
+    )
 
 
 def encoder_output(identifier: str, rows: int) -> torch.Tensor:
