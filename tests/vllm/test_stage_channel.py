@@ -172,12 +172,19 @@ def test_a_hostile_peer_at_a_running_engine_is_counted_and_changes_nothing(model
     engine = Engine(make_vllm_config(model_config, "ec_both", extra), runner="v1")
     try:
         _one_at_a_time(engine, images[:1])
+        listener = engine.workers[0]._listener
+
+        def links_become(count: int) -> bool:
+            deadline = time.monotonic() + 5.0
+            while listener.links != count and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return listener.links == count
+
         hostile = socket.socket(socket.AF_UNIX)
-        hostile.connect(engine.workers[0]._listener.path)
+        hostile.connect(listener.path)
+        assert links_become(2)  # the scheduler's link and this one
         hostile.sendall(b"\x00\x00\x00\x02[]")
-        deadline = time.monotonic() + 5.0
-        while engine.workers[0]._listener.links > 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert links_become(1)
         hostile.close()
         _one_at_a_time(engine, images[1:])
         assert engine.encoded == []
