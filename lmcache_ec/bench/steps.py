@@ -81,7 +81,9 @@ class SimEngine:
         self.scheduler = Scheduler(
             vllm_config=vllm_config,
             kv_cache_config=KVCacheConfig(
-                num_blocks=256, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)]
+                num_blocks=vllm_config.cache_config.num_gpu_blocks,
+                kv_cache_tensors=[],
+                kv_cache_groups=[KVCacheGroupSpec(["l"], spec)],
             ),
             structured_output_manager=StructuredOutputManager(vllm_config),
             block_size=BLOCK,
@@ -194,7 +196,14 @@ def _v2_runner_hooks() -> Iterator[None]:
             os.environ["VLLM_USE_V2_MODEL_RUNNER"] = previous
 
 
-def sim_vllm_config(model_dir: str, gpu_blocks: int, connector: dict[str, Any]) -> Any:
+def sim_vllm_config(
+    model_dir: str,
+    gpu_blocks: int,
+    connector: dict[str, Any],
+    *,
+    max_num_seqs: int = 64,
+    max_num_batched_tokens: int = 512,
+) -> Any:
     """The ``VllmConfig`` of a simulated engine (``SimEngine``) with lmcache-ec's
     connector as ``ec_both``; ``connector``: its extra config."""
     from vllm.config import (
@@ -210,8 +219,8 @@ def sim_vllm_config(model_dir: str, gpu_blocks: int, connector: dict[str, Any]) 
             model=model_dir, tokenizer=model_dir, max_model_len=256, dtype="bfloat16"
         ),
         scheduler_config=SchedulerConfig(
-            max_num_seqs=64,
-            max_num_batched_tokens=512,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=256,
             is_encoder_decoder=False,
         ),

@@ -18,6 +18,7 @@ os.environ.setdefault("LMCACHE_LOG_LEVEL", "ERROR")
 import typer  # noqa: E402
 
 from .bench import bench_app  # noqa: E402
+from .bench_channel import channel  # noqa: E402
 from .bench_checks import fingerprint, node_reads  # noqa: E402
 from .bench_serve import serve  # noqa: E402
 from .bench_steps import steps  # noqa: E402
@@ -38,6 +39,7 @@ bench_app.command()(steps)
 bench_app.command()(serve)
 bench_app.command("node-reads")(node_reads)
 bench_app.command()(fingerprint)
+bench_app.command()(channel)
 app.add_typer(bench_app, name="bench")
 app.command()(doctor)
 app.command()(stats)

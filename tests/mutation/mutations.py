@@ -39,6 +39,9 @@ T_FULL = "tests/chaos/test_node_full.py::"
 T_WEIGHTS = "tests/vllm/test_weights.py::"
 T_IDENTITY = "tests/vllm/test_identity_plugin_stats.py::"
 T_CLAIMS = "tests/remote/test_claims.py::"
+CHANNEL = "lmcache_ec/integration/vllm/channel.py"
+STAGE_FRAMES = "lmcache_ec/integration/vllm/stage_frames.py"
+T_CHANNEL = "tests/chaos/test_stage_channel_faults.py"
 
 
 def _digest_field(field: str, follows: str, extra: tuple[str, ...] = ()) -> Mutation:
@@ -506,9 +509,8 @@ MUTATIONS: list[Mutation] = [
         "stage-answer-weights-ignored",
         "a stage answer made under replaced weights never moves an item ordered again",
         SCHEDULER,
-        "            if weights != self.weights:\n"
-        "                continue  # ordered under weights since replaced\n",
-        "",
+        "case StageAnswer(weights=weights) if weights == self.weights:",
+        "case StageAnswer(weights=weights):",
         (
             f"{T_LIFECYCLE}::test_a_late_answer_under_old_weights_moves_nothing[staged]",
             f"{T_LIFECYCLE}::test_a_late_answer_under_old_weights_moves_nothing[failed]",
@@ -654,6 +656,142 @@ MUTATIONS: list[Mutation] = [
         "        gone = seams.missing()\n",
         "        gone = []\n",
         ("tests/cli/test_doctor.py::test_doctor_fails_when_a_weight_seam_is_gone",),
+    ),
+    # -- the stage channel never stalls a step and never trusts a peer
+    Mutation(
+        "stage-link-blocking-send",
+        "a worker's sends to the scheduler never wait on the peer",
+        CHANNEL,
+        "            sock.setblocking(False)\n            link = StageLink(sock, self)",
+        "            sock.setblocking(True)\n            link = StageLink(sock, self)",
+        (
+            f"{T_CHANNEL}::test_a_peer_that_never_reads_never_blocks_a_step_or_a_new_scheduler",
+            f"{T_CHANNEL}::test_a_report_larger_than_the_socket_buffer_never_waits_for_the_scheduler",
+        ),
+    ),
+    Mutation(
+        "stage-outbox-unbounded",
+        "a link whose peer stops reading is dropped once its outbox is full",
+        STAGE_FRAMES,
+        "        if self.bytes + len(frame) > self.limit:",
+        "        if False:",
+        (
+            f"{T_CHANNEL}::test_a_peer_that_never_reads_never_blocks_a_step_or_a_new_scheduler",
+            f"{T_CHANNEL}::test_orders_never_block_on_a_worker_that_does_not_read",
+        ),
+    ),
+    Mutation(
+        "stage-client-blocking-socket",
+        "the scheduler's reads and orders never wait on a worker",
+        "lmcache_ec/integration/vllm/stage_client.py",
+        "sock.setblocking(False)  # a full backlog fails (EAGAIN), never waits",
+        "sock.setblocking(True)",
+        (
+            f"{T_CHANNEL}::test_a_partial_frame_never_blocks_the_scheduler",
+            f"{T_CHANNEL}::test_orders_never_block_on_a_worker_that_does_not_read",
+        ),
+    ),
+    Mutation(
+        "stage-frame-size-unchecked",
+        "a frame announced over the size limit is refused on sight",
+        STAGE_FRAMES,
+        "            if size > FRAME_MAX_BYTES:",
+        "            if False:",
+        (
+            f"{T_CHANNEL}::test_a_bad_frame_closes_only_its_link_on_the_worker[2^62-length-header]",
+            f"{T_CHANNEL}::test_a_bad_frame_closes_only_its_link_on_the_worker[over-the-size-limit]",
+            f"{T_CHANNEL}::test_a_bad_frame_from_a_worker_breaks_the_channel_not_the_step[2^62-length-header]",
+        ),
+    ),
+    Mutation(
+        "stage-bad-frame-keeps-its-link",
+        "a bad frame closes the link it came on",
+        CHANNEL,
+        "        except BadFrame as exc:\n"
+        "            self._bad_frame(link, exc)\n"
+        "            return",
+        "        except BadFrame:\n            return",
+        (
+            f"{T_CHANNEL}::test_a_bad_frame_closes_only_its_link_on_the_worker[not-an-object]",
+            f"{T_CHANNEL}::test_a_bad_frame_closes_only_its_link_on_the_worker[wrong-types]",
+        ),
+    ),
+    Mutation(
+        "stage-bad-frame-closes-every-link",
+        "a bad frame closes only the link it came on",
+        CHANNEL,
+        '        if self._drop(link, "channel_bad_frames"):',
+        "        for link in list(self._links.values()):\n"
+        "            self._drop(link)\n"
+        "        if True:",
+        (f"{T_CHANNEL}::test_a_bad_frame_closes_only_its_link_on_the_worker[not-an-object]",),
+    ),
+    Mutation(
+        "stage-bad-frame-escapes-receive",
+        "a bad frame from a worker never raises out of the scheduler's step",
+        "lmcache_ec/integration/vllm/stage_client.py",
+        '                    self._break("bad frame", str(exc))\n'
+        "                    return messages",
+        "                    raise",
+        (
+            f"{T_CHANNEL}::test_a_bad_frame_from_a_worker_breaks_the_channel_not_the_step[400-digit-int-in-a-report]",
+            f"{T_CHANNEL}::test_a_bad_frame_from_a_worker_breaks_the_channel_not_the_step[deep-nesting]",
+        ),
+    ),
+    Mutation(
+        "stage-counters-accept-huge-numbers",
+        "a worker report's counters are finite numbers of sane size",
+        "lmcache_ec/integration/vllm/stage_messages.py",
+        "            and abs(number) < MAX_NUMBER\n",
+        "",
+        (
+            f"{T_CHANNEL}::test_a_bad_frame_from_a_worker_breaks_the_channel_not_the_step[huge-counter]",
+        ),
+    ),
+    Mutation(
+        "stage-partial-frame-waits-forever",
+        "a worker closes a link whose frame stays partial past its deadline",
+        CHANNEL,
+        "            if link.reader.overdue(now):",
+        "            if False:",
+        (f"{T_CHANNEL}::test_a_partial_frame_never_stops_the_worker_serving",),
+    ),
+    Mutation(
+        "stage-links-unbounded",
+        "a worker serves a bounded number of links and refuses more",
+        CHANNEL,
+        "                full = len(self._links) >= self.limits.max_links",
+        "                full = False",
+        (f"{T_CHANNEL}::test_connections_are_bounded_and_closed_links_forgotten",),
+    ),
+    Mutation(
+        "stage-closed-links-kept",
+        "a closed link is forgotten at once (not counted as a connected scheduler)",
+        CHANNEL,
+        "                del self._links[link.fd]\n",
+        "",
+        (
+            f"{T_CHANNEL}::test_connections_are_bounded_and_closed_links_forgotten",
+            f"{T_CHANNEL}::test_a_bad_frame_closes_only_its_link_on_the_worker[not-json]",
+        ),
+    ),
+    Mutation(
+        "stage-accept-gives-up-on-error",
+        "a failed accept (out of descriptors) pauses accepting, never ends it",
+        CHANNEL,
+        "                self._backoff = min(1.0, 2 * self._backoff)\n                return",
+        "                raise SystemExit",
+        (f"{T_CHANNEL}::test_accept_survives_running_out_of_file_descriptors",),
+    ),
+    Mutation(
+        "stage-socket-path-without-engine-id",
+        "each engine's stage sockets are named by its engine id",
+        RUNTIME_DIRS,
+        'f"{safe}-dp{dp_rank}-tp{tp_rank}.sock"',
+        'f"engine-dp{dp_rank}-tp{tp_rank}.sock"',
+        (
+            "tests/vllm/test_stage_channel.py::test_two_engines_on_one_host_each_get_only_their_own_orders",
+        ),
     ),
 ]
 

@@ -99,13 +99,24 @@ def claimed_by_a_dead_process(engine: Engine, image: str, disk_dir) -> None:
 
 
 def make_vllm_config(
-    model_config, role: str, extra: dict, tp_size: int = 1, kv_transfer_config=None
+    model_config,
+    role: str,
+    extra: dict,
+    tp_size: int = 1,
+    kv_transfer_config=None,
+    *,
+    max_num_seqs: int = 8,
+    max_num_batched_tokens: int = 256,
+    num_blocks: int = 64,
 ) -> VllmConfig:
     config = VllmConfig(
         kv_transfer_config=kv_transfer_config,
         model_config=copy.deepcopy(model_config),
         scheduler_config=SchedulerConfig(
-            max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256, is_encoder_decoder=False
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=256,
+            is_encoder_decoder=False,
         ),
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
         ec_transfer_config=ECTransferConfig(
@@ -115,7 +126,7 @@ def make_vllm_config(
         ),
     )
     config.parallel_config.tensor_parallel_size = tp_size
-    config.cache_config.num_gpu_blocks = 64
+    config.cache_config.num_gpu_blocks = num_blocks
     return config
 
 
@@ -133,7 +144,7 @@ class Engine:
         self.vllm_config = vllm_config
         self.runner = runner
         kv = KVCacheConfig(
-            num_blocks=64,
+            num_blocks=vllm_config.cache_config.num_gpu_blocks,
             kv_cache_tensors=[],
             kv_cache_groups=[
                 KVCacheGroupSpec(

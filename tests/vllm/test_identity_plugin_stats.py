@@ -105,7 +105,15 @@ def test_worker_metadata_needs_every_rank_before_an_item_is_ready():
 
 def test_stats_flow_into_vllm_logging_and_prometheus(model_config):
     config = make_vllm_config(model_config, "ec_both", {})
-    data = {"hits_disk": 2, "misses": 1, "bytes_out": 1024, "loads": 2, "load_seconds": 0.002}
+    data = {
+        "hits_disk": 2,
+        "misses": 1,
+        "bytes_out": 1024,
+        "loads": 2,
+        "load_seconds": 0.002,
+        "channel_bad_frames": 1,
+        "scheduler_channel_breaks": 1,
+    }
     logging_ = ECConnectorLogging(config.ec_transfer_config)
     logging_.observe(data)
     logging_.observe(data)
@@ -118,6 +126,9 @@ def test_stats_flow_into_vllm_logging_and_prometheus(model_config):
     labels = {"model_name": "m", "engine": "0"}
     assert REGISTRY.get_sample_value("vllm:lmcache_ec_bytes_loaded_total", labels) == 1024
     assert REGISTRY.get_sample_value("vllm:lmcache_ec_hits_total", {**labels, "tier": "disk"}) == 2
+    channel = ("channel_bad_frames", "scheduler_channel_breaks")
+    for name in channel:
+        assert REGISTRY.get_sample_value(f"vllm:lmcache_ec_{name}_total", labels) == 1
     # Features off arrive as changes; the gauge is their running sum: the
     # processes (scheduler, worker ranks) that have the feature off now.
     off = "feature_off:stage_channel:directory_taken"

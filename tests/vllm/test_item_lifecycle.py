@@ -17,11 +17,13 @@ import time
 import pytest
 from vllm.v1.request import RequestStatus
 
-from lmcache_ec.integration.vllm.channel import StageClient, StageListener
+from lmcache_ec.integration.vllm.channel import StageListener
 from lmcache_ec.integration.vllm.index import TierIndex
 from lmcache_ec.integration.vllm.items import ItemState
 from lmcache_ec.integration.vllm.scheduler import TierScheduler
 from lmcache_ec.integration.vllm.settings import ConnectorSettings
+from lmcache_ec.integration.vllm.stage_client import StageClient
+from lmcache_ec.integration.vllm.stage_messages import WeightsAnnouncement
 from lmcache_ec.key import EncoderIdentity
 from tests.conftest import bit_equal
 
@@ -55,7 +57,7 @@ def staging_under_new_weights(tmp_path):
     listener = StageListener(
         path,
         lambda ids, weights, link: links.append((ids, weights, link)),
-        lambda: {"weights": [NEW]},
+        lambda: WeightsAnnouncement(NEW),
     )
     index = TierIndex(
         EncoderIdentity(model="m"), disk_dir=None, open_catalog=None, negative_ttl=5.0
@@ -77,7 +79,7 @@ def staging_under_new_weights(tmp_path):
         index.note_present(identifier, "worker")  # a worker saved it: prefetch it
         assert not scheduler.ensure_cache_available(lone_request(identifier), 0)
         assert scheduler.items.state(identifier) is S.STAGING
-    _until(lambda: len(links) == 2, lambda: None)
+    _until(lambda: len(links) == 2, scheduler.channel.flush)
     assert all(weights == NEW for _, weights, _ in links)
     yield scheduler, links[0][2], late, control
     scheduler.channel.close()

@@ -15,7 +15,9 @@ import time
 
 import pytest
 
-from lmcache_ec.integration.vllm.channel import StageClient, StageListener
+from lmcache_ec.integration.vllm.channel import StageListener
+from lmcache_ec.integration.vllm.stage_client import StageClient
+from lmcache_ec.integration.vllm.stage_messages import StageAnswer, WeightsAnnouncement
 from lmcache_ec.runtime_dirs import socket_dir, socket_path
 from tests.conftest import bit_equal
 
@@ -131,6 +133,69 @@ def test_without_a_channel_orders_ride_step_metadata(model_config, extra, monkey
         engine.shutdown()
 
 
+def test_two_engines_on_one_host_each_get_only_their_own_orders(model_config, extra):
+    """Each engine's sockets are named by its engine id: two instances on one
+    host never stage, or answer, each other's orders."""
+    images = [image_hash(f"two-engines-{i}.png") for i in range(4)]
+    _store(model_config, extra, images)
+    engines = [Engine(make_vllm_config(model_config, "ec_both", extra), runner="v1") for _ in "ab"]
+    staged_by: list[list[str]] = [[], []]
+    try:
+        paths = {engine.workers[0]._listener.path for engine in engines}
+        assert len(paths) == 2  # one socket per engine, both listening
+        for engine, staged in zip(engines, staged_by, strict=True):
+            stage = engine.workers[0].worker.stage
+
+            def record(identifiers, weights, link, stage=stage, staged=staged):
+                staged.extend(identifiers)
+                stage(identifiers, weights, link)
+
+            engine.workers[0].worker.stage = record
+        for engine, mine in zip(engines, (images[:2], images[2:]), strict=True):
+            _one_at_a_time(engine, mine)
+        assert staged_by == [images[:2], images[2:]]
+        for engine, mine in zip(engines, (images[:2], images[2:]), strict=True):
+            assert engine.encoded == []
+            assert engine.ec_stats["loads"] == 2
+            assert engine.ec_stats.get("load_direct_reads", 0) == 0
+            for image in mine:
+                assert bit_equal(engine.gathered[image], encoder_output(image))
+    finally:
+        for engine in engines:
+            engine.shutdown()
+
+
+def test_a_hostile_peer_at_a_running_engine_is_counted_and_changes_nothing(model_config, extra):
+    """A bad frame on the worker's socket closes that link only; the counter
+    reaches vLLM's stats (and so ``/metrics``) and the engine keeps loading."""
+    images = [image_hash(f"hostile-{i}.png") for i in range(2)]
+    _store(model_config, extra, images)
+    engine = Engine(make_vllm_config(model_config, "ec_both", extra), runner="v1")
+    try:
+        _one_at_a_time(engine, images[:1])
+        listener = engine.workers[0]._listener
+
+        def links_become(count: int) -> bool:
+            deadline = time.monotonic() + 5.0
+            while listener.links != count and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return listener.links == count
+
+        hostile = socket.socket(socket.AF_UNIX)
+        hostile.connect(listener.path)
+        assert links_become(2)  # the scheduler's link and this one
+        hostile.sendall(b"\x00\x00\x00\x02[]")
+        assert links_become(1)
+        hostile.close()
+        _one_at_a_time(engine, images[1:])
+        assert engine.encoded == []
+        assert engine.ec_stats["loads"] == 2
+        assert engine.ec_stats["channel_bad_frames"] == 1
+        assert engine.ec_stats.get("scheduler_channel_breaks", 0) == 0
+    finally:
+        engine.shutdown()
+
+
 # -- the channel itself ------------------------------------------------------
 
 
@@ -141,7 +206,7 @@ def test_socket_directory_is_private():
     assert info.st_mode & 0o077 == 0
 
 
-def test_orders_and_answers_round_trip_and_garbage_is_dropped(tmp_path):
+def test_orders_and_answers_round_trip(tmp_path):
     path = socket_path(f"test-{os.getpid()}-{time.monotonic_ns()}", 0, 0)
     received: list[list[str]] = []
 
@@ -149,22 +214,20 @@ def test_orders_and_answers_round_trip_and_garbage_is_dropped(tmp_path):
         received.append((identifiers, weights))
         link.answer(staged=identifiers[:1], failed=identifiers[1:], weights=weights)
 
-    listener = StageListener(path, on_order, hello=lambda: {"weights": ["w1"]})
+    listener = StageListener(path, on_order, hello=lambda: WeightsAnnouncement("w1"))
     client = StageClient([path])
     try:
         assert client.connect()
-        client._conns[0].send_bytes(b"not json")  # dropped, the link survives
-        client._conns[0].send_bytes(b'{"stage": "x"}')  # wrong shape: dropped
-        assert client.receive(timeout=5.0) == [{"weights": ["w1"]}]  # the hello
+        assert client.receive(timeout=5.0) == [WeightsAnnouncement("w1")]  # the hello
         assert client.send(["../../x", "b"], "w1")
         deadline = time.monotonic() + 5.0
         answers = []
         while not answers and time.monotonic() < deadline:
             answers = client.receive(timeout=1.0)
-        assert answers == [{"staged": ["../../x"], "failed": ["b"], "weights": ["w1"]}]
+        assert answers == [StageAnswer(staged=("../../x",), failed=("b",), weights="w1")]
         assert received == [(["../../x", "b"], "w1")]
-        listener.broadcast({"weights": ["w2"]})
-        assert client.receive(timeout=5.0) == [{"weights": ["w2"]}]
+        assert listener.broadcast(WeightsAnnouncement(None))
+        assert client.receive(timeout=5.0) == [WeightsAnnouncement(None)]
     finally:
         client.close()
         listener.close()

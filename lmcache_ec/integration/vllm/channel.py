@@ -11,23 +11,37 @@ one Unix socket per tensor-parallel rank, independent of the runner's steps.
   and hands each order to a callback; the callback answers through
   ``StageLink.answer`` once the items are staged (or not). It also tells the
   scheduler the weights fingerprint its keys use: on connect and after every
-  change (``broadcast``), before the call that changed the weights returns.
+  change (``broadcast``, queued before the call that changed the weights
+  returns, so it precedes every later message on the link).
 - Scheduler: ``StageClient`` connects to every rank, sends orders without
   blocking on the answer, and polls (or briefly waits for) messages.
 
-Messages are JSON objects whose values are lists of strings (``stats``: names
-to numbers):
+The messages (``stage_messages.py``): ``StageOrder`` (scheduler → worker),
+``StageAnswer``, ``WeightsAnnouncement`` and ``WorkerReport`` (worker →
+scheduler; the report is the step's worker metadata, sent here because vLLM
+drops worker metadata in some steps: V1 idle steps, and every step of an
+encode-only instance). Orders and answers carry the weights version they were
+made under, so none crosses a weight update.
 
-- scheduler → worker: ``{"stage": ids, "weights": [w]}``;
-- worker → scheduler: ``{"staged": ids, "failed": ids, "weights": [w]}``
-  answers an order; ``{"weights": [w]}`` (``[]``: unknown) announces the
-  weights; ``{"report": [], "saved": ids, "staged": ids, "failed": ids,
-  "stats": {...}, "weights": [w]}`` is the step's worker report, sent here
-  instead of in worker metadata, which vLLM drops in some steps (V1 idle
-  steps, and every step of an encode-only instance).
+Neither side ever waits on a peer (``ChannelLimits``):
 
-Orders and answers carry the weights version they were made under, so none
-crosses a weight update.
+- Sockets are non-blocking. A sender writes what the socket takes and keeps
+  the rest in the link's outbox, bounded in bytes; on the worker one thread
+  (``ec-stage-channel``) writes outboxes, accepts and reads, so the model
+  step that sends a report only queues it. A link whose outbox overflows has
+  fallen behind: it is closed and counted (``channel_slow_links``).
+- A frame has a size limit and must arrive whole within
+  ``frame_deadline_s``; a bad frame (too large, not JSON, not a known message,
+  a partial frame past its deadline) closes the link it came on, and only
+  that one (``channel_bad_frames``). A closed link is forgotten at once.
+- A worker serves at most ``max_links`` connections (more are refused:
+  ``channel_refused_links``); a failed accept (out of file descriptors, say)
+  pauses accepting briefly and is retried (``channel_accept_errors``).
+- The scheduler reads only what has arrived, waiting at most the time it is
+  given; a channel that breaks is dropped (orders go with step metadata) and
+  tried again after ``StageClient.RETRY_S``.
+
+Each fault is logged once a minute at most (a WARNING), and counted.
 
 Frames are JSON (never pickle), and the socket lives in a directory only this
 user can enter. Where a rank cannot be reached (another node, a bind refused),
@@ -37,171 +51,343 @@ the scheduler falls back to step metadata.
 from __future__ import annotations
 
 import contextlib
-import json
+import enum
 import logging
-import math
 import os
+import selectors
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from multiprocessing.connection import Client, Connection, Listener, wait
-from typing import Any
+
+from .stage_frames import DEFAULT_LIMITS, ChannelFaults, ChannelLimits, FrameReader, Outbox
+from .stage_messages import TO_WORKER, BadFrame, Message, StageAnswer, StageOrder, decode, encode
 
 logger = logging.getLogger(__name__)
 
 
-Message = dict[str, Any]
-
-
-def _encode(message: Message) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode()
-
-
-def _decode(frame: bytes) -> Message:
-    message = json.loads(frame)
-    if not isinstance(message, dict):
-        raise ValueError("stage channel: frame is not an object")
-    for key, value in message.items():
-        if key == "stats":
-            numbers = isinstance(value, dict) and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                for v in value.values()
-            )
-            if not numbers:
-                raise ValueError("stage channel: 'stats' is not a mapping of numbers")
-        elif not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"stage channel: '{key}' is not a list of strings")
-    return message
+class Delivery(enum.Enum):
+    QUEUED = "queued"  # written, or queued for the channel's thread to write
+    SLOW = "slow"  # the peer has not read enough of what it was sent: dropped
+    GONE = "gone"  # the link is closed
 
 
 class StageLink:
     """One scheduler connection on the worker side; answers may come from any thread."""
 
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-        self._lock = threading.Lock()
+    def __init__(self, sock: socket.socket, owner: StageListener) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.reader = FrameReader(owner.limits.frame_deadline_s)
+        self.watching_writes = False  # the channel's thread only
+        self._owner = owner
+        self._outbox = Outbox(owner.limits.outbox_bytes)
+        self._lock = threading.Lock()  # the outbox and the socket's writes
+        self._closed = False
 
     def answer(self, staged: Iterable[str], failed: Iterable[str], weights: str) -> None:
-        self.send({"staged": list(staged), "failed": list(failed), "weights": [weights]})
+        self.send(StageAnswer(tuple(staged), tuple(failed), weights))
 
-    def send(self, message: Message) -> None:
-        frame = _encode(message)
+    def send(self, message: Message) -> bool:
+        """Queue ``message``; never waits on the peer. False if this link is gone."""
         try:
-            with self._lock:
-                self._conn.send_bytes(frame)
-        except OSError as exc:  # the scheduler went away: nothing waits for the answer
-            logger.debug("Stage message not delivered: %s", exc)
+            frame = encode(message)
+        except BadFrame as exc:
+            self._owner.faults.warn("encode", "Stage message not sent: %s", exc)
+            return False
+        return self._owner.deliver(self, frame)
+
+    def push(self, frame: bytes) -> Delivery:
+        """Queue ``frame`` and write what the socket takes at once."""
+        with self._lock:
+            if self._closed:
+                return Delivery.GONE
+            if not self._outbox.add(frame):
+                return Delivery.SLOW
+            try:
+                self._outbox.write(self.sock)
+            except OSError:
+                return Delivery.GONE
+        return Delivery.QUEUED
+
+    def flush(self) -> bool:
+        """Write what the socket takes now; False if the peer is gone."""
+        with self._lock:
+            if self._closed:
+                return False
+            try:
+                self._outbox.write(self.sock)
+            except OSError:
+                return False
+            return True
+
+    @property
+    def pending(self) -> bool:
+        return self._outbox.bytes > 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+            self.sock.close()
+
+
+_ACCEPT = "accept"
+_WAKE = "wake"
 
 
 class StageListener:
-    """Worker side: accept the scheduler's connection and pass its orders on."""
+    """Worker side: accept schedulers' connections, pass their orders on, send them messages.
+
+    ``on_order(ids, weights, link)`` runs on the channel's thread and must not
+    block; ``hello()`` gives each new link its first message.
+    """
 
     def __init__(
         self,
         path: str,
         on_order: Callable[[list[str], str, StageLink], None],
         hello: Callable[[], Message | None] = lambda: None,
+        limits: ChannelLimits = DEFAULT_LIMITS,
     ) -> None:
         self.path = path
+        self.limits = limits
+        self.faults = ChannelFaults()
         self._on_order = on_order
         self._hello = hello
-        self._links: list[StageLink] = []
-        self._links_lock = threading.Lock()
-        _remove_stale(path)
-        self._listener = Listener(path, family="AF_UNIX")
-        os.chmod(path, 0o600)
+        # Registered links by descriptor. Reentrant: a failed hello or broadcast
+        # drops its link while the lock is held.
+        self._links: dict[int, StageLink] = {}
+        self._lock = threading.RLock()
+        self._doomed: list[StageLink] = []  # dropped, to be closed by the channel's thread
         self._closed = False
-        self._conns: list[Connection] = []
-        self._threads: list[threading.Thread] = []
-        self._thread = threading.Thread(
-            target=self._accept_loop, name="ec-stage-channel", daemon=True
-        )
+        self._accept_paused_until: float | None = None
+        self._backoff = limits.accept_backoff_s
+        _remove_stale(path)
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._server.bind(path)
+            os.chmod(path, 0o600)
+            self._server.listen(limits.backlog)
+        except OSError:
+            self._server.close()
+            raise
+        self._server.setblocking(False)
+        self._wake_in, self._wake_out = socket.socketpair()
+        self._wake_in.setblocking(False)
+        self._wake_out.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._server, selectors.EVENT_READ, _ACCEPT)
+        self._selector.register(self._wake_in, selectors.EVENT_READ, _WAKE)
+        self._thread = threading.Thread(target=self._run, name="ec-stage-channel", daemon=True)
         self._thread.start()
-
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                conn = self._listener.accept()
-            except OSError:
-                return  # closed
-            if self._closed:
-                conn.close()
-                return
-            self._conns.append(conn)
-            thread = threading.Thread(
-                target=self._serve, args=(conn,), name="ec-stage-orders", daemon=True
-            )
-            self._threads.append(thread)
-            thread.start()
 
     @property
     def connected(self) -> bool:
         """True while a scheduler is connected."""
-        with self._links_lock:
+        with self._lock:
             return bool(self._links)
 
-    def broadcast(self, message: Message) -> None:
-        """Send ``message`` to every connected scheduler, before returning.
+    @property
+    def links(self) -> int:
+        """Connections served now."""
+        with self._lock:
+            return len(self._links)
+
+    def take_counts(self) -> dict[str, float]:
+        """Fault counters since the last call (``channel_*``)."""
+        return self.faults.take()
+
+    def broadcast(self, message: Message) -> bool:
+        """Queue ``message`` for every connected scheduler; never waits on one.
 
         Under the same lock as a new link's hello: whichever comes last on a
-        link is the newest state.
+        link is the newest state. False if no link took it.
         """
-        with self._links_lock:
-            for link in self._links:
-                link.send(message)
+        try:
+            frame = encode(message)
+        except BadFrame as exc:
+            self.faults.warn("encode", "Stage message not sent: %s", exc)
+            return False
+        with self._lock:
+            taken = [self.deliver(link, frame) for link in list(self._links.values())]
+        return any(taken)
 
-    def _serve(self, conn: Connection) -> None:
-        link = StageLink(conn)
-        with self._links_lock:
-            self._links.append(link)
-            hello = self._hello()
-            if hello is not None:
-                link.send(hello)
-        with contextlib.closing(conn):
-            self._read_orders(conn, link)
-        with self._links_lock:
-            self._links.remove(link)
+    def deliver(self, link: StageLink, frame: bytes) -> bool:
+        """Queue ``frame`` on ``link``; a link that fell behind is dropped."""
+        delivery = link.push(frame)
+        if delivery is Delivery.QUEUED:
+            if link.pending:
+                self._wake()  # the channel's thread writes the rest
+            return True
+        slow = delivery is Delivery.SLOW
+        if self._drop(link, "channel_slow_links" if slow else None) and slow:
+            self.faults.warn(
+                "slow",
+                "Stage channel: dropped a link whose peer stopped reading (%d bytes unsent)",
+                self.limits.outbox_bytes,
+            )
+        return False
 
-    def _read_orders(self, conn: Connection, link: StageLink) -> None:
-        while True:
+    def _drop(self, link: StageLink, fault: str | None = None) -> bool:
+        """Forget ``link`` at once (the channel's thread closes it), counting
+        ``fault`` before its peer can see it closed; False if it was forgotten."""
+        with self._lock:
+            registered = self._links.get(link.fd) is link
+            if registered:
+                del self._links[link.fd]
+                if fault is not None:
+                    self.faults.count(fault)
+                self._doomed.append(link)
+        self._wake()
+        return registered
+
+    def _bad_frame(self, link: StageLink, why: object) -> None:
+        if self._drop(link, "channel_bad_frames"):
+            self.faults.warn(
+                "bad frame", "Stage channel: closed a link that sent a bad frame: %s", why
+            )
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
+            self._wake_out.send(b"\0")
+
+    # -- the channel's thread ------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._closed:
+                try:
+                    self._turn()
+                except Exception as exc:  # never let the channel end silently
+                    self.faults.warn("internal", "Stage channel: unexpected error: %r", exc)
+                    time.sleep(0.05)
+        finally:
+            self._shut_down()
+
+    def _turn(self) -> None:
+        self._close_doomed()
+        with self._lock:
+            links = list(self._links.values())
+        for link in links:
+            if link.pending != link.watching_writes:
+                link.watching_writes = link.pending
+                events = selectors.EVENT_READ | (selectors.EVENT_WRITE if link.pending else 0)
+                self._selector.modify(link.sock, events, link)
+        events = self._selector.select(self._select_timeout(links))
+        now = time.monotonic()
+        for key, mask in events:
+            if key.data is _WAKE:
+                with contextlib.suppress(OSError):
+                    self._wake_in.recv(4096)
+            elif key.data is _ACCEPT:
+                self._accept(now)
+            else:
+                self._serve(key.data, mask, now)
+        if self._accept_paused_until is not None and now >= self._accept_paused_until:
+            self._accept_paused_until = None
+            self._selector.register(self._server, selectors.EVENT_READ, _ACCEPT)
+        for link in links:
+            if link.reader.overdue(now):
+                self._bad_frame(link, f"a frame still partial after {link.reader.deadline_s} s")
+
+    def _select_timeout(self, links: list[StageLink]) -> float:
+        wake_at = [due for link in links if (due := link.reader.due()) is not None]
+        if self._accept_paused_until is not None:
+            wake_at.append(self._accept_paused_until)
+        if not wake_at:
+            return 1.0
+        return min(1.0, max(0.0, min(wake_at) - time.monotonic()) + 0.001)
+
+    def _accept(self, now: float) -> None:
+        for _ in range(self.limits.max_links + 1):  # a batch, then others' turn
             try:
-                message = _decode(conn.recv_bytes())
-            except (EOFError, OSError):
+                sock, _ = self._server.accept()
+            except BlockingIOError:
                 return
-            except ValueError as exc:
-                logger.warning("Dropping a malformed stage order: %s", exc)
+            except OSError as exc:  # out of descriptors or memory: pause, then retry
+                self.faults.count("channel_accept_errors")
+                self.faults.warn(
+                    "accept",
+                    "Stage channel: accept failed (%s); retrying in %.2f s",
+                    exc,
+                    self._backoff,
+                )
+                self._selector.unregister(self._server)
+                self._accept_paused_until = now + self._backoff
+                self._backoff = min(1.0, 2 * self._backoff)
+                return
+            self._backoff = self.limits.accept_backoff_s
+            with self._lock:
+                full = len(self._links) >= self.limits.max_links
+            if full:
+                self.faults.count("channel_refused_links")
+                self.faults.warn(
+                    "refused",
+                    "Stage channel: refusing a connection (%d links open)",
+                    self.limits.max_links,
+                )
+                sock.close()
                 continue
-            if message.get("stage"):
-                weights = message.get("weights") or [""]
-                self._on_order(message["stage"], weights[0], link)
+            sock.setblocking(False)
+            link = StageLink(sock, self)
+            self._selector.register(sock, selectors.EVENT_READ, link)
+            with self._lock:
+                self._links[link.fd] = link
+                hello = self._hello()
+                if hello is not None:
+                    link.send(hello)
+
+    def _serve(self, link: StageLink, mask: int, now: float) -> None:
+        if mask & selectors.EVENT_WRITE and not link.flush():
+            self._drop(link)
+            return
+        if not mask & selectors.EVENT_READ:
+            return
+        try:
+            frames, closed = link.reader.read(link.sock, now)
+            orders = [decode(body, TO_WORKER) for body in frames]
+        except BadFrame as exc:
+            self._bad_frame(link, exc)
+            return
+        except OSError:
+            closed, orders = True, []
+        for order in orders:
+            assert isinstance(order, StageOrder)
+            try:
+                self._on_order(list(order.ids), order.weights, link)
+            except Exception as exc:  # the worker's bug, not the peer's: keep the link
+                self.faults.warn("order", "Stage order not handled: %r", exc)
+        if closed:
+            self._drop(link)
+
+    def _close_doomed(self) -> None:
+        with self._lock:
+            doomed, self._doomed = self._doomed, []
+        for link in doomed:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(link.sock)
+            link.close()
+
+    def _shut_down(self) -> None:
+        with self._lock:
+            self._doomed.extend(self._links.values())
+            self._links.clear()
+        self._close_doomed()
+        self._selector.close()
+        for sock in (self._server, self._wake_in, self._wake_out):
+            sock.close()
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop accepting and serving; a blocked accept or read is woken, not waited out."""
+        """Stop accepting and serving; close every link."""
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(OSError):
-            Client(self.path, family="AF_UNIX").close()  # wakes the accept
-        for conn in self._conns:
-            _shut(conn)  # wakes a blocked read
+        self._wake()
         self._thread.join(timeout)
-        for thread in self._threads:
-            thread.join(timeout)
-        with contextlib.suppress(OSError):
-            self._listener.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-
-
-def _shut(conn: Connection) -> None:
-    """Shut a connection's socket down so a thread blocked reading it returns."""
-    with contextlib.suppress(OSError):
-        sock = socket.socket(fileno=os.dup(conn.fileno()))
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        finally:
-            sock.close()
 
 
 def _remove_stale(path: str) -> None:
@@ -209,103 +395,14 @@ def _remove_stale(path: str) -> None:
     if not os.path.exists(path):
         return
     probe = socket.socket(socket.AF_UNIX)
+    probe.setblocking(False)  # a listener with a full backlog answers EAGAIN: live
     try:
         probe.connect(path)
+    except BlockingIOError:
+        pass
     except OSError:
         os.unlink(path)
         return
     finally:
         probe.close()
     raise OSError(f"{path}: another process listens there")
-
-
-class StageClient:
-    """Scheduler side: one connection per rank; orders out, answers in."""
-
-    RETRY_S = 10.0  # between connection attempts, after one failed
-
-    def __init__(self, paths: list[str]) -> None:
-        self.paths = paths
-        self._conns: list[Connection] | None = None
-        self._retry_at = 0.0
-
-    def connect(self) -> bool:
-        """Connect to every rank; False (and no connection kept) if any is missing."""
-        if self._conns is not None:
-            return True
-        conns: list[Connection] = []
-        try:
-            for path in self.paths:
-                conns.append(Client(path, family="AF_UNIX"))
-        except OSError as exc:
-            logger.debug("Stage channel unavailable (%s)", exc)
-            for conn in conns:
-                conn.close()
-            return False
-        self._conns = conns
-        return True
-
-    @property
-    def connected(self) -> bool:
-        return self._conns is not None
-
-    def reconnect(self) -> bool:
-        """``connect``, tried at most every ``RETRY_S`` seconds after a failure."""
-        now = time.monotonic()
-        if self._conns is None and now < self._retry_at:
-            return False
-        if self.connect():
-            return True
-        self._retry_at = now + self.RETRY_S
-        return False
-
-    def send(self, identifiers: list[str], weights: str = "") -> bool:
-        """Order every rank to stage ``identifiers`` (keyed under ``weights``).
-
-        False if the channel is not connected or broke.
-        """
-        if self._conns is None:
-            return False
-        frame = _encode({"stage": identifiers, "weights": [weights]})
-        try:
-            for conn in self._conns:
-                conn.send_bytes(frame)
-        except OSError as exc:
-            logger.warning("Stage channel broke (%s); orders go with step metadata", exc)
-            self.close()
-            return False
-        return True
-
-    def receive(self, timeout: float = 0.0) -> list[Message]:
-        """Messages that arrived from any rank, in order per rank.
-
-        Waits up to ``timeout`` seconds for the first one; never blocks after it.
-        """
-        if self._conns is None:
-            return []
-        answers = []
-        ready = wait(self._conns, timeout) if timeout > 0 else self._ready_now()
-        while ready:
-            for conn in ready:
-                try:
-                    message = _decode(conn.recv_bytes())
-                except (EOFError, OSError) as exc:
-                    logger.warning("Stage channel broke (%s)", exc)
-                    self.close()
-                    return answers
-                except ValueError as exc:
-                    logger.warning("Dropping a malformed stage answer: %s", exc)
-                    continue
-                answers.append(message)
-            ready = self._ready_now()
-        return answers
-
-    def _ready_now(self) -> list[Connection]:
-        assert self._conns is not None
-        return [conn for conn in self._conns if conn.poll(0)]
-
-    def close(self) -> None:
-        for conn in self._conns or ():
-            with contextlib.suppress(OSError):
-                conn.close()
-        self._conns = None

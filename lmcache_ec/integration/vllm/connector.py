@@ -32,12 +32,14 @@ from ...config import ConfigError, load_config
 from ...engine import ECCache
 from ...runtime_dirs import Feature, RuntimeDirUnavailable, feature_off, socket_path
 from . import seams
-from .channel import StageClient, StageListener
+from .channel import StageListener
 from .identity import identity_from_vllm, is_content_identifier
 from .index import TierIndex
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .scheduler import TierScheduler
 from .settings import ConnectorSettings
+from .stage_client import StageClient
+from .stage_messages import WeightsAnnouncement
 from .stats import ECTierConnectorStats, ECTierPromMetrics
 from .weights import tp_gather, weights_fingerprint
 from .worker import TierWorker
@@ -257,15 +259,14 @@ class LMCacheECTierConnector(ECConnectorBase):
         seconds = time.perf_counter() - started
         self.worker.record("fingerprint_seconds", seconds)
         if self.worker.set_weights(version) and self._listener is not None:
-            self._listener.broadcast({"weights": [version] if version is not None else []})
+            self._listener.broadcast(WeightsAnnouncement(version))
         if model is None:
             logger.info("Encoder weights being replaced: loads and saves wait for the next")
         else:
             logger.info("Encoder weights fingerprint %s (%.3f s)", version, seconds)
 
-    def _hello(self) -> dict[str, list[str]] | None:
-        weights = self.worker.weights if self.worker is not None else None
-        return {"weights": [weights] if weights is not None else []}
+    def _hello(self) -> WeightsAnnouncement:
+        return WeightsAnnouncement(self.worker.weights if self.worker is not None else None)
 
     def _on_stage_order(self, identifiers: list[str], weights: str, link: Any) -> None:
         assert self.worker is not None
@@ -290,14 +291,22 @@ class LMCacheECTierConnector(ECConnectorBase):
     def build_connector_worker_meta(self) -> ECConnectorWorkerMetadata | None:
         """Worker: saves, staging results and counter deltas of this step.
 
-        Sent over the stage channel when a scheduler is connected: vLLM drops
-        worker metadata in an encode-only instance's steps (V1).
+        Queued on the stage channel when a scheduler is connected (vLLM drops
+        worker metadata in an encode-only instance's steps on V1); in the step's
+        metadata when no link took it.
         """
-        meta = self.worker.build_worker_meta() if self.worker is not None else None
-        if meta is not None and self._listener is not None and self._listener.connected:
-            self._listener.broadcast(meta.to_message())
+        if self.worker is None:
             return None
-        return meta
+        if self._listener is not None:
+            for name, value in self._listener.take_counts().items():
+                self.worker.record(name, value)
+        meta = self.worker.build_worker_meta()
+        delivered = (
+            meta is not None
+            and self._listener is not None
+            and self._listener.broadcast(meta.to_report())
+        )
+        return None if delivered else meta
 
     # -- scheduler side ------------------------------------------------------
 

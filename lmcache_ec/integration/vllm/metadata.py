@@ -7,7 +7,7 @@ Scheduler → workers, once per step (``ECTierConnectorMetadata``):
 
 Workers → scheduler, once per step (``ECTierWorkerMetadata``, aggregated over
 ranks by vLLM before ``update_connector_output``; over the stage channel
-instead, one message per rank, when it is connected):
+instead, one ``WorkerReport`` per rank, when it is connected):
   ``saved``    items this worker stored (the scheduler may now offer them);
   ``staged``   per item, how many ranks hold it staged (summed over ranks);
   ``failed``   items some rank could not stage (the encoder runs instead);
@@ -21,12 +21,13 @@ Plain sets, dicts and numbers: vLLM serializes these between processes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorMetadata,
     ECConnectorWorkerMetadata,
 )
+
+from .stage_messages import WorkerReport
 
 
 @dataclass
@@ -63,24 +64,22 @@ class ECTierWorkerMetadata(ECConnectorWorkerMetadata):
     def is_empty(self) -> bool:
         return not (self.saved or self.staged or self.failed or self.stats)
 
-    def to_message(self) -> dict[str, Any]:
+    def to_report(self) -> WorkerReport:
         """This report as a stage-channel message (one rank's: staged counts are 1)."""
-        return {
-            "report": [],
-            "saved": sorted(self.saved),
-            "staged": sorted(self.staged),
-            "failed": sorted(self.failed),
-            "stats": dict(self.stats),
-            "weights": [] if self.weights is None else [self.weights],
-        }
+        return WorkerReport(
+            saved=tuple(sorted(self.saved)),
+            staged=tuple(sorted(self.staged)),
+            failed=tuple(sorted(self.failed)),
+            stats=dict(self.stats),
+            weights=self.weights,
+        )
 
     @classmethod
-    def from_message(cls, message: dict[str, Any]) -> ECTierWorkerMetadata:
-        weights = message.get("weights") or [None]
+    def from_report(cls, report: WorkerReport) -> ECTierWorkerMetadata:
         return cls(
-            saved=set(message.get("saved", ())),
-            staged=dict.fromkeys(message.get("staged", ()), 1),
-            failed=set(message.get("failed", ())),
-            stats=dict(message.get("stats", {})),
-            weights=weights[0],
+            saved=set(report.saved),
+            staged=dict.fromkeys(report.staged, 1),
+            failed=set(report.failed),
+            stats=dict(report.stats),
+            weights=report.weights,
         )

@@ -37,7 +37,6 @@ from typing import Any
 
 from ...claims import ClaimAgent
 from ...runtime_dirs import Feature, RuntimeDirUnavailable, feature_off
-from .channel import StageClient
 from .encode_claims import CLAIM_STATES, EncodeClaims
 from .features_off import OffChanges
 from .identity import is_content_identifier
@@ -46,6 +45,8 @@ from .items import ItemState, ItemTable
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .prefetch import PrefetchQueue
 from .settings import ConnectorSettings
+from .stage_client import StageClient
+from .stage_messages import StageAnswer, WeightsAnnouncement, WorkerReport
 from .step_wait import StepWait
 
 logger = logging.getLogger(__name__)
@@ -318,6 +319,8 @@ class TierScheduler:
         step = self.step
         budget = min(step.budget(), step.waited + deadline - started)
         left = budget - step.waited
+        if left <= 0:
+            return  # the step's next poll reads the answer (and sends the order)
         self._poll_channel(0.0)
         while self._staging_direct(identifier) and left > 0:
             self._poll_channel(left)
@@ -350,8 +353,9 @@ class TierScheduler:
         if not self.channel.reconnect():
             return False
         logger.info("Stage orders go over the stage channel")
-        # Workers announce their weights on connect; take it before deciding anything.
-        self._poll_channel(self.settings.idle_stage_wait_s)
+        # Workers announce their weights on connect; take it before deciding
+        # anything, within what is left of this step's budget.
+        self.step.wait(self._poll_channel, self.settings.idle_stage_wait_s)
         return True
 
     def _poll_channel(self, timeout: float) -> None:
@@ -360,20 +364,19 @@ class TierScheduler:
             return
         now = time.monotonic()
         for message in self.channel.receive(timeout):
-            weights = (message.get("weights") or [None])[0]
-            if "report" in message:
-                report = ECTierWorkerMetadata.from_message(message)
-                self.update_connector_output(report, over_channel=True)
-                continue
-            if "staged" not in message and "failed" not in message:
-                self._set_weights(weights, now)
-                continue
-            if weights != self.weights:
-                continue  # ordered under weights since replaced
-            for identifier in message.get("staged", ()):
-                self._note_staged(identifier, 1, now)
-            for identifier in message.get("failed", ()):
-                self._note_failed(identifier, now)
+            match message:
+                case WorkerReport():
+                    report = ECTierWorkerMetadata.from_report(message)
+                    self.update_connector_output(report, over_channel=True)
+                case WeightsAnnouncement(weights=weights):
+                    self._set_weights(weights, now)
+                case StageAnswer(weights=weights) if weights == self.weights:
+                    for identifier in message.staged:
+                        self._note_staged(identifier, 1, now)
+                    for identifier in message.failed:
+                        self._note_failed(identifier, now)
+                case StageAnswer():
+                    pass  # ordered under weights since replaced
         if not self.channel.connected:  # broke: nothing more will answer these
             for identifier in self.items.having(S.STAGING):
                 if self._staging_direct(identifier):
@@ -500,6 +503,8 @@ class TierScheduler:
                 self.prefetch.take_waiters(identifier)
                 self._to_release.append(identifier)
         self._dispatch_prefetches()
+        if self.channel is not None:
+            self.channel.flush()  # this step's orders, in as few writes as they fit
         meta = ECTierConnectorMetadata(loads=self._loads)
         self._loads = {}
         idle = not getattr(scheduler_output, "total_num_scheduled_tokens", 0)
@@ -556,8 +561,11 @@ class TierScheduler:
         vLLM asks right after each step; the workers' reports of that step are
         already on the stage channel.
         """
-        if self._channel_connected():
-            self._poll_channel(0.0)
+        if self.channel is not None:
+            if self._channel_connected():
+                self._poll_channel(0.0)
+            for name, value in self.channel.take_counts().items():
+                self._count(name, value)
         merged = {f"scheduler_{k}": v for k, v in self.stats.items()}
         merged.update(self.worker_stats)
         self.stats, self.worker_stats = {}, {}

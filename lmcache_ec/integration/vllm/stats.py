@@ -11,12 +11,15 @@ Worker counters: ``hits_<tier>``, ``misses``, ``bytes_out`` (loaded),
 ``loads``, ``load_seconds`` (placing a step's loads), ``stage_seconds``,
 ``saves_submitted``, ``saves_dropped`` (queue full), ``save_failures``,
 ``save_handoff_seconds`` (time inside ``save_caches``), ``integrity_failures``,
-``tier_errors_<tier>``. Scheduler counters: ``scheduler_lookups``,
+``tier_errors_<tier>``, and the worker's end of the stage channel:
+``channel_slow_links``, ``channel_bad_frames``, ``channel_refused_links``,
+``channel_accept_errors``. Scheduler counters: ``scheduler_lookups``,
 ``scheduler_lookup_hits``, ``scheduler_stage_orders``,
-``scheduler_stage_given_up``, ``scheduler_deferred_steps``.
+``scheduler_stage_given_up``, ``scheduler_deferred_steps``,
+``scheduler_channel_breaks``, ``scheduler_channel_bad_frames``.
 
 Features off travel the same way, as ``feature_off:<feature>:<reason>``
-deltas (``OffChanges``): +1 when a process (the scheduler, a worker rank)
+deltas (``features_off.py``): +1 when a process (the scheduler, a worker rank)
 turns one off, -1 when it is back, so their running sum, the gauge
 ``vllm:lmcache_ec_feature_off{feature,reason}``, counts the engine's
 processes that have it off now.
@@ -80,6 +83,30 @@ _COUNTERS: dict[str, tuple[str, str]] = {
     "write_seconds": ("put_seconds", "Seconds the background writer spent in put"),
     "lookups": ("scheduler_lookups", "Scheduler has_cache_item calls"),
     "lookup_hits": ("scheduler_lookup_hits", "Scheduler has_cache_item hits"),
+    "channel_slow_links": (
+        "channel_slow_links",
+        "Stage-channel links a worker dropped because the peer stopped reading",
+    ),
+    "channel_bad_frames": (
+        "channel_bad_frames",
+        "Stage-channel links a worker closed for a bad, oversized or stalled frame",
+    ),
+    "channel_refused_links": (
+        "channel_refused_links",
+        "Stage-channel connections a worker refused (link limit reached)",
+    ),
+    "channel_accept_errors": (
+        "channel_accept_errors",
+        "Stage-channel accepts that failed (out of descriptors or memory); retried",
+    ),
+    "scheduler_channel_breaks": (
+        "scheduler_channel_breaks",
+        "Times the scheduler's stage channel broke; orders go with step metadata",
+    ),
+    "scheduler_channel_bad_frames": (
+        "scheduler_channel_bad_frames",
+        "Bad, oversized or stalled frames the scheduler received from a worker",
+    ),
 }
 
 

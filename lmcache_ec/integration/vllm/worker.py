@@ -258,35 +258,65 @@ class TierWorker:
     def _release(self, identifier: str) -> None:
         self._take_staged(identifier)
 
-    def _stage_loop(self) -> None:
-        limit = int(self.settings.max_staged_mb * 1024 * 1024)
-        while (order := self._stage_queue.get()) is not None:
-            batch, link, generation, weights = order
-            started = time.perf_counter()
+    def _next_orders(self) -> list[tuple[list[str], StageLink | None, int, str | None]] | None:
+        """The orders queued now (waiting for the first); None once closed.
+
+        Consecutive orders to answer alike (same link, generation and weights)
+        are merged: one read and one answer for many small orders.
+        """
+        first = self._stage_queue.get()
+        if first is None:
+            return None
+        orders = [first]
+        while True:
             try:
-                tensors = self.cache.get_many(batch, "cpu", pin_memory=self.device.type == "cuda")
-            except Exception as exc:  # a closed or broken cache: compute instead
-                logger.warning("Staging %d encoder outputs failed: %s", len(batch), exc)
+                order = self._stage_queue.get_nowait()
+            except queue.Empty:
+                return orders
+            if order is None:
+                self._stage_queue.put(None)  # ends the loop after these
+                return orders
+            batch, *answer_to = order
+            if answer_to == list(orders[-1][1:]):
+                merged = list(dict.fromkeys(orders[-1][0] + batch))
+                orders[-1] = (merged, *orders[-1][1:])
+            else:
+                orders.append(order)
+
+    def _stage_loop(self) -> None:
+        while (orders := self._next_orders()) is not None:
+            for order in orders:
+                self._stage_one(*order)
+
+    def _stage_one(
+        self, batch: list[str], link: StageLink | None, generation: int, weights: str | None
+    ) -> None:
+        limit = int(self.settings.max_staged_mb * 1024 * 1024)
+        started = time.perf_counter()
+        try:
+            tensors = self.cache.get_many(batch, "cpu", pin_memory=self.device.type == "cuda")
+        except Exception as exc:  # a closed or broken cache: compute instead
+            logger.warning("Staging %d encoder outputs failed: %s", len(batch), exc)
+            tensors = [None] * len(batch)
+        staged, failed = [], []
+        with self._lock:
+            if generation != self._generation:  # read under weights since replaced
                 tensors = [None] * len(batch)
-            staged, failed = [], []
-            with self._lock:
-                if generation != self._generation:  # read under weights since replaced
-                    tensors = [None] * len(batch)
-                for identifier, tensor in zip(batch, tensors, strict=True):
-                    if identifier not in self._wanted and generation == self._generation:
-                        continue  # released while in flight
-                    nbytes = 0 if tensor is None else tensor.numel() * tensor.element_size()
-                    if tensor is None or self._staged_bytes + nbytes > limit:
-                        self._wanted.discard(identifier)
-                        failed.append(identifier)
-                        continue
-                    self._staged[identifier] = tensor
-                    self._staged_bytes += nbytes
-                    staged.append(identifier)
-                self._counters["stage_seconds"] = (
-                    self._counters.get("stage_seconds", 0) + time.perf_counter() - started
-                )
-            self._answer(link, staged, failed, weights)
+            for identifier, tensor in zip(batch, tensors, strict=True):
+                if identifier not in self._wanted and generation == self._generation:
+                    continue  # released while in flight
+                nbytes = 0 if tensor is None else tensor.numel() * tensor.element_size()
+                if tensor is None or self._staged_bytes + nbytes > limit:
+                    self._wanted.discard(identifier)
+                    failed.append(identifier)
+                    continue
+                self._staged[identifier] = tensor
+                self._staged_bytes += nbytes
+                staged.append(identifier)
+            self._counters["stage_seconds"] = (
+                self._counters.get("stage_seconds", 0) + time.perf_counter() - started
+            )
+        self._answer(link, staged, failed, weights)
 
     # -- saves ---------------------------------------------------------------
 

@@ -1,0 +1,99 @@
+"""``bench channel``: step time the connector adds under stage-channel load (see
+``lmcache_ec.bench.channel_load``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .common import console, fail
+
+_ROWS = (
+    ("steps", "engine steps", "{:.0f}"),
+    ("busy_steps", "steps with requests running", "{:.0f}"),
+    ("busy_median_ms", "connector time per busy step, median (ms)", "{:.2f}"),
+    ("busy_p99_ms", "connector time per busy step, p99 (ms)", "{:.2f}"),
+    ("busy_max_ms", "connector time per busy step, max (ms)", "{:.1f}"),
+    ("idle_max_ms", "connector time per idle step, max (ms)", "{:.1f}"),
+    ("largest_order_step", "items ordered over the channel in one step", "{:.0f}"),
+    ("requests_finished", "image requests finished", "{:.0f}"),
+    ("encoded", "images encoded", "{:.0f}"),
+    ("loaded_bit_exact", "images loaded, bit-exact", "{:.0f}"),
+    ("hostile_connections", "hostile peer's connections", "{:.0f}"),
+)
+
+
+def channel(
+    model_dir: Annotated[
+        Path | None,
+        typer.Option(help="Model directory vLLM can read (default: the packaged tiny BLIP-2)."),
+    ] = None,
+    items: Annotated[int, typer.Option(help="Images ordered over the channel in one step.")] = 5000,
+    busy: Annotated[int, typer.Option(help="Text requests decoding all along.")] = 4,
+    pause_s: Annotated[
+        float, typer.Option(help="Seconds the scheduler stops reading, after the big order.")
+    ] = 2.0,
+    forward_ms: Annotated[float, typer.Option(help="Simulated forward pass per step.")] = 5.0,
+    busy_stage_wait_s: Annotated[
+        float, typer.Option(help="The connector's busy_stage_wait_s (the budget measured against).")
+    ] = 0.01,
+    hostile: Annotated[
+        bool, typer.Option(help="A peer on each worker's socket that never reads.")
+    ] = True,
+    as_json: Annotated[Path | None, typer.Option("--json", help="Also write results here.")] = None,
+) -> None:
+    """Connector time per step with thousands of items a step on the stage channel (needs vllm)."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from ..bench.channel_load import ChannelBenchSettings, run_channel
+    from ..bench.subjects import TINY_MODEL_DIR
+    from ..integration.vllm.plugin import register
+
+    directory = str(model_dir) if model_dir is not None else TINY_MODEL_DIR
+    if not (Path(directory) / "config.json").exists():
+        fail(f"{directory} has no config.json", 2)
+    if items < 1 or busy < 1:
+        fail("--items and --busy must be >= 1", 2)
+    if pause_s < 0 or forward_ms < 0 or busy_stage_wait_s < 0:
+        fail("--pause-s, --forward-ms and --busy-stage-wait-s must be >= 0", 2)
+    register()
+    settings = ChannelBenchSettings(
+        model_dir=directory,
+        items=items,
+        busy=busy,
+        pause_s=pause_s,
+        forward_ms=forward_ms,
+        busy_stage_wait_s=busy_stage_wait_s,
+        hostile=hostile,
+    )
+    with console.status("saving, then loading, every image through the stage channel…"):
+        try:
+            result = run_channel(settings)
+        except RuntimeError as exc:
+            fail(str(exc), 1)
+    print_channel(result)
+    if as_json is not None:
+        as_json.write_text(json.dumps(result, indent=2))
+
+
+def print_channel(result: dict[str, Any]) -> None:
+    phases = result["phases"]
+    settings = result["settings"]
+    table = Table(title=f"Stage channel, {settings['items']} items a step (V1 call pattern)")
+    table.add_column("")
+    for phase in phases:
+        table.add_column(phase, justify="right")
+    for key, label, fmt in _ROWS:
+        table.add_row(label, *(fmt.format(phases[phase][key]) for phase in phases))
+    console.print(table)
+    verdict = "within" if result["p99_within_target"] else "OVER"
+    console.print(
+        f"Connector time per busy step, p99 over both phases: {result['all']['busy_p99_ms']:.2f} ms"
+        f" ({verdict} busy_stage_wait_s + 1 ms = {result['target_ms']:.1f} ms); "
+        f"max {result['all']['busy_max_ms']:.1f} ms over {result['all']['busy_steps']} busy steps."
+    )

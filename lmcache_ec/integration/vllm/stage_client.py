@@ -1,0 +1,172 @@
+"""The scheduler's end of the stage channel (see ``channel.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import selectors
+import socket
+import time
+
+from .stage_frames import DEFAULT_LIMITS, ChannelFaults, ChannelLimits, FrameReader, Outbox
+from .stage_messages import TO_SCHEDULER, BadFrame, Message, StageOrder, decode, encode
+
+logger = logging.getLogger("lmcache_ec.integration.vllm.channel")
+
+
+class _Rank:
+    """The scheduler's connection to one rank."""
+
+    def __init__(self, sock: socket.socket, limits: ChannelLimits) -> None:
+        self.sock = sock
+        self.reader = FrameReader(limits.frame_deadline_s)
+        self.outbox = Outbox(limits.outbox_bytes)
+
+
+class StageClient:
+    """Scheduler side: one connection per rank; orders out, answers in.
+
+    Used from the scheduler's thread only; no call waits on a worker longer
+    than the timeout it is given.
+    """
+
+    RETRY_S = 10.0  # between connection attempts, after one failed or broke
+
+    def __init__(self, paths: list[str], limits: ChannelLimits = DEFAULT_LIMITS) -> None:
+        self.paths = paths
+        self.limits = limits
+        self.faults = ChannelFaults()
+        self._ranks: list[_Rank] | None = None
+        self._retry_at = 0.0
+
+    def connect(self) -> bool:
+        """Connect to every rank; False (and no connection kept) if any is missing."""
+        if self._ranks is not None:
+            return True
+        ranks: list[_Rank] = []
+        try:
+            for path in self.paths:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                ranks.append(_Rank(sock, self.limits))
+                sock.setblocking(False)  # a full backlog fails (EAGAIN), never waits
+                sock.connect(path)
+        except OSError as exc:
+            logger.debug("Stage channel unavailable (%s)", exc)
+            for rank in ranks:
+                rank.sock.close()
+            return False
+        self._ranks = ranks
+        return True
+
+    @property
+    def connected(self) -> bool:
+        return self._ranks is not None
+
+    def take_counts(self) -> dict[str, float]:
+        """Fault counters since the last call (``channel_*``)."""
+        return self.faults.take()
+
+    def reconnect(self) -> bool:
+        """``connect``, tried at most every ``RETRY_S`` seconds after a failure."""
+        now = time.monotonic()
+        if self._ranks is None and now < self._retry_at:
+            return False
+        if self.connect():
+            return True
+        self._retry_at = now + self.RETRY_S
+        return False
+
+    def send(self, identifiers: list[str], weights: str = "") -> bool:
+        """Order every rank to stage ``identifiers`` (keyed under ``weights``).
+
+        The order is queued: it leaves with the next ``flush`` or ``receive``,
+        together with the orders queued after it. False if the channel is not
+        connected or broke.
+        """
+        if self._ranks is None:
+            return False
+        try:
+            frame = encode(StageOrder(tuple(identifiers), weights))
+        except BadFrame as exc:
+            self.faults.warn("encode", "Stage order not sent: %s", exc)
+            return False
+        for rank in self._ranks:
+            if not rank.outbox.add(frame):
+                self._break("slow", "a worker stopped reading its orders")
+                return False
+        return True
+
+    def flush(self) -> bool:
+        """Write queued orders as far as the sockets take them now; False if broke."""
+        return self._ranks is not None and self._flush()
+
+    def _flush(self) -> bool:
+        assert self._ranks is not None
+        try:
+            for rank in self._ranks:
+                rank.outbox.write(rank.sock)
+        except OSError as exc:
+            self._break("gone", str(exc))
+            return False
+        return True
+
+    def receive(self, timeout: float = 0.0) -> list[Message]:
+        """Messages that arrived from any rank, in order per rank.
+
+        Waits up to ``timeout`` seconds for the first one; never blocks after
+        it. A frame in progress is kept for the next call.
+        """
+        if self._ranks is None:
+            return []
+        deadline = time.monotonic() + timeout
+        messages: list[Message] = []
+        while self._flush():
+            now = time.monotonic()
+            for rank in self._ranks:
+                try:
+                    frames, closed = rank.reader.read(rank.sock, now)
+                    messages.extend(decode(body, TO_SCHEDULER) for body in frames)
+                except BadFrame as exc:
+                    self._break("bad frame", str(exc))
+                    return messages
+                except OSError as exc:
+                    closed = True
+                    logger.debug("Stage channel read failed: %s", exc)
+                if closed:
+                    self._break("gone", "a worker closed its end")
+                    return messages
+                if rank.reader.overdue(now):
+                    self._break(
+                        "bad frame", f"a frame partial after {self.limits.frame_deadline_s} s"
+                    )
+                    return messages
+            left = deadline - time.monotonic()
+            if messages or left <= 0:
+                return messages
+            self._wait(left)
+        return messages
+
+    def _wait(self, seconds: float) -> None:
+        """Until a rank has something to read (or can take what waits for it)."""
+        assert self._ranks is not None
+        with selectors.DefaultSelector() as selector:
+            for rank in self._ranks:
+                events = selectors.EVENT_READ
+                if rank.outbox.bytes:
+                    events |= selectors.EVENT_WRITE
+                selector.register(rank.sock, events)
+            selector.select(seconds)
+
+    def _break(self, fault: str, why: str) -> None:
+        self.faults.count("channel_breaks")
+        if fault == "bad frame":
+            self.faults.count("channel_bad_frames")
+        self.faults.warn(fault, "Stage channel broke (%s); orders go with step metadata", why)
+        self.close()
+        self._retry_at = time.monotonic() + self.RETRY_S
+
+    def close(self) -> None:
+        for rank in self._ranks or ():
+            with contextlib.suppress(OSError):
+                rank.sock.close()
+        self._ranks = None
