@@ -182,7 +182,7 @@ class MarkerWatch:
         self._handled: deque[str] = deque(maxlen=_REMEMBERED)
         self._next_disk = 0.0
         self._disk_signature: tuple[int, int, int] | None = None
-        self._remote_seen = False  # a first answer of the store came in
+        self.remote_checked = False  # a first answer of the store came in
         if disk_dir is not None:
             self._disk_signature = disk_signature(disk_dir)
             marker = read_disk(disk_dir) if self._disk_signature is not None else None
@@ -212,8 +212,8 @@ class MarkerWatch:
         except Exception as exc:
             logger.debug("Reading the remote purge marker failed: %s", exc)
             return False
-        first = not self._remote_seen
-        self._remote_seen = True
+        first = not self.remote_checked
+        self.remote_checked = True
         return marker is not None and self._seen(marker, "remote", first)
 
     def _seen(self, marker: PurgeMarker, tier: str, first: bool) -> bool:

@@ -213,6 +213,8 @@ class TierReader:
                 data = prefetched.frames.pop(key, _NOT_FETCHED)
             if data is _NOT_FETCHED:
                 data = tier.read(key)
+        except codec.CorruptEntryError as exc:  # found damaged before it was read whole
+            self._drop(key, tier, exc)
         except Exception as exc:
             self.tier_failed(tier, "get", exc)
             return None

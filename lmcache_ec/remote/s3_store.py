@@ -8,6 +8,9 @@ them from the usual AWS chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``,
 
 Every request is bounded by ``remote_timeout`` (connect and read timeouts,
 one attempt: the remote tier's health check decides when to try again).
+Every read is bounded in size too (``bounded.py``): an entry is read as its
+prefix, then at most the size the prefix declares plus one byte; a small
+object (the purge log) at most its limit plus one byte.
 
 Why not LMCache's ``s3://`` connector: it sizes uploads and reads from the KV
 chunk shape, has no endpoint or bucket option, and disables itself for good
@@ -23,7 +26,9 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..codec import PREFIX_SIZE
 from ..key import ECKey
+from .bounded import declared_or_none, too_large
 from .naming import S3Location, claim_key, parse_s3_url
 from .settings import RemoteSettings
 from .store import RemoteStore
@@ -105,7 +110,29 @@ class S3Store(RemoteStore):
         return self._side_by_side(self.exists, names)
 
     def get(self, name: str) -> bytes | None:
-        return self.get_object(name, check_length=True)
+        try:
+            response = self._client.get_object(**self._object(name))
+        except Exception as exc:
+            if is_not_found(exc):
+                return None
+            raise
+        length = int(response["ContentLength"])
+        body = response["Body"]
+        try:
+            head = body.read(PREFIX_SIZE)
+            declared = declared_or_none(head)
+            if declared is None:
+                return head  # not a frame: decoding rejects it
+            if declared > self.settings.max_frame_bytes:
+                too_large(name, declared, self.settings.max_frame_bytes)
+                return None
+            # One byte more than declared: a longer object is damaged, and shows it.
+            data = head + body.read(declared + 1 - len(head))
+        finally:
+            body.close()
+        if len(data) < min(length, declared + 1):
+            raise OSError(f"short read of {name}")
+        return data
 
     def get_many(self, names: Sequence[str]) -> list[bytes | None]:
         return self._side_by_side(self.get, names)
@@ -148,7 +175,7 @@ class S3Store(RemoteStore):
 
     # -- objects and claims ----------------------------------------------------
 
-    def get_object(self, name: str, check_length: bool = False) -> bytes | None:
+    def get_object(self, name: str) -> bytes | None:
         try:
             response = self._client.get_object(**self._object(name))
         except Exception as exc:
@@ -156,10 +183,7 @@ class S3Store(RemoteStore):
                 return None
             raise
         with response["Body"] as body:
-            data = body.read()
-        if check_length and len(data) != response["ContentLength"]:
-            raise OSError(f"short read of {name}")
-        return data
+            return body.read()
 
     def put_object(self, name: str, data: bytes) -> None:
         self._client.put_object(Body=data, **self._object(name))

@@ -44,7 +44,14 @@ from typing import Any, BinaryIO, NamedTuple
 import numpy as np
 import xxhash
 
-from ..codec import PREFIX_SIZE, CorruptEntryError, FrameRead, parse_header, read_prefix
+from ..codec import (
+    PREFIX_SIZE,
+    CorruptEntryError,
+    FrameRead,
+    check_stored_size,
+    parse_header,
+    read_prefix,
+)
 from ..key import ECKey
 
 SUFFIX = ".pt"
@@ -307,18 +314,24 @@ READ_CHUNK = 2 * 1024 * 1024
 
 
 def read_frame(fd: int, size: int) -> FrameRead:
-    """The ``size``-byte frame file ``fd`` read whole into one array of its
-    own, the payload hashed as it lands. The array is sized from ``size``,
-    never from the prefix; a file that shrank since comes back short, and
-    decoding rejects what is missing."""
-    frame = np.empty(size, dtype=np.uint8)
-    done = os.preadv(fd, [frame[:READ_CHUNK]], 0)
+    """The frame file ``fd`` (``size`` bytes when its size was taken) read whole
+    into one array of its own, the payload hashed as it lands.
+
+    The array is sized from the frame's declared length, which must equal
+    ``size`` (``codec.check_stored_size``: a padded or cut file raises
+    ``CorruptEntryError`` before anything is allocated). A file that shrank
+    since comes back short, and decoding rejects what is missing.
+    """
+    prefix = os.pread(fd, PREFIX_SIZE, 0)
     try:
-        header_len, payload_len, *_ = read_prefix(frame[:done])
+        header_len, payload_len, *_ = read_prefix(prefix)
     except CorruptEntryError:
-        return FrameRead(frame[:done])  # decoding rejects it
+        return FrameRead(np.frombuffer(prefix, dtype=np.uint8))  # decoding rejects it
+    frame = np.empty(check_stored_size(prefix, size), dtype=np.uint8)
+    frame[: len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+    done = len(prefix)
     start = PREFIX_SIZE + header_len
-    end = min(start + payload_len, frame.size)
+    end = start + payload_len
     digest = xxhash.xxh3_64()
     hashed = start
     while True:
@@ -328,11 +341,12 @@ def read_frame(fd: int, size: int) -> FrameRead:
             hashed = upto
         if done >= frame.size:
             break
-        got = os.preadv(fd, [frame[done : done + READ_CHUNK]], done)
+        piece = READ_CHUNK if done > PREFIX_SIZE else READ_CHUNK - PREFIX_SIZE
+        got = os.preadv(fd, [frame[done : done + piece]], done)
         if got <= 0:
             return FrameRead(frame[:done])  # shrank under us
         done += got
-    return FrameRead(frame, digest.intdigest() if hashed == start + payload_len else None)
+    return FrameRead(frame, digest.intdigest() if hashed == end else None)
 
 
 def read_header_file(path: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import torch
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 
-from ..codec import PREFIX_SIZE, FrameRead
+from ..codec import PREFIX_SIZE, CorruptEntryError, FrameRead, check_stored_size
 from ..key import ECKey
 from .budget import DirectoryBudget
 from .contract import TierDefaults
@@ -181,7 +181,9 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
     def read_into_pool(
         self, key: ECKey, allocate: Callable[[int], MemoryObj | None]
     ) -> MemoryObj | None:
-        """The entry read into a CPU-pool buffer from ``allocate(size)``."""
+        """The entry read into a CPU-pool buffer from ``allocate(size)``, sized
+        from the frame's declared length; None for a miss, a damaged entry
+        (counted: the next read of it drops it) or a full pool."""
         path = self.path_of(key)
         fd = self._open(key, path)
         if fd is None:
@@ -189,13 +191,18 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         try:
             with open(fd, "rb", closefd=True) as stream:
                 size = os.fstat(stream.fileno()).st_size
-                # At least a frame prefix, so an empty file reads as a corrupt frame.
-                memory_obj = allocate(max(size, PREFIX_SIZE))
+                prefix = os.pread(stream.fileno(), PREFIX_SIZE, 0)
+                try:
+                    size = check_stored_size(prefix, size)
+                except CorruptEntryError:
+                    self.counters["damaged"] += 1
+                    return None
+                memory_obj = allocate(size)
                 if memory_obj is None:
                     self.counters["read_skipped_no_memory"] += 1
                     return None
                 try:
-                    read = stream.readinto(memory_obj.byte_array)
+                    read = stream.readinto(memory_obj.byte_array[:size])
                 except OSError:
                     memory_obj.ref_count_down()
                     raise

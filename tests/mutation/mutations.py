@@ -102,8 +102,8 @@ MUTATIONS: list[Mutation] = [
         "remote-read-skips-payload-checksum",
         "remote reads (decode_bytes) verify the payload checksum",
         CODEC,
-        "_verify(raw, key, True)",
-        "_verify(raw, key, False)",
+        "_verify(raw, key, True, exact=True)",
+        "_verify(raw, key, False, exact=True)",
         (
             f"{T_CODEC}::test_remote_read_path_checks_the_payload",
             f"{T_CORRUPTION}::test_damaged_remote_entry_is_a_miss_and_is_removed[redis-flip-payload]",
@@ -276,6 +276,87 @@ MUTATIONS: list[Mutation] = [
             "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_disk_on_v1",
             "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_redis_on_v1[ec_consumer]",
         ),
+    ),
+]
+
+
+# -- an entry never costs more than it declares (codec.check_stored_size)
+T_PADDING = "tests/faults/test_padding.py"
+MUTATIONS += [
+    Mutation(
+        "disk-read-sized-by-the-file",
+        "a disk read allocates the frame's declared size, never the file's",
+        "lmcache_ec/tiers/disk_layout.py",
+        "frame = np.empty(check_stored_size(prefix, size), dtype=np.uint8)",
+        "frame = np.empty(size, dtype=np.uint8)",
+        (f"{T_PADDING}::test_padded_disk_entry_is_a_counted_miss_and_its_tail_is_never_read",),
+    ),
+    Mutation(
+        "redis-read-unbounded",
+        "a Redis read takes at most max_frame_bytes + 1 bytes of a value",
+        "lmcache_ec/remote/redis_store.py",
+        "    pipe.getrange(key, 0, limit)\n",
+        "    pipe.getrange(key, 0, -1)\n",
+        (
+            f"{T_PADDING}::test_padded_remote_entry_is_a_counted_miss_and_its_tail_is_never_read[redis]",
+        ),
+    ),
+    Mutation(
+        "s3-read-unbounded",
+        "an S3 read takes at most the declared size + 1 bytes of an object",
+        "lmcache_ec/remote/s3_store.py",
+        "data = head + body.read(declared + 1 - len(head))",
+        "data = head + body.read()",
+        (
+            f"{T_PADDING}::test_padded_remote_entry_is_a_counted_miss_and_its_tail_is_never_read[s3]",
+        ),
+    ),
+    Mutation(
+        "frame-longer-than-declared-accepted",
+        "a frame read from a tier is exactly as long as it declares",
+        CODEC,
+        "    if exact and raw.size != end:\n",
+        "    if False:\n",
+        (
+            f"{T_PADDING}::test_padded_remote_entry_is_a_counted_miss_and_its_tail_is_never_read[redis]",
+            f"{T_CODEC}::test_stored_size_must_equal_the_declared_size",
+        ),
+    ),
+    # -- codec checks on every read path
+    Mutation(
+        "pinned-dtype-not-checked-on-read",
+        "a key pinned to a dtype never reads a frame of another dtype",
+        CODEC,
+        "    if pinned and SUPPORTED_DTYPES[pinned] != dtype:\n",
+        "    if False:\n",
+        (f"{T_CODEC}::test_dtype_other_than_the_pinned_one_is_rejected_on_every_read_path",),
+    ),
+    Mutation(
+        "payload-longer-than-shape-accepted",
+        "a header's shape covers its payload exactly",
+        CODEC,
+        "math.prod(shape) * dtype.itemsize != payload_len",
+        "math.prod(shape) * dtype.itemsize > payload_len",
+        (f"{T_CODEC}::test_shape_must_cover_the_payload_exactly[shape0]",),
+    ),
+    # -- batched remote reads keep their order
+    Mutation(
+        "redis-batches-out-of-order",
+        "get_many's frames come back in the order of their names, batch after batch",
+        "lmcache_ec/remote/redis_store.py",
+        "            frames += [\n",
+        "            frames[:0] = [\n",
+        (
+            "tests/remote/test_remote_reads.py::test_get_many_of_more_than_one_batch_hits_every_entry",
+        ),
+    ),
+    Mutation(
+        "redis-cluster-replies-out-of-order",
+        "a cluster's per-shard replies reach their own keys",
+        "lmcache_ec/remote/redis_store.py",
+        "for index, reply in zip(indices, replies, strict=True):",
+        "for index, reply in zip(indices[::-1], replies, strict=True):",
+        ("tests/cluster/test_redis_cluster.py::test_get_many_of_many_entries_hits_every_one",),
     ),
 ]
 
