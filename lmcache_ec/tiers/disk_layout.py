@@ -18,6 +18,11 @@ A directory's size ledger (``budget.py``) lives outside it, in this user's
 node-local runtime directory (``runtime_dir``), keyed by the directory's
 device and inode: every process on the node that shares the directory finds it.
 
+Modes: entries, temp files and the purge log are made ``0600`` in a
+directory made ``0700`` (stored embeddings can reveal image content); a
+directory shared with a group is an explicit setting (``local_disk_group_shared``:
+``2770`` and ``0660``, set past the umask). ``DirectoryModes`` carries the choice.
+
 Pids are compared within one pid namespace: processes sharing a directory
 from different containers should share it too, or a live writer's temp file
 may be reclaimed (its write is then lost, never torn).
@@ -138,8 +143,43 @@ def use_stamp() -> int:
         return _last_ns
 
 
-def _open_new(path: str) -> BinaryIO:
-    return open(path, "wb")
+class DirectoryModes(NamedTuple):
+    """The modes a directory of frames and the files in it are made with."""
+
+    directory: int
+    file: int
+
+    @classmethod
+    def of(cls, group_shared: bool) -> DirectoryModes:
+        return cls(0o2770, 0o660) if group_shared else cls(0o700, 0o600)
+
+
+PRIVATE = DirectoryModes.of(False)
+
+
+def make_directory(path: str, modes: DirectoryModes = PRIVATE) -> None:
+    """``path`` and its parents, the last made with ``modes.directory`` (past the
+    umask); an existing directory is left as it is."""
+    try:
+        os.mkdir(path, modes.directory)
+    except FileExistsError:
+        return
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        try:
+            os.mkdir(path, modes.directory)
+        except FileExistsError:
+            return
+    os.chmod(path, modes.directory)  # the umask may have taken group bits
+
+
+def create_file(path: str, mode: int) -> int:
+    """A new file (``O_EXCL``, never following a link) made with ``mode``
+    whatever the umask; its descriptor, open for writing."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    if mode & 0o077:
+        os.fchmod(fd, mode)  # the umask may have taken group bits
+    return fd
 
 
 class Stored(NamedTuple):
@@ -161,8 +201,9 @@ class Scan(NamedTuple):
 class DirectoryLayout:
     """One directory of frame files."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, modes: DirectoryModes = PRIVATE) -> None:
         self.path = path
+        self.modes = modes
 
     def path_of(self, name: str) -> str:
         """The entry file of storage name ``name``; ``ValueError`` for a name
@@ -179,8 +220,20 @@ class DirectoryLayout:
         """Make the (empty) temp file of a write of ``reserved`` bytes; from now
         on every scan counts those bytes. Raises ``OSError``."""
         temp = self.temp_path(name, reserved)
-        os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        os.close(create_file(temp, self.modes.file))
         return temp
+
+    def open_new(self, path: str) -> BinaryIO:
+        """A new file of this directory (a temp file), open for writing."""
+        return os.fdopen(create_file(path, self.modes.file), "wb")
+
+    def open_temp(self, temp: str) -> BinaryIO:
+        """The temp file ``create_temp`` made, open for writing (made if gone)."""
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return self.open_new(temp)
+        return os.fdopen(fd, "wb")
 
     # -- scanning ------------------------------------------------------------
 
@@ -266,7 +319,7 @@ class DirectoryLayout:
         temp = temp or self.temp_path(name)
         final = self.path_of(name)
         try:
-            with (opener or _open_new)(temp) as stream:
+            with (opener or self.open_temp)(temp) as stream:
                 stream.write(buffer)
             stamp = use_stamp()
             os.utime(temp, ns=(stamp, stamp))
@@ -288,7 +341,7 @@ class DirectoryLayout:
         previous one; its temp file is reclaimed like an entry's. Raises ``OSError``."""
         temp = self.temp_path(filename)
         try:
-            with open(temp, "wb") as stream:
+            with self.open_new(temp) as stream:
                 stream.write(data)
             os.replace(temp, os.path.join(self.path, filename))
         finally:

@@ -33,7 +33,7 @@ from ..codec import PREFIX_SIZE, CorruptEntryError, FrameRead, check_stored_size
 from ..key import ECKey
 from .budget import DirectoryBudget
 from .contract import TierDefaults
-from .disk_layout import DirectoryLayout, read_frame
+from .disk_layout import PRIVATE, DirectoryLayout, DirectoryModes, make_directory, read_frame
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +41,24 @@ logger = logging.getLogger(__name__)
 SEEN_MAX = 1 << 16
 
 
+def _warn_if_open(path: str, modes: DirectoryModes) -> None:
+    """Log a directory (made by someone else) that lets more users in than ``modes``."""
+    with contextlib.suppress(OSError):
+        mode = os.stat(path).st_mode & 0o777
+        if mode & ~modes.directory & 0o077:
+            logger.warning(
+                "Directory %s has mode %04o: other users can read its entries "
+                "(stored embeddings can reveal image content); chmod it to %04o",
+                path,
+                mode,
+                modes.directory & 0o777,
+            )
+
+
 class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
     # Reads for the caller go through get_frame (no CPU-pool buffer);
     # read_into_pool serves promotion and LMCache's get_blocking.
     reads_frames = True
-    dir_mode = 0o755
 
     def __init__(
         self,
@@ -54,12 +67,14 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         min_residency: float,
         local_cpu_backend: Any,
         dst_device: str,
+        modes: DirectoryModes = PRIVATE,
     ) -> None:
         super().__init__(dst_device)
-        os.makedirs(path, mode=self.dir_mode, exist_ok=True)
+        make_directory(path, modes)
+        _warn_if_open(path, modes)
         self.path = path
         self.max_cache_size = limit
-        self.layout = DirectoryLayout(path)
+        self.layout = DirectoryLayout(path, modes)
         self.budget = DirectoryBudget(self.layout, limit, min_residency)
         self.local_cpu_backend = local_cpu_backend
         self.counters: Counter[str] = Counter()
@@ -274,15 +289,15 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
 
     def _open_tmp(self, temp: str) -> BinaryIO:
         try:
-            return open(temp, "wb")
+            return self.layout.open_temp(temp)
         except FileNotFoundError:
             self._recreate()
-            return open(temp, "wb")
+            return self.layout.open_temp(temp)
 
     def _recreate(self) -> None:
         # Deleted under us (rm -rf, a cleanup job): make it again rather than
         # failing every later write until a restart.
-        os.makedirs(self.path, mode=self.dir_mode, exist_ok=True)
+        make_directory(self.path, self.layout.modes)
         self.budget.directory_changed()
         self.counters["dir_recreated"] += 1
         logger.warning("%s tier directory %s was missing; created it again", self.name, self.path)  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ from lmcache.v1.memory_management import MemoryObj
 
 from ..key import ECKey
 from .contract import TierKind, tier_setting
+from .disk_layout import DirectoryModes
 from .frame_directory import FrameDirectoryTier
 from .writer import BackgroundWriter
 
@@ -51,6 +52,7 @@ class ECLocalDiskBackend(FrameDirectoryTier):
             float(tier_setting(config, "min_residency_s")),
             local_cpu_backend,
             dst_device,
+            DirectoryModes.of(bool(tier_setting(config, "local_disk_group_shared"))),
         )
 
     def _dispatch(

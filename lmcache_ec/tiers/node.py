@@ -69,7 +69,6 @@ class ECNodeBackend(FrameDirectoryTier):
     kind = TierKind.NODE
     name = "node"
     backend_name = "NodeBackend"
-    dir_mode = 0o700
 
     def __init__(self, config: Any, local_cpu_backend: Any, dst_device: str) -> None:
         super().__init__(

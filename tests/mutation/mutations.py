@@ -360,6 +360,29 @@ MUTATIONS += [
     ),
 ]
 
+# -- stored embeddings are private to their user unless shared with a group
+MUTATIONS += [
+    Mutation(
+        "disk-tier-readable-by-everyone",
+        "the disk directory is made 0700 and its entries 0600 unless group-shared",
+        "lmcache_ec/tiers/disk_layout.py",
+        "return cls(0o2770, 0o660) if group_shared else cls(0o700, 0o600)",
+        "return cls(0o2770, 0o660) if group_shared else cls(0o755, 0o644)",
+        (f"{T_DISK}::test_directory_and_entries_are_private_unless_shared_with_a_group[private]",),
+    ),
+    Mutation(
+        "group-shared-modes-left-to-the-umask",
+        "a group-shared directory's entries are 0660 whatever the umask",
+        "lmcache_ec/tiers/disk_layout.py",
+        "        os.fchmod(fd, mode)  # the umask may have taken group bits\n",
+        "        pass\n",
+        (
+            f"{T_DISK}::test_directory_and_entries_are_private_unless_shared_with_a_group"
+            "[group-shared]",
+        ),
+    ),
+]
+
 # Applied before the list: a deliberately broken copy. If these tests pass, the
 # test run did not import the copy and nothing else the runner reports means anything.
 CANARY = Mutation(
