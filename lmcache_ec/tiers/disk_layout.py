@@ -249,7 +249,14 @@ class DirectoryLayout:
             name = item.name
             try:
                 if is_temp(name):
-                    stat = item.stat()
+                    try:
+                        stat = item.stat()
+                    except FileNotFoundError:
+                        # Published (or given up) since it was listed: its entry
+                        # may not be in the listing, so the write counts at its
+                        # reservation (an entry listed with its inode counts once).
+                        writes[item.inode()] = temp_reserved(name)
+                        continue
                     owner = temp_owner(name)
                     dead = owner is None or not _alive(owner)
                     if reclaim and (dead or now - stat.st_mtime > STALE_TEMP_SECONDS):

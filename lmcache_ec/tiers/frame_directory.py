@@ -224,7 +224,7 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         except OSError as exc:
             self._read_failed(path, exc)
             return None
-        if read < memory_obj.get_physical_size():
+        if read < size:
             # Truncated under us: a deterministic tail the checksum rejects.
             memory_obj.tensor[read:] = 0
         self._used(key, path)
@@ -258,7 +258,7 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         memory_obj: MemoryObj,
         on_complete_callback: Callable[[ECKey], None] | None = None,
     ) -> None:
-        if memory_obj.get_physical_size() > self.max_cache_size:
+        if memory_obj.get_size() > self.max_cache_size:
             self.counters["skipped_too_large"] += 1
             return
         with self._flight_lock:
@@ -314,7 +314,7 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
     ) -> None:
         """Reserve room, write, publish; every failure is counted, none raised."""
         name = key.to_string()
-        size = memory_obj.get_physical_size()
+        size = memory_obj.get_size()  # the frame's bytes, as the file will hold them
         try:
             temp = self._reserve(name, size)
             if temp is None:

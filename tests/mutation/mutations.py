@@ -383,6 +383,45 @@ MUTATIONS += [
     ),
 ]
 
+# -- the disk budget: the ledger equals the bytes on disk, a scan never forgets a write
+T_BUDGET = "tests/test_disk_budget.py"
+T_LAYOUT = "tests/test_disk_layout.py"
+MUTATIONS += [
+    Mutation(
+        "ledger-keeps-removed-bytes",
+        "a removal by the tier gives its bytes back to the ledger",
+        "lmcache_ec/tiers/budget.py",
+        "        self._own.discard(name)\n        self._subtract(size)\n",
+        "        self._own.discard(name)\n",
+        (f"{T_BUDGET}::test_the_ledger_equals_the_bytes_on_disk_after_a_removal_and_a_lost_race",),
+    ),
+    Mutation(
+        "lost-publish-keeps-its-reservation",
+        "a write that loses the publish race gives its reservation back",
+        "lmcache_ec/tiers/frame_directory.py",
+        "            else:\n                self.budget.release(size)\n",
+        "            else:\n                pass\n",
+        (f"{T_BUDGET}::test_the_ledger_equals_the_bytes_on_disk_after_a_removal_and_a_lost_race",),
+    ),
+    Mutation(
+        "scan-forgets-a-write-published-meanwhile",
+        "a write published between a scan's listing and its stat counts at its reservation",
+        "lmcache_ec/tiers/disk_layout.py",
+        "                        writes[item.inode()] = temp_reserved(name)\n",
+        "                        pass\n",
+        (f"{T_LAYOUT}::test_a_write_published_between_listing_and_stat_counts_at_its_reservation",),
+    ),
+    # -- a late promotion never outranks newer entries in the CPU tier's LRU
+    Mutation(
+        "late-promotion-goes-to-the-front",
+        "a promoted old entry takes its place in the CPU tier's use order as of its read",
+        "lmcache_ec/reads.py",
+        "self._write_above(key, memory_obj, above, since)",
+        "self._write_above(key, memory_obj, above)",
+        ("tests/test_reads.py::test_a_promotion_that_lands_after_newer_puts_ranks_behind_them",),
+    ),
+]
+
 # Applied before the list: a deliberately broken copy. If these tests pass, the
 # test run did not import the copy and nothing else the runner reports means anything.
 CANARY = Mutation(
