@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmcache_ec.key import EncoderIdentity
-from lmcache_ec.purge_marker import MARKER_NAME
+from lmcache_ec.purge_marker import log_name
 from lmcache_ec.tiers.disk_layout import (
     TEMP_PREFIX,
     DirectoryLayout,
@@ -42,7 +42,7 @@ def test_scan_lists_entries_only_and_counts_live_writes(tmp_path):
     name = _name("/tmp/models/x")
     assert layout.write(name, torch.zeros(100, dtype=torch.uint8).numpy())
     assert not layout.write(name, torch.ones(100, dtype=torch.uint8).numpy())  # kept as is
-    (tmp_path / MARKER_NAME).write_text("{}")
+    (tmp_path / log_name("default")).write_text("{}")
     (tmp_path / f"{TEMP_PREFIX}{os.getpid()}-9.{name}").write_bytes(b"x" * 10)
     (tmp_path / "notes.txt").write_text("kept")
     scan = layout.scan()

@@ -25,12 +25,15 @@ import yaml
 
 from lmcache_ec import ECCache, inventory
 from lmcache_ec.config import load_config
+from lmcache_ec.inventory import Selector
+from lmcache_ec.key import slug
 from lmcache_ec.purge_marker import (
-    MARKER_NAME,
     PurgeMarker,
+    append_disk,
+    append_remote,
+    log_name,
     read_disk,
-    write_disk,
-    write_remote,
+    records,
 )
 from lmcache_ec.remote.catalog import open_catalog
 
@@ -257,9 +260,10 @@ def test_entries_written_after_a_purge_are_kept(tmp_path, redis_url):
         time.sleep(0.05)
         assert cache.put("new", torch.ones(4, 8, dtype=torch.bfloat16))
         assert cache.flush(30)
-        marker = PurgeMarker("f" * 32, purged_at, {"model": MODEL})
+        marker = PurgeMarker("f" * 32, purged_at, model=MODEL)
         with open_catalog(load_config(config)) as catalog:
-            write_remote(catalog, marker)  # only the marker: the store keeps both
+            # Only the record: the store keeps both entries.
+            append_remote(catalog, slug("default"), marker.to_line())
         deadline = time.monotonic() + INTERVAL + REMOTE_TIMEOUT + 5
         while cache.stats.snapshot()["purges_seen"] < 1:
             assert time.monotonic() < deadline
@@ -270,7 +274,8 @@ def test_entries_written_after_a_purge_are_kept(tmp_path, redis_url):
 
 
 def test_marker_is_never_an_entry(tmp_path, disk_dir, local_config):
-    write_disk(str(disk_dir), PurgeMarker.new(inventory.Selector(model="m")))
+    append_disk(str(disk_dir), slug("default"), PurgeMarker.new(Selector(model="m")).to_line())
+    log = log_name("default")
     with ECCache.from_config(local_config, model="m") as cache:
         assert cache.put("x", torch.ones(2, 8))
         assert cache.flush(30)
@@ -279,20 +284,14 @@ def test_marker_is_never_an_entry(tmp_path, disk_dir, local_config):
     with ECCache.from_config(local_config, model="m"):
         pass  # a restart indexes and sweeps the directory
     assert [e.name for e in inventory.scan_disk(str(disk_dir))] == [cache.key("x").storage_name]
-    assert read_disk(str(disk_dir)) is not None
-    assert (disk_dir / MARKER_NAME).exists()
-    assert sorted(os.listdir(disk_dir)) == sorted(
-        [MARKER_NAME, cache.key("x").storage_name + ".pt"]
-    )
+    assert len(records(read_disk(str(disk_dir), "default"))) == 1
+    assert sorted(os.listdir(disk_dir)) == sorted([log, cache.key("x").storage_name + ".pt"])
 
 
-def test_marker_round_trip_and_garbage():
-    marker = PurgeMarker.new(inventory.Selector(namespace="ns", weights="v2", older_than=60))
-    again = PurgeMarker.from_bytes(marker.to_bytes())
+def test_marker_round_trip():
+    marker = PurgeMarker.new(Selector(namespace="ns", weights="v2", older_than=60))
+    again = PurgeMarker.parse(marker.to_line().strip(), "ns", now=marker.time + 1)
     assert again == marker
-    selector = again.selector()
+    selector = again.selector("ns")
     assert (selector.namespace, selector.model, selector.weights) == ("ns", None, "v2")
     assert selector.created_before == pytest.approx(marker.time - 60)
-    assert PurgeMarker.from_bytes(b"\xff not json") is None
-    odd = PurgeMarker.from_bytes(b'{"generation": 1, "time": 5, "select": {"model": 7}}')
-    assert odd is not None and odd.selector().model is None  # unknown: selects more

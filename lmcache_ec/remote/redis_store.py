@@ -115,6 +115,28 @@ def _sized(names: list[str], sizes: Sequence[Any]) -> Iterator[tuple[str, int]]:
             yield name, int(size)
 
 
+# ``RemoteStore.append_log`` in one step on the server (``store.appended``): a
+# newline after a damaged tail, the line, then the oldest whole lines dropped.
+APPEND_LOG = """
+local key, line, limit = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local size = redis.call('STRLEN', key)
+if size > 0 and redis.call('GETRANGE', key, size - 1, size - 1) ~= '\\n' then
+  size = redis.call('APPEND', key, '\\n')
+end
+size = redis.call('APPEND', key, line)
+if size > limit then
+  local region = redis.call('GETRANGE', key, size - limit - 1, size - #line - 1)
+  local cut = string.find(region, '\\n', 1, true)
+  if cut then
+    redis.call('SET', key, redis.call('GETRANGE', key, size - limit - 1 + cut, -1))
+  else
+    redis.call('SET', key, line)
+  end
+end
+return size
+"""
+
+
 def _queue_read(pipe: Any, key: str, limit: int) -> None:
     """The two commands of a bounded read of ``key`` (``_present_value`` takes their replies)."""
     pipe.exists(key)
@@ -183,12 +205,15 @@ class RedisStore(RemoteStore):
         present, data = pipe.execute()
         return bytes(data) if present else None
 
-    def get_object(self, name: str) -> bytes | None:
-        data = self._client.get(name)
-        return None if data is None else bytes(data)
+    def read_log(self, name: str, size: int) -> bytes | None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.exists(name)
+        pipe.getrange(name, -size, -1)
+        present, data = pipe.execute()
+        return bytes(data) if present else None
 
-    def put_object(self, name: str, data: bytes) -> None:
-        self._client.set(name, data)
+    def append_log(self, name: str, line: bytes, limit: int) -> None:
+        self._client.eval(APPEND_LOG, 1, name, line, limit)
 
     def claim(self, name: str, ttl_s: float) -> bool:
         # SET NX PX: taken atomically, and gone by itself when it expires.
@@ -431,12 +456,18 @@ class RedisClusterStore(RemoteStore):
         present, data = self._run(key, read)
         return bytes(data) if present else None
 
-    def get_object(self, name: str) -> bytes | None:
-        data = self._run(name, lambda c: c.get(name))
-        return None if data is None else bytes(data)
+    def read_log(self, name: str, size: int) -> bytes | None:
+        def read(client: redis.Redis) -> Any:
+            pipe = client.pipeline(transaction=False)
+            pipe.exists(name)
+            pipe.getrange(name, -size, -1)
+            return pipe.execute()
 
-    def put_object(self, name: str, data: bytes) -> None:
-        self._run(name, lambda c: c.set(name, data))
+        present, data = self._run(name, read)
+        return bytes(data) if present else None
+
+    def append_log(self, name: str, line: bytes, limit: int) -> None:
+        self._run(name, lambda c: c.eval(APPEND_LOG, 1, name, line, limit))
 
     def claim(self, name: str, ttl_s: float) -> bool:
         key, px = claim_key(name), max(1, int(ttl_s * 1000))

@@ -422,6 +422,126 @@ MUTATIONS += [
     ),
 ]
 
+# -- purges: none lost, records untrusted, each scoped to its own namespace
+T_PURGE = "tests/test_purge_log.py"
+MARKER = "lmcache_ec/purge_marker.py"
+MUTATIONS += [
+    Mutation(
+        "redis-purge-log-overwritten",
+        "a purge appended to the Redis log never replaces another made at once",
+        "lmcache_ec/remote/redis_store.py",
+        "        self._client.eval(APPEND_LOG, 1, name, line, limit)\n",
+        "        self._client.set(name, line)\n",
+        (
+            f"{T_PURGE}::test_two_tenants_purging_within_one_interval_are_both_applied[redis]",
+            f"{T_PURGE}::test_appends_made_at_once_are_all_kept_remotely[redis]",
+        ),
+    ),
+    Mutation(
+        "s3-purge-log-put-unconditionally",
+        "a purge appended to the S3 log never replaces another made at once",
+        "lmcache_ec/remote/s3_store.py",
+        "Body=appended(log, line, limit), **condition, **self._object(name)",
+        "Body=appended(log, line, limit), **self._object(name)",
+        (f"{T_PURGE}::test_appends_made_at_once_are_all_kept_remotely[s3]",),
+    ),
+    Mutation(
+        "disk-purge-log-unlocked",
+        "purges appended to the disk log at once are all kept",
+        MARKER,
+        "        fcntl.flock(fd, fcntl.LOCK_EX)\n",
+        "        pass\n",
+        (f"{T_PURGE}::test_appends_made_at_once_are_all_kept_on_disk",),
+    ),
+    Mutation(
+        "purge-log-read-whole",
+        "a reader takes at most LOG_LIMIT + 1 bytes of a purge log",
+        "lmcache_ec/remote/redis_store.py",
+        "        pipe.getrange(name, -size, -1)\n        present, data = pipe.execute()\n",
+        "        pipe.getrange(name, 0, -1)\n        present, data = pipe.execute()\n",
+        (f"{T_PURGE}::test_a_long_log_is_read_as_its_tail",),
+    ),
+    Mutation(
+        "record-of-another-namespace-accepted",
+        "a record naming another namespace than its log's is rejected",
+        MARKER,
+        '        if texts["namespace"] is not None and texts["namespace"] != namespace:\n',
+        "        if False:\n",
+        (
+            f"{T_PURGE}::test_a_record_selects_only_its_own_namespace",
+            f"{T_PURGE}::test_a_bad_record_is_rejected[other-namespace]",
+        ),
+    ),
+    Mutation(
+        "unscoped-record-selects-every-namespace",
+        "a record selects only entries of the namespace whose log holds it",
+        MARKER,
+        "            namespace=namespace,\n",
+        "            namespace=self.namespace,\n",
+        (f"{T_PURGE}::test_a_record_selects_only_its_own_namespace",),
+    ),
+    Mutation(
+        "nan-purge-time-accepted",
+        "a record's times are finite",
+        MARKER,
+        "not math.isfinite(value) or value < 0",
+        "value < 0",
+        (
+            f"{T_PURGE}::test_a_bad_record_is_rejected[nan-time]",
+            f"{T_PURGE}::test_a_bad_record_is_rejected[nan-age]",
+        ),
+    ),
+    Mutation(
+        "future-purge-time-kept",
+        "a record's time is clamped to the reader's clock",
+        MARKER,
+        'min(_seconds(record["time"], "time"), now)',
+        '_seconds(record["time"], "time")',
+        (f"{T_PURGE}::test_a_record_from_the_future_is_clamped_to_the_readers_clock",),
+    ),
+    Mutation(
+        "deeply-nested-record-raises",
+        "a deeply nested record is a bad record, never a RecursionError",
+        MARKER,
+        "except (ValueError, RecursionError) as exc:  # RecursionError: deep nesting",
+        "except ValueError as exc:",
+        (f"{T_PURGE}::test_a_bad_record_is_rejected[nested-4k]",),
+    ),
+    Mutation(
+        "disk-log-link-followed",
+        "the disk purge log is opened without following a link",
+        MARKER,
+        "os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC",
+        "os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC",
+        (f"{T_PURGE}::test_only_a_regular_file_is_read_as_the_disk_log[link]",),
+    ),
+    Mutation(
+        "disk-log-open-blocks-on-a-fifo",
+        "the disk purge log is opened without blocking (a FIFO there never stalls)",
+        MARKER,
+        "os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC",
+        "os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC",
+        (f"{T_PURGE}::test_only_a_regular_file_is_read_as_the_disk_log[fifo]",),
+    ),
+    Mutation(
+        "purge-watch-stops-on-an-error",
+        "the purge watch thread outlives any exception",
+        "lmcache_ec/purge_follow.py",
+        "                except Exception as exc:  # the watch outlives anything one check does\n"
+        "                    self._failed(exc)\n",
+        "                except Exception:\n                    return\n",
+        (f"{T_PURGE}::test_the_watch_thread_survives_any_exception",),
+    ),
+    Mutation(
+        "cpu-purge-ignores-weights",
+        "a purge of one weights version keeps other versions' CPU entries",
+        "lmcache_ec/purge_follow.py",
+        "            if known and identity.weights != selector.weights:\n",
+        "            if False:\n",
+        (f"{T_PURGE}::test_a_purge_of_one_weights_version_keeps_the_others_cpu_entries",),
+    ),
+]
+
 # Applied before the list: a deliberately broken copy. If these tests pass, the
 # test run did not import the copy and nothing else the runner reports means anything.
 CANARY = Mutation(
