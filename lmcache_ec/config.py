@@ -122,7 +122,8 @@ SCHEMA: dict[str, Option] = {
             "max_local_cpu_size",
             "float",
             1.0,
-            "CPU tier capacity in GB (also the largest storable entry). "
+            "CPU tier capacity in GB (also the largest entry stored, or read from the remote "
+            "tier: a Redis read takes at most this many bytes). "
             "Memory is not reserved at start: a background thread makes pages resident a "
             "window (128 MB) ahead of use.",
             True,

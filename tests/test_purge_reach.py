@@ -17,6 +17,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -231,6 +232,53 @@ def test_purge_through_redis_reaches_an_engine_node_tier(tmp_path, redis_url, se
         assert _node_files(node_base) == []
     finally:
         shutil.rmtree(node_base, ignore_errors=True)
+
+
+def test_two_tenants_purging_at_once_through_redis(tmp_path, redis_url, server_factory):
+    """Tenants a and b run ``lmcache-ec purge`` at the same moment: each running
+    engine stops serving its own tenant's entries (that no other namespace's go
+    is tests/test_purge_log.py's, with engines in one process)."""
+    common = {
+        "local_cpu": True,
+        "max_local_cpu_size": 0.05,
+        "max_local_disk_size": 0.5,
+        "remote_url": redis_url,
+        "remote_timeout": REMOTE_TIMEOUT,
+        "purge_check_s": INTERVAL,
+    }
+
+    def start(tenant: str) -> Server:
+        disk = tmp_path / f"disk-{tenant}"
+        return server_factory({**common, "local_disk": str(disk), "namespace": tenant})
+
+    with ThreadPoolExecutor(2) as pool:  # the engines start side by side
+        servers = dict(zip("ab", pool.map(start, "ab"), strict=True))
+    for server in servers.values():
+        assert server.get("image-0") == "cpu"
+    purger_disk = tmp_path / "purger-disk"
+    config = write_config(tmp_path / "purger.yaml", **common, local_disk=str(purger_disk))
+    purges = [
+        subprocess.Popen(
+            [CLI, "purge", "--config", config, "--namespace", tenant, "--tier", "remote"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "LMCACHE_LOG_LEVEL": "ERROR", "COLUMNS": "200"},
+        )
+        for tenant in "ab"
+    ]
+    for purge_process in purges:
+        out, err = purge_process.communicate(timeout=120)
+        assert purge_process.returncode == 0, (out, err)
+        assert "remote: deleted 3 entries" in out
+    deadline = time.monotonic() + INTERVAL + REMOTE_TIMEOUT + 10
+    for tenant in "ab":
+        while servers[tenant].ask("stats")["purges_seen"] < 1:
+            assert time.monotonic() < deadline, f"tenant {tenant}'s engine never saw its purge"
+            time.sleep(0.05)
+        assert [servers[tenant].get(f"image-{i}") for i in range(3)] == [None] * 3
+        assert not any(n.endswith(".pt") for n in os.listdir(tmp_path / f"disk-{tenant}"))
 
 
 def _node_files(base: str) -> list[str]:
