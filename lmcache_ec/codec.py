@@ -40,8 +40,6 @@ MAGIC = b"LMCECv1\x00"
 PREFIX = struct.Struct("<8sIIQQQ")
 PREFIX_SIZE = 64
 ALIGN = 64
-# Headers are a few hundred bytes; a longer one is not ours (and must not size a read).
-MAX_HEADER_LEN = 64 * 1024
 
 
 class CorruptEntryError(Exception):
@@ -149,7 +147,7 @@ def read_prefix(raw: bytes | memoryview) -> tuple[int, int, int, int]:
     magic, header_len, _flags, payload_len, payload_sum, header_sum = PREFIX.unpack_from(raw)
     if magic != MAGIC:
         raise CorruptEntryError("bad magic")
-    if header_len % ALIGN or header_len > MAX_HEADER_LEN:
+    if header_len % ALIGN:
         raise CorruptEntryError("bad header length")
     return header_len, payload_len, payload_sum, header_sum
 

@@ -12,7 +12,7 @@ import xxhash
 
 from lmcache_ec import codec
 from lmcache_ec.key import EncoderIdentity
-from lmcache_ec.tiers.disk_layout import READ_CHUNK, read_frame
+from lmcache_ec.tiers.disk_layout import READ_CHUNK, read_frame, read_header_file
 from tests.conftest import bit_equal, make_tensor
 
 IDENTITY = EncoderIdentity(model="m")
@@ -270,8 +270,9 @@ def test_stored_size_must_equal_the_declared_size(tmp_path):
     padded = torch.zeros(len(data) + 64, dtype=torch.uint8)
     padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     codec.decode_frame(padded, IDENTITY.key("h"))
-    # A header length beyond any header's is not a frame (it must not size a read).
-    huge = bytearray(data[: codec.PREFIX_SIZE])
-    huge[8:12] = (codec.MAX_HEADER_LEN + codec.ALIGN).to_bytes(4, "little")
-    with pytest.raises(codec.CorruptEntryError, match="bad header length"):
-        codec.declared_size(bytes(huge))
+    # A header length beyond the file is found before a read is sized by it.
+    huge = bytearray(data)
+    huge[8:12] = (1 << 31).to_bytes(4, "little")
+    (tmp_path / "huge.pt").write_bytes(bytes(huge))
+    with pytest.raises(codec.CorruptEntryError, match="truncated header"):
+        read_header_file(str(tmp_path / "huge.pt"))

@@ -143,6 +143,10 @@ def use_stamp() -> int:
         return _last_ns
 
 
+def _open_existing(path: str, _flags: int) -> int:
+    return os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
 class DirectoryModes(NamedTuple):
     """The modes a directory of frames and the files in it are made with."""
 
@@ -225,15 +229,14 @@ class DirectoryLayout:
 
     def open_new(self, path: str) -> BinaryIO:
         """A new file of this directory (a temp file), open for writing."""
-        return os.fdopen(create_file(path, self.modes.file), "wb")
+        return open(path, "wb", opener=lambda p, _: create_file(p, self.modes.file))
 
     def open_temp(self, temp: str) -> BinaryIO:
         """The temp file ``create_temp`` made, open for writing (made if gone)."""
         try:
-            fd = os.open(temp, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+            return open(temp, "wb", opener=_open_existing)
         except FileNotFoundError:
             return self.open_new(temp)
-        return os.fdopen(fd, "wb")
 
     # -- scanning ------------------------------------------------------------
 
@@ -416,6 +419,8 @@ def read_header_file(path: str) -> dict[str, Any]:
     with open(path, "rb") as stream:
         prefix = stream.read(PREFIX_SIZE)
         header_len, _, _, header_sum = read_prefix(prefix)
+        if PREFIX_SIZE + header_len > os.fstat(stream.fileno()).st_size:
+            raise CorruptEntryError("truncated header")  # before a read sized by it
         raw = stream.read(header_len)
     if len(raw) < header_len:
         raise CorruptEntryError("truncated header")
