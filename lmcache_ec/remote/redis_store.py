@@ -206,11 +206,8 @@ class RedisStore(RemoteStore):
         return bytes(data) if present else None
 
     def read_log(self, name: str, size: int) -> bytes | None:
-        pipe = self._client.pipeline(transaction=False)
-        pipe.exists(name)
-        pipe.getrange(name, -size, -1)
-        present, data = pipe.execute()
-        return bytes(data) if present else None
+        # An empty log holds no record: absent or empty read alike (one command).
+        return bytes(self._client.getrange(name, -size, -1)) or None
 
     def append_log(self, name: str, line: bytes, limit: int) -> None:
         self._client.eval(APPEND_LOG, 1, name, line, limit)
@@ -457,14 +454,7 @@ class RedisClusterStore(RemoteStore):
         return bytes(data) if present else None
 
     def read_log(self, name: str, size: int) -> bytes | None:
-        def read(client: redis.Redis) -> Any:
-            pipe = client.pipeline(transaction=False)
-            pipe.exists(name)
-            pipe.getrange(name, -size, -1)
-            return pipe.execute()
-
-        present, data = self._run(name, read)
-        return bytes(data) if present else None
+        return bytes(self._run(name, lambda c: c.getrange(name, -size, -1))) or None
 
     def append_log(self, name: str, line: bytes, limit: int) -> None:
         self._run(name, lambda c: c.eval(APPEND_LOG, 1, name, line, limit))
