@@ -3,6 +3,7 @@
     python -m tests.mutation                 every mutation (baseline run first)
     python -m tests.mutation --list          the mutations and their tests
     python -m tests.mutation --only NAME...  some of them
+    python -m tests.mutation --area AREA...  those of some areas (--areas lists them)
     python -m tests.mutation --keep          keep the copy (path printed)
 
 The working tree is never written: it is copied once to a temporary directory
@@ -224,11 +225,22 @@ def print_table(outcomes: list[Outcome]) -> None:
                 print(f"  {o.mutation.name}: {_short(test)}")
 
 
+def area_of(mutation: Mutation) -> str:
+    """The package folder the mutated file lives in ("core" for top-level modules)."""
+    parts = Path(mutation.path).parts
+    if parts[0] != "lmcache_ec":
+        return parts[0]
+    folders = [p for p in parts[1:-1] if p != "integration"]
+    return folders[0] if folders else "core"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.mutation", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutations")
+    parser.add_argument("--area", nargs="+", metavar="AREA", help="run those of these areas")
+    parser.add_argument("--areas", action="store_true", help="print the areas and exit")
     parser.add_argument("--list", action="store_true", help="print the mutations and exit")
     parser.add_argument("--keep", action="store_true", help="keep the temporary copy")
     parser.add_argument(
@@ -242,6 +254,18 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown mutation(s): {', '.join(sorted(unknown))}")
         mutations = [m for m in MUTATIONS if m.name in args.only]
+    areas: dict[str, int] = {}
+    for m in MUTATIONS:
+        areas[area_of(m)] = areas.get(area_of(m), 0) + 1
+    if args.areas:
+        for area, count in sorted(areas.items()):
+            print(f"{area}: {count} mutations")
+        return 0
+    if args.area:
+        unknown = set(args.area) - set(areas)
+        if unknown:
+            parser.error(f"unknown area(s): {', '.join(sorted(unknown))} (--areas lists them)")
+        mutations = [m for m in mutations if area_of(m) in args.area]
     if args.list:
         for m in mutations:
             print(f"{m.name}: {m.guarantee}\n  {m.path}: {m.find!r} -> {m.replace!r}")
