@@ -206,10 +206,11 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "node-read-maps-the-file",
         "a node-tier read hands out no memory mapped from the shared file",
-        "lmcache_ec/tiers/node.py",
-        "            read = read_frame(fd, size)\n",
+        "lmcache_ec/tiers/frame_directory.py",
+        "            read = read_frame(fd, os.fstat(fd).st_size)\n",
         "            read = FrameRead(__import__('numpy').frombuffer(__import__('mmap').mmap(\n"
-        "                fd, size, flags=__import__('mmap').MAP_PRIVATE), dtype='uint8'))\n",
+        "                fd, os.fstat(fd).st_size, flags=__import__('mmap').MAP_PRIVATE),\n"
+        "                dtype='uint8'))\n",
         (
             "tests/chaos/test_node_truncation.py::test_the_reader_survives_every_truncation",
             "tests/chaos/test_node_truncation.py::"
@@ -908,8 +909,8 @@ MUTATIONS += [
         "lost-publish-keeps-its-reservation",
         "a write that loses the publish race gives its reservation back",
         "lmcache_ec/tiers/frame_directory.py",
-        "            else:\n                self.budget.release(size)\n",
-        "            else:\n                pass\n",
+        "        if not published:\n            self.budget.release(size)\n",
+        "        if not published:\n            pass\n",
         (f"{T_BUDGET}::test_the_ledger_equals_the_bytes_on_disk_after_a_removal_and_a_lost_race",),
     ),
     Mutation(
