@@ -175,8 +175,8 @@ def check_engine(directory: str) -> None:
 
 def check_worker(directory: str) -> dict[str, float]:
     from lmcache_ec import ECCache
+    from lmcache_ec.integration.vllm.connector_options import ConnectorSettings
     from lmcache_ec.integration.vllm.metadata import ECTierConnectorMetadata
-    from lmcache_ec.integration.vllm.settings import ConnectorSettings
     from lmcache_ec.integration.vllm.worker import TierWorker
 
     config = {"max_local_cpu_size": 1.0, "local_disk": directory, "max_local_disk_size": 2.0}

@@ -12,9 +12,9 @@ Contract:
   tier, counted, and reported as a miss. A tier that raises is skipped.
 - The returned tensor is a private copy on the requested device.
 - ``get_many`` reads the items below the CPU tier side by side
-  (``read_threads``, ``read_pool.py``); results keep the order asked.
+  (``read_threads``, ``storage/read_pool.py``); results keep the order asked.
 - A purge by another process (``lmcache-ec purge``) is noticed through its
-  namespace's purge log (``purge_marker.py``) within ``purge_check_s``: the CPU tier drops
+  namespace's purge log (``purge/marker.py``) within ``purge_check_s``: the CPU tier drops
   the entries the purge selected and the engine forgets what it knew of them
   (see ``_purged``).
 
@@ -41,12 +41,12 @@ from . import codec
 from .config import ECConfig, load_config
 from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
 from .metrics import ECStats
-from .purge_follow import PurgeFollower
-from .read_pool import ReadPool
-from .reads import Prefetched, TierReader, remember_payload
-from .reads import frame_bytes as _frame_bytes
-from .replay import RemoteReplayer
-from .tiers import ECStorageManager
+from .purge.follow import PurgeFollower
+from .storage import ECStorageManager
+from .storage.read_pool import ReadPool
+from .storage.reads import Prefetched, TierReader, remember_payload
+from .storage.reads import frame_bytes as _frame_bytes
+from .storage.replay import RemoteReplayer
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmcache_ec.key import EncoderIdentity
-from lmcache_ec.purge_marker import log_name
+from lmcache_ec.purge.marker import log_name
 from lmcache_ec.tiers.disk_layout import (
     TEMP_PREFIX,
     DirectoryLayout,

@@ -2,7 +2,7 @@
 
 Running engines (``ECCache`` in this process, ``purge_check_s`` short) follow
 the purge logs of their own namespace; records are appended the way
-``lmcache-ec purge`` appends them (``purge_marker.append_disk`` /
+``lmcache-ec purge`` appends them (``purge.marker.append_disk`` /
 ``append_remote``), or planted as raw bytes where a test needs a hostile one.
 Every wait is bounded by a deadline and asserts what the engine did, never how
 fast.
@@ -24,9 +24,9 @@ import torch
 from lmcache_ec import ECCache
 from lmcache_ec.config import load_config
 from lmcache_ec.integration.vllm.index import TierIndex
-from lmcache_ec.inventory import Selector
 from lmcache_ec.key import EncoderIdentity, slug
-from lmcache_ec.purge_marker import (
+from lmcache_ec.purge.inventory import Selector
+from lmcache_ec.purge.marker import (
     LOG_LIMIT,
     BadRecord,
     PurgeMarker,
@@ -193,7 +193,7 @@ def test_bad_records_are_logged_once_and_later_purges_still_apply(disk_dir, capl
         assert cache.put("img", torch.ones(SHAPE))
         assert cache.flush(10)
         assert _hit_tier(cache, "img") == "cpu"
-        caplog.set_level(logging.WARNING, logger="lmcache_ec.purge_marker")
+        caplog.set_level(logging.WARNING, logger="lmcache_ec.purge.marker")
         watch = cache._purges.watch
         _plant(disk_dir, "default", *HOSTILE.values())
         _wait_for(lambda: watch.bad_records == len(HOSTILE), "the bad records read")
@@ -267,7 +267,7 @@ def test_only_a_regular_file_is_read_as_the_disk_log(disk_dir, tmp_path, kind, c
                 assert _hit_tier(cache, "img") == "cpu"  # the link's record is not followed
         done.set()
 
-    caplog.set_level(logging.WARNING, logger="lmcache_ec.purge_marker")
+    caplog.set_level(logging.WARNING, logger="lmcache_ec.purge.marker")
     thread = threading.Thread(target=start_and_read, daemon=True)
     thread.start()
     thread.join(30)  # a liveness bound, not a timing: a blocked open never returns

@@ -24,11 +24,12 @@ import pytest
 import torch
 import yaml
 
-from lmcache_ec import ECCache, inventory
+from lmcache_ec import ECCache
 from lmcache_ec.config import load_config
-from lmcache_ec.inventory import Selector
 from lmcache_ec.key import slug
-from lmcache_ec.purge_marker import (
+from lmcache_ec.purge import inventory
+from lmcache_ec.purge.inventory import Selector
+from lmcache_ec.purge.marker import (
     PurgeMarker,
     append_disk,
     append_remote,

@@ -9,7 +9,7 @@ import torch
 
 from lmcache_ec import ECCache
 from lmcache_ec.config import ConfigError, load_config
-from lmcache_ec.read_pool import ReadPool
+from lmcache_ec.storage.read_pool import ReadPool
 from tests.conftest import bit_equal, make_tensor
 
 

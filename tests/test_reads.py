@@ -7,7 +7,7 @@ import threading
 import torch
 
 from lmcache_ec import ECCache
-from lmcache_ec.promotion import Promoter
+from lmcache_ec.storage.promotion import Promoter
 from tests.conftest import bit_equal, make_tensor
 
 SHAPE = (64, 512)  # float32: 128 KB frames

@@ -14,8 +14,8 @@ from lmcache.v1.memory_management import MemoryFormat
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 
 from lmcache_ec import ECCache
-from lmcache_ec.tiers.contract import Tier, TierKind
-from lmcache_ec.tiers.manager import PluginTier
+from lmcache_ec.storage.manager import PluginTier
+from lmcache_ec.tier_contract import Tier, TierKind
 
 from .conftest import make_tensor
 

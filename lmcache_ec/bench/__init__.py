@@ -13,7 +13,7 @@ time with prefetch, ``fleet`` several engine processes sharing one store,
 ``serve`` real ``vllm serve`` processes.
 
 lmcache-ec is measured through its public API; the baselines' private parts
-are reached in ``seams`` only. Test-only packages (moto) are imported when a
+are reached in ``private_access`` only. Test-only packages (moto) are imported when a
 run needs them, with an error naming the extra that provides them.
 
 Each module returns plain dicts (JSON-ready); the CLI renders them.

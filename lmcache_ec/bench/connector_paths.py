@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from .measure import summary
+from .private_access import mark_staged
 from .rows import OURS, make_row, pool_gb, sample_tensors
-from .seams import mark_staged
 from .subjects import (
     NO_MODEL,
     TINY_MODEL_DIR,

@@ -73,7 +73,7 @@ class FleetSettings:
 
 def claims_supported() -> bool:
     """Whether the connector has the encode-claim settings (``claim_encodes``)."""
-    from ..integration.vllm.settings import ConnectorSettings
+    from ..integration.vllm.connector_options import ConnectorSettings
 
     return "claim_encodes" in {f.name for f in dataclasses.fields(ConnectorSettings)}
 
@@ -343,7 +343,7 @@ def _run(
 
 def _node_bytes(node_dir: str) -> int:
     """Bytes the node tier under ``node_dir`` holds (every namespace)."""
-    from ..inventory import directory_usage
+    from ..purge.inventory import directory_usage
     from ..tiers.node import node_dirs
 
     return sum(directory_usage(d)["bytes"] for d in node_dirs(node_dir))

@@ -43,14 +43,14 @@ from typing import Any
 import torch
 
 from .measure import alternate, interleave, summary, wait_until
-from .rows import OURS, make_row, pool_gb, sample_tensors
-from .seams import (
+from .private_access import (
     upstream_cpu_read,
     upstream_disk_idle,
     upstream_drop_cpu,
     upstream_remove,
     upstream_walk,
 )
+from .rows import OURS, make_row, pool_gb, sample_tensors
 from .subjects import (
     ExampleConnector,
     RawFile,

@@ -25,8 +25,8 @@ import torch
 from .. import ECCache, codec
 from ..codec import FrameRead
 from .measure import interleave, summary
+from .private_access import node_tier
 from .rows import sample_tensors
-from .seams import node_tier
 
 SHAPES = {"Gemma-3": (256, 2560), "Gemma-3-27B": (256, 5376), "Qwen2.5-VL": (1024, 2048)}
 METHODS = ("mapped", "copied", "get")

@@ -29,8 +29,8 @@ import torch
 
 from .local_tiers import ours_put_columns
 from .measure import alternate, interleave, not_available, summary
+from .private_access import upstream_drop_cpu, upstream_remote_names, upstream_walk
 from .rows import OURS, make_row, pool_gb, sample_tensors
-from .seams import upstream_drop_cpu, upstream_remote_names, upstream_walk
 from .subjects import (
     RawRedis,
     RawS3,

@@ -2,7 +2,7 @@
 
 The parent process only organises: it finds or starts the stores, runs each
 measurement job (one tier and shape, the connector paths, start-up) in a
-fresh worker process (``lmcache_ec.bench.worker``), and assembles the rows,
+fresh worker process (``lmcache_ec.bench.job_process``), and assembles the rows,
 ratios and targets into one JSON-ready dict. A requested tier that cannot be
 measured — no server, unreachable, a job that failed — is a ``skipped`` entry
 with the reason, never a missing row.
@@ -29,10 +29,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import servers
+from .job_process import PROGRESS, RESULT
 from .measure import merge_repeats
 from .rows import skipped_row
 from .targets import CONVENTION, annotate, ratios
-from .worker import PROGRESS, RESULT
 
 SCHEMA = "lmcache-ec-bench/1"
 TIERS = ("cpu", "disk", "redis", "s3")
@@ -174,7 +174,7 @@ def run_in_worker(
 ) -> list[dict[str, Any]]:
     """Rows from one worker process; RuntimeError with its last error lines on failure."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "lmcache_ec.bench.worker"],
+        [sys.executable, "-m", "lmcache_ec.bench.job_process"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -232,7 +232,7 @@ def _main_stack(lines: list[str]) -> str:
             blocks.append([])
         elif blocks and line.strip().startswith("File "):
             blocks[-1].append(line.strip())
-    main = [b for b in blocks if any("bench/worker.py" in frame for frame in b)]
+    main = [b for b in blocks if any("bench/job_process.py" in frame for frame in b)]
     return "stack: " + " < ".join(main[-1][:4]) if main else "no stack"
 
 

@@ -2,7 +2,7 @@
 
 - ``open_ours``: ``ECCache`` on a tier config.
 - ``open_upstream``: LMCache 0.5.6 ``ECCacheEngine`` on the same config
-  (its private parts are reached through ``seams`` only).
+  (its private parts are reached through ``private_access`` only).
 - ``ExampleConnector``: vLLM's ``ECExampleConnector`` (one safetensors file
   per item), driven through its worker API (``save_caches``,
   ``start_load_caches`` with bound metadata).
@@ -51,7 +51,7 @@ def open_upstream(config: dict[str, Any], dtype: torch.dtype) -> Any:
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.ec_engine import ECCacheEngine
 
-    from .seams import upstream_metadata
+    from .private_access import upstream_metadata
 
     return ECCacheEngine(
         LMCacheEngineConfig.from_defaults(**config), upstream_metadata(MODEL), dtype

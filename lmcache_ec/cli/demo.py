@@ -38,7 +38,7 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
     """Encode generated images with a SigLIP tower on CPU, cache them, replay a workload."""
-    from ..demo import run_demo
+    from ..bench.demo_workload import run_demo
 
     if images < 1 or requests < 1:
         fail("--images and --requests must be >= 1", 2)

@@ -24,8 +24,8 @@ from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 from rich.table import Table
 
-from .. import inventory
 from ..config import ConfigError, ECConfig, load_config
+from ..purge import inventory
 from ..runtime_dirs import RuntimeDirUnavailable, UserDir, socket_dir, state_base, user_dir
 from .common import ConfigOption, config_source, console, human_bytes
 
@@ -123,12 +123,12 @@ def check_vllm() -> list[Check]:
     """The vLLM the connector runs in: its version, model runner and weight seams."""
     if importlib.util.find_spec("vllm") is None:
         return []  # check_versions says whether the [vllm] extra is installed
-    from ..integration.vllm import seams
+    from ..integration.vllm import weight_updates
 
     try:
         vllm = importlib.import_module("vllm")
         runner = _model_runner()
-        gone = seams.missing()
+        gone = weight_updates.missing()
     except Exception as exc:  # a broken install: say so, do not crash the doctor
         return [Check("vllm", "fail", f"cannot inspect vLLM: {type(exc).__name__}: {exc}")]
     checks = [Check("vllm runtime", "ok", f"vLLM {vllm.__version__}, model runner {runner}")]
@@ -144,9 +144,9 @@ def check_vllm() -> list[Check]:
     else:
         found = ", ".join(
             f"{module.removeprefix('vllm.v1.worker.')}.{cls}.{method}"
-            for module, cls, method, _ in seams.SEAMS
+            for module, cls, method, _ in weight_updates.SEAMS
         )
-        checks.append(Check("vllm seams", "ok", f"all {len(seams.SEAMS)} found: {found}"))
+        checks.append(Check("vllm seams", "ok", f"all {len(weight_updates.SEAMS)} found: {found}"))
     return checks
 
 

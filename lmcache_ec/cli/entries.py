@@ -16,9 +16,9 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from .. import inventory
 from ..config import ECConfig
-from ..inventory import Entry, Selector
+from ..purge import inventory
+from ..purge.inventory import Entry, Selector
 from .common import (
     ConfigOption,
     console,
@@ -262,10 +262,10 @@ def _mark_purged(
     session: _Session, tiers: tuple[str, ...], selector: Selector, named: list[Entry]
 ) -> list[str]:
     """Append the purge to the purge log of each namespace it reaches, on each
-    purged tier (``purge_marker.py``): ``--namespace``'s, or else every namespace
+    purged tier (``purge/marker.py``): ``--namespace``'s, or else every namespace
     ``named`` has entries of (selected by name), and the config's own."""
     from ..key import slug
-    from ..purge_marker import PurgeMarker, append_disk, append_remote
+    from ..purge.marker import PurgeMarker, append_disk, append_remote
     from ..tiers.disk_layout import DirectoryModes
 
     values = session.config.values

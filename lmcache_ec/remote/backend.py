@@ -45,9 +45,9 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
-from ..tiers.contract import TierDefaults, TierKind
-from .connector import ECStoreConnector
+from ..tier_contract import TierDefaults, TierKind
 from .health import RecentKeys, RemoteHealth
+from .lmcache_connector import ECStoreConnector
 from .naming import redact, redact_text
 from .registry import open_store
 from .settings import RemoteSettings, attached

@@ -2,7 +2,7 @@
 
 One store class per URL scheme family (``redis_store``, ``s3_store``), picked
 by ``registry``. Both users sit on top of it: the LMCache connector shim
-(``connector.py``, the serving path) and ``RemoteCatalog`` (scheduler, CLI).
+(``lmcache_connector.py``, the serving path) and ``RemoteCatalog`` (scheduler, CLI).
 
 Contract:
 

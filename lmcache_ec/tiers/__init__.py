@@ -1,15 +1,12 @@
-"""LMCache storage, extended where encoder outputs need more than the KV path.
+"""The tiers: LMCache storage, extended where encoder outputs need more than the KV path.
 
-- ``contract``: ``Tier``, what every tier offers the engine, and ``TierKind``.
+Each module is one tier or a piece of one; the stack is assembled in
+``lmcache_ec.storage`` and every tier implements ``lmcache_ec.tier_contract``.
+
 - ``allocator``: the CPU pool, touched on use instead of zero-filled at start.
 - ``local_cpu``: LocalCPUBackend whose hits refresh LRU order.
 - ``disk_layout``, ``budget``, ``frame_directory``: a directory of frames
   shared by processes (file names, atomic writes, one size limit).
 - ``local_disk``: the disk tier on it; ``node``: the node tier (/dev/shm).
-- ``manager``: the StorageManager that puts these in LMCache's tier order and
-  lists them as ``Tier``s (``tiers()``), LMCache's plugins through an adapter.
+- ``writer``: the one thread that runs the disk tier's writes.
 """
-
-from .manager import TIER_NAMES, ECStorageManager, tier_name
-
-__all__ = ["TIER_NAMES", "ECStorageManager", "tier_name"]

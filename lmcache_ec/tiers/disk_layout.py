@@ -12,7 +12,7 @@ CLI. A directory holds:
   bytes reserved for the write count from the moment the file is made (under
   the budget's lock), so a scan by another process never sees a write in
   progress as smaller than it will be;
-- the purge logs, one per namespace (``purge_marker.py``), which are not entries.
+- the purge logs, one per namespace (``purge/marker.py``), which are not entries.
 
 A directory's size ledger (``budget.py``) lives outside it, in this user's
 node-local runtime directory (``runtime_dirs.py``), keyed by the directory's

@@ -33,8 +33,8 @@ from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from ..codec import PREFIX_SIZE, CorruptEntryError, FrameRead, check_stored_size
 from ..key import ECKey
 from ..runtime_dirs import DEFAULT_BASE
+from ..tier_contract import TierDefaults
 from .budget import DirectoryBudget
-from .contract import TierDefaults
 from .disk_layout import PRIVATE, DirectoryLayout, DirectoryModes, make_directory, read_frame
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.cache_policy.lru import LRUCachePolicy
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
+from ..tier_contract import TierDefaults, TierKind, tier_setting
 from .allocator import HostPoolAllocator
-from .contract import TierDefaults, TierKind, tier_setting
 
 
 class ECLocalCPUBackend(TierDefaults, LocalCPUBackend):

@@ -23,7 +23,7 @@ from typing import Any
 from lmcache.v1.memory_management import MemoryObj
 
 from ..key import ECKey
-from .contract import TierKind, tier_setting
+from ..tier_contract import TierKind, tier_setting
 from .disk_layout import DirectoryModes
 from .frame_directory import FrameDirectoryTier
 from .writer import BackgroundWriter

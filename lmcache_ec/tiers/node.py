@@ -47,7 +47,7 @@ from typing import Any
 
 from ..key import ECKey, slug
 from ..runtime_dirs import find_user_dir, private_dir, user_dir
-from .contract import TierKind, tier_setting
+from ..tier_contract import TierKind, tier_setting
 from .frame_directory import FrameDirectoryTier
 
 logger = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ import tempfile
 import pytest
 
 from lmcache_ec import ECCache
+from lmcache_ec.integration.vllm.connector_options import ConnectorSettings
 from lmcache_ec.integration.vllm.plugin import register
-from lmcache_ec.integration.vllm.settings import ConnectorSettings
 from lmcache_ec.integration.vllm.worker import TierWorker
 from tests.conftest import bit_equal
 from tests.vllm.harness import Engine, encoder_output, image_hash, make_vllm_config

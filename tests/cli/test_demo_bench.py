@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from lmcache_ec.demo import DEMO_MODEL, DEMO_NAMESPACE
+from lmcache_ec.bench.demo_workload import DEMO_MODEL, DEMO_NAMESPACE
 
 
 def test_demo_small_run(tmp_path, config_file, disk_dir, invoke, invoke_json):

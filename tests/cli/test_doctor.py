@@ -95,9 +95,10 @@ def test_doctor_reports_vllm_its_runner_its_seams_and_lmcache_native_ops(monkeyp
     out = invoke("doctor", "--no-round-trip").stdout
     runtime = _row(out, "vllm runtime")
     assert f"ok vLLM {vllm.__version__}, model runner V" in runtime, runtime
-    from lmcache_ec.integration.vllm import seams
+    from lmcache_ec.integration.vllm import weight_updates
 
-    assert _row(out, "vllm seams").startswith(f"vllm seams ok all {len(seams.SEAMS)} found")
+    seams = len(weight_updates.SEAMS)
+    assert _row(out, "vllm seams").startswith(f"vllm seams ok all {seams} found")
     native = _row(out, "lmcache native")
     assert "loaded: lmcache_fs, lmcache_native, lmcache_redis" in native, native
     try:
@@ -115,10 +116,10 @@ def test_doctor_reports_vllm_its_runner_its_seams_and_lmcache_native_ops(monkeyp
 
 
 def test_doctor_fails_when_a_weight_seam_is_gone(monkeypatch, invoke):
-    from lmcache_ec.integration.vllm import seams
+    from lmcache_ec.integration.vllm import weight_updates
 
     gone = ("vllm.v1.worker.gpu_worker", "Worker", "no_such_method", "worker")
-    monkeypatch.setattr(seams, "SEAMS", (*seams.SEAMS, gone))
+    monkeypatch.setattr(weight_updates, "SEAMS", (*weight_updates.SEAMS, gone))
     monkeypatch.setenv("COLUMNS", "400")
     result = invoke("doctor", "--no-round-trip", expect=1)
     row = _row(result.stdout, "vllm seams")

@@ -10,7 +10,7 @@ import time
 import torch
 
 from lmcache_ec import ECCache
-from lmcache_ec.purge_marker import log_name
+from lmcache_ec.purge.marker import log_name
 
 from .conftest import populate, write_config
 

@@ -42,7 +42,7 @@ from lmcache_ec import ECCache
 from lmcache_ec.bench.tiny_vlm import build_tiny_blip2
 from lmcache_ec.bench.vllm_server import VLLMServer, chat_with_image, ec_transfer_config
 from lmcache_ec.config import load_config
-from lmcache_ec.inventory import Selector, scan_remote
+from lmcache_ec.purge.inventory import Selector, scan_remote
 from lmcache_ec.remote.catalog import open_catalog
 
 from .conftest import ARGS, S3_ENV, ask, counters, settled_counters

@@ -147,7 +147,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "corrupt-entry-kept",
         "an entry that fails verification is removed from every tier",
-        "lmcache_ec/reads.py",
+        "lmcache_ec/storage/reads.py",
         "        self.remove_everywhere(key)\n        raise _Dropped from None",
         "        raise _Dropped from None",
         (
@@ -206,10 +206,11 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "node-read-maps-the-file",
         "a node-tier read hands out no memory mapped from the shared file",
-        "lmcache_ec/tiers/node.py",
-        "            read = read_frame(fd, size)\n",
+        "lmcache_ec/tiers/frame_directory.py",
+        "            read = read_frame(fd, os.fstat(fd).st_size)\n",
         "            read = FrameRead(__import__('numpy').frombuffer(__import__('mmap').mmap(\n"
-        "                fd, size, flags=__import__('mmap').MAP_PRIVATE), dtype='uint8'))\n",
+        "                fd, os.fstat(fd).st_size, flags=__import__('mmap').MAP_PRIVATE),\n"
+        "                dtype='uint8'))\n",
         (
             "tests/chaos/test_node_truncation.py::test_the_reader_survives_every_truncation",
             "tests/chaos/test_node_truncation.py::"
@@ -220,7 +221,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "tier-damaged-entry-kept",
         "an entry a tier reports damaged is removed like one that fails decoding",
-        "lmcache_ec/reads.py",
+        "lmcache_ec/storage/reads.py",
         "        except codec.CorruptEntryError as exc:  # the tier found the entry damaged\n"
         "            self._drop(key, tier, exc)\n",
         "",
@@ -542,7 +543,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "node-tier-dir-unavailable-is-fatal",
         "without a private directory the engine starts without the node tier",
-        "lmcache_ec/tiers/manager.py",
+        "lmcache_ec/storage/manager.py",
         "        except RuntimeDirUnavailable as exc:\n            feature_off(\n",
         "        except ImportError as exc:\n            feature_off(\n",
         (
@@ -605,7 +606,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "weight-transfer-start-unwatched",
         "no output of an encoder a weight transfer is replacing is saved or loaded",
-        "lmcache_ec/integration/vllm/seams.py",
+        "lmcache_ec/integration/vllm/weight_updates.py",
         '    ("vllm.v1.worker.gpu_worker", "Worker", "start_weight_update", REPLACING),\n',
         "",
         (
@@ -617,7 +618,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "draft-transfer-pauses-the-tier",
         "a draft-model weight transfer keeps the encoder's key and its loads",
-        "lmcache_ec/integration/vllm/seams.py",
+        "lmcache_ec/integration/vllm/weight_updates.py",
         '"Worker", "start_weight_update", REPLACING)',
         '"Worker", "_start_weight_update", REPLACING)',
         (
@@ -642,7 +643,7 @@ MUTATIONS: list[Mutation] = [
         "doctor-passes-missing-seams",
         "doctor fails when vLLM lacks a method the weight tracking wraps",
         "lmcache_ec/cli/doctor.py",
-        "        gone = seams.missing()\n",
+        "        gone = weight_updates.missing()\n",
         "        gone = []\n",
         ("tests/cli/test_doctor.py::test_doctor_fails_when_a_weight_seam_is_gone",),
     ),
@@ -908,8 +909,8 @@ MUTATIONS += [
         "lost-publish-keeps-its-reservation",
         "a write that loses the publish race gives its reservation back",
         "lmcache_ec/tiers/frame_directory.py",
-        "            else:\n                self.budget.release(size)\n",
-        "            else:\n                pass\n",
+        "        if not published:\n            self.budget.release(size)\n",
+        "        if not published:\n            pass\n",
         (f"{T_BUDGET}::test_the_ledger_equals_the_bytes_on_disk_after_a_removal_and_a_lost_race",),
     ),
     Mutation(
@@ -924,7 +925,7 @@ MUTATIONS += [
     Mutation(
         "late-promotion-goes-to-the-front",
         "a promoted old entry takes its place in the CPU tier's use order as of its read",
-        "lmcache_ec/reads.py",
+        "lmcache_ec/storage/reads.py",
         "self._write_above(key, memory_obj, above, since)",
         "self._write_above(key, memory_obj, above)",
         ("tests/test_reads.py::test_a_promotion_that_lands_after_newer_puts_ranks_behind_them",),
@@ -933,7 +934,7 @@ MUTATIONS += [
 
 # -- purges: none lost, records untrusted, each scoped to its own namespace
 T_PURGE = "tests/test_purge_log.py"
-MARKER = "lmcache_ec/purge_marker.py"
+MARKER = "lmcache_ec/purge/marker.py"
 MUTATIONS += [
     Mutation(
         "redis-purge-log-overwritten",
@@ -1035,7 +1036,7 @@ MUTATIONS += [
     Mutation(
         "purge-watch-stops-on-an-error",
         "the purge watch thread outlives any exception",
-        "lmcache_ec/purge_follow.py",
+        "lmcache_ec/purge/follow.py",
         "                except Exception as exc:  # the watch outlives anything one check does\n"
         "                    self._failed(exc)\n",
         "                except Exception:\n                    return\n",
@@ -1044,7 +1045,7 @@ MUTATIONS += [
     Mutation(
         "cpu-purge-ignores-weights",
         "a purge of one weights version keeps other versions' CPU entries",
-        "lmcache_ec/purge_follow.py",
+        "lmcache_ec/purge/follow.py",
         "            if known and identity.weights != selector.weights:\n",
         "            if False:\n",
         (f"{T_PURGE}::test_a_purge_of_one_weights_version_keeps_the_others_cpu_entries",),

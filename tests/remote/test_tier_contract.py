@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lmcache_ec import ECCache
-from lmcache_ec.tiers.contract import Tier, TierKind
+from lmcache_ec.tier_contract import Tier, TierKind
 
 from .conftest import remote_config
 

@@ -220,11 +220,11 @@ def test_local_cpu_backend_use_hot_turns_its_cache_off(cache):
     makes upstream's ``submit_put_task`` drop them (the pool only stages)."""
     cpu = cache._storage.storage_backends["LocalCPUBackend"]
     assert isinstance(cpu.use_hot, bool), _says(
-        "LocalCPUBackend.use_hot", "tiers/manager.py", "a CPU pool that only stages"
+        "LocalCPUBackend.use_hot", "storage/manager.py", "a CPU pool that only stages"
     )
 
 
-# -- the storage manager (tiers/manager.py, engine.py) -----------------------------
+# -- the storage manager (storage/manager.py, engine.py) -----------------------------
 
 
 def test_storage_manager_builds_backends_through_create_backends(cache):
@@ -239,18 +239,18 @@ def test_storage_manager_builds_backends_through_create_backends(cache):
     assert _params(StorageManager.__init__)[:4] == ["self", "config", "metadata", "event_manager"]
     for name in ("storage_backends", "manager_lock", "loop", "thread", "config", "metadata"):
         assert hasattr(storage, name), _says(
-            f"StorageManager.{name}", "tiers/manager.py", "building and closing tiers"
+            f"StorageManager.{name}", "storage/manager.py", "building and closing tiers"
         )
     assert isinstance(storage.loop, asyncio.AbstractEventLoop)
     assert isinstance(storage.thread, threading.Thread) and storage.thread.is_alive(), _says(
-        "StorageManager.thread", "tiers/manager.py", "stopping an unclosed cache's loop at exit"
+        "StorageManager.thread", "storage/manager.py", "stopping an unclosed cache's loop at exit"
     )
     assert list(storage.storage_backends)[:2] == ["LocalCPUBackend", "LocalDiskBackend"], _says(
-        "StorageManager.storage_backends' names", "tiers/manager.py", "the tier order"
+        "StorageManager.storage_backends' names", "storage/manager.py", "the tier order"
     )
     names = [name for name, _ in storage.get_active_storage_backends()]
     assert names == list(storage.storage_backends), _says(
-        "StorageManager.get_active_storage_backends", "tiers/manager.py", "tiers()"
+        "StorageManager.get_active_storage_backends", "storage/manager.py", "tiers()"
     )
 
 

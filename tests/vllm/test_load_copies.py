@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from lmcache_ec import ECCache
+from lmcache_ec.integration.vllm.connector_options import ConnectorSettings
 from lmcache_ec.integration.vllm.metadata import ECTierConnectorMetadata
-from lmcache_ec.integration.vllm.settings import ConnectorSettings
 from lmcache_ec.integration.vllm.worker import TierWorker
 from tests.conftest import make_tensor
 from tests.copies import CopyCounter

@@ -149,7 +149,7 @@ class _TransferBackend:
 
 
 def _vllm_worker(engine: Engine, monkeypatch, draft: torch.nn.Module | None = None):
-    """vLLM's own ``Worker`` (its weight-transfer methods, as seams.py wraps them)
+    """vLLM's own ``Worker`` (its weight-transfer methods, as weight_updates.py wraps them)
     over the harness's model; rank 0's connector is this process's EC transfer agent."""
     from vllm.distributed.ec_transfer import ec_transfer_state
     from vllm.v1.worker.gpu_worker import Worker

@@ -31,13 +31,13 @@ from ...claims import ClaimAgent, ClaimStore, DirectoryClaims, claims_dir_for
 from ...config import ConfigError, load_config
 from ...engine import ECCache
 from ...runtime_dirs import Feature, RuntimeDirUnavailable, feature_off, socket_path
-from . import seams
+from . import weight_updates
 from .channel import StageListener
+from .connector_options import ConnectorSettings
 from .identity import identity_from_vllm, is_content_identifier
 from .index import TierIndex
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .scheduler import TierScheduler
-from .settings import ConnectorSettings
 from .stage_client import StageClient
 from .stage_messages import WeightsAnnouncement
 from .stats import ECTierConnectorStats, ECTierPromMetrics
@@ -183,8 +183,8 @@ class LMCacheECTierConnector(ECConnectorBase):
         else:
             if fingerprint:
                 try:
-                    seams.install()
-                except seams.SeamError as exc:
+                    weight_updates.install()
+                except weight_updates.SeamError as exc:
                     raise ConfigError(str(exc)) from None
             cache = ECCache(config, self.identity)
             tp_rank, tp_size, pp_rank = _parallel_position()
@@ -237,7 +237,7 @@ class LMCacheECTierConnector(ECConnectorBase):
         return "/".join(part for part in (self.identity.weights, fingerprint) if part)
 
     def weights_changed(self, model: Callable[[], torch.nn.Module] | None) -> None:
-        """Worker: the weights may have changed (``seams.py``); re-key if they did.
+        """Worker: the weights may have changed (``weight_updates.py``); re-key if they did.
 
         ``model`` None: they are being replaced, and unknown until the next
         call. The new version reaches the scheduler over the stage channel

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...claims import ClaimAgent
+from .connector_options import ConnectorSettings
 from .index import PENDING, TierIndex
 from .items import ItemState, ItemTable
-from .settings import ConnectorSettings
 from .step_wait import StepWait
 
 S = ItemState

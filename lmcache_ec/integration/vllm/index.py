@@ -18,7 +18,7 @@
    once (the encoder runs) instead of queuing behind a dead server.
 
 A purge of this identity's namespace by another process (``lmcache-ec
-purge``, see ``purge_marker.py``) clears every remembered answer: the disk
+purge``, see ``purge/marker.py``) clears every remembered answer: the disk
 purge log is ``stat``-ed by ``lookup`` at most every ``purge_check_s``, the
 remote one read by the background thread at the same interval. A bad log or
 record is logged once and never reaches ``lookup``'s caller.
@@ -40,7 +40,7 @@ from typing import Any
 
 from ...config import SCHEMA
 from ...key import EncoderIdentity
-from ...purge_marker import MarkerWatch, PurgeMarker
+from ...purge.marker import MarkerWatch, PurgeMarker
 from ...tiers.disk_layout import DirectoryLayout
 
 logger = logging.getLogger(__name__)

@@ -37,6 +37,7 @@ from typing import Any
 
 from ...claims import ClaimAgent
 from ...runtime_dirs import Feature, RuntimeDirUnavailable, feature_off
+from .connector_options import ConnectorSettings
 from .encode_claims import CLAIM_STATES, EncodeClaims
 from .features_off import OffChanges
 from .identity import is_content_identifier
@@ -44,7 +45,6 @@ from .index import PENDING, TierIndex
 from .items import ItemState, ItemTable
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .prefetch import PrefetchQueue
-from .settings import ConnectorSettings
 from .stage_client import StageClient
 from .stage_messages import StageAnswer, WeightsAnnouncement, WorkerReport
 from .step_wait import StepWait

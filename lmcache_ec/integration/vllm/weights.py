@@ -4,7 +4,7 @@ Outputs computed with different encoder weights must never share a key. The
 model name, revision and config stay the same when RL or online training
 updates weights in place, so the identity also carries this fingerprint,
 taken once the model is resident and again after every weight update (see
-``seams.py``).
+``weight_updates.py``).
 
 What is hashed: every parameter and buffer of the model outside its language
 model (``get_language_model()``, which multimodal vLLM models implement) —

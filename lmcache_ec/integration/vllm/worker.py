@@ -42,10 +42,10 @@ from ...engine import ECCache
 from ...key import EncoderIdentity
 from ...runtime_dirs import Feature, Reason
 from .channel import StageLink
+from .connector_options import ConnectorSettings
 from .features_off import OffChanges
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .saver import SaveQueue
-from .settings import ConnectorSettings
 
 logger = logging.getLogger(__name__)
 

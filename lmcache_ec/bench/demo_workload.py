@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .engine import ECCache
+from ..engine import ECCache
 
 DEMO_MODEL = "lmcache-ec/demo-siglip"
 DEMO_NAMESPACE = "lmcache-ec-demo"

@@ -1,4 +1,4 @@
-"""One measurement job in a fresh process: ``python -m lmcache_ec.bench.worker``.
+"""One measurement job in a fresh process: ``python -m lmcache_ec.bench.job_process``.
 
 Reads a job (JSON) on stdin, writes ``@@progress <text>`` lines on stderr
 while it runs and one ``@@result <json>`` line on stdout at the end.

@@ -33,7 +33,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-from .key import ECKey
+from ..key import ECKey
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Purges made by other processes, applied to one engine's own state.
 
 ``lmcache-ec purge`` in another process deletes entries from the shared tiers
-and appends a record to its namespace's purge log (``purge_marker.py``). An
+and appends a record to its namespace's purge log (``purge/marker.py``). An
 engine follows its own namespace's logs on the tiers it shares: the disk log
 is ``stat``-ed by reads and writes (at most every ``purge_check_s``, through
 ``watch.poll_disk``); the remote one is read by the ``ec-purge-watch`` thread
@@ -16,15 +16,15 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from ..config import ECConfig
+from ..key import ECKey
+from ..metrics import ECStats
 from . import selection
-from .config import ECConfig
-from .key import ECKey
-from .metrics import ECStats
-from .purge_marker import MarkerWatch, PurgeMarker
+from .marker import MarkerWatch, PurgeMarker
 
 if TYPE_CHECKING:
-    from .reads import TierReader
-    from .tiers import ECStorageManager
+    from ..storage.manager import ECStorageManager
+    from ..storage.reads import TierReader
 
 logger = logging.getLogger(__name__)
 

@@ -14,13 +14,13 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ..config import SCHEMA
+from .config import SCHEMA
 
 if TYPE_CHECKING:
     from lmcache.v1.memory_management import MemoryObj
 
-    from ..codec import FrameRead
-    from ..key import ECKey
+    from .codec import FrameRead
+    from .key import ECKey
 
 
 def tier_setting(config: Any, name: str) -> Any:

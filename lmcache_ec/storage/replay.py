@@ -18,10 +18,10 @@ from typing import Any
 
 from lmcache.v1.memory_management import MemoryObj
 
-from . import codec
-from .key import ECKey
-from .tiers import ECStorageManager
-from .tiers.contract import Tier, TierKind
+from .. import codec
+from ..key import ECKey
+from ..tier_contract import Tier, TierKind
+from .manager import ECStorageManager
 
 logger = logging.getLogger(__name__)
 

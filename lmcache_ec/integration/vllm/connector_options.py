@@ -20,7 +20,7 @@ Keys (all optional)::
                               request is reported unavailable (5.0)
     weights_fingerprint       key outputs by a fingerprint of the loaded encoder
                               weights, retaken after every weight update
-                              (``seams.py``); false: only ``ec.weights_version``
+                              (``weight_updates.py``); false: only ``ec.weights_version``
                               (true)
     idle_stage_wait_s         with no request running, how long the scheduler
                               waits for a prefetch to land before deferring the

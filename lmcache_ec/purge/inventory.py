@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .config import ECConfig
+from ..config import ECConfig
+from ..tiers.disk_layout import DirectoryLayout
 from .selection import (
     Entry,
     RemoteUnavailable,
@@ -38,7 +39,6 @@ from .selection import (
     remote_configured,
     scan_disk,
 )
-from .tiers.disk_layout import DirectoryLayout
 
 __all__ = [
     "Entry",
@@ -81,7 +81,7 @@ def node_configured(config: ECConfig) -> bool:
 
 def scan_node(config: ECConfig, selector: Selector = _EVERYTHING) -> list[Entry]:
     """Entries of this user's node tier on this machine, every namespace."""
-    from .tiers.node import node_dirs
+    from ..tiers.node import node_dirs
 
     found: list[Entry] = []
     for directory in node_dirs(config.values["node_dir"]):

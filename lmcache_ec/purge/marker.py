@@ -58,10 +58,10 @@ from typing import Any
 
 import xxhash
 
-from .key import slug
-from .remote.store import appended
+from ..key import slug
+from ..remote.store import appended
+from ..tiers.disk_layout import PRIVATE, DirectoryLayout, DirectoryModes
 from .selection import Selector
-from .tiers.disk_layout import PRIVATE, DirectoryLayout, DirectoryModes
 
 logger = logging.getLogger(__name__)
 

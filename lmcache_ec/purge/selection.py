@@ -17,10 +17,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import codec
-from .config import ECConfig
-from .key import KEY_FORMAT_VERSION, ECKey, slug
-from .tiers.disk_layout import DirectoryLayout, read_header_file
+from .. import codec
+from ..config import ECConfig
+from ..key import KEY_FORMAT_VERSION, ECKey, slug
+from ..tiers.disk_layout import DirectoryLayout, read_header_file
 
 
 class RemoteUnavailable(RuntimeError):
@@ -150,7 +150,7 @@ def open_remote(config: ECConfig) -> Any | None:
     if not remote_configured(config):
         return None
     try:
-        from .remote.catalog import open_catalog
+        from ..remote.catalog import open_catalog
     except ImportError as exc:
         raise RemoteUnavailable(f"remote catalog support is not available: {exc}") from None
     try:

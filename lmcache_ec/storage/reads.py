@@ -29,12 +29,12 @@ import numpy as np
 import torch
 from lmcache.v1.memory_management import MemoryObj
 
-from . import codec
-from .key import ECKey
-from .metrics import ECStats
+from .. import codec
+from ..key import ECKey
+from ..metrics import ECStats
+from ..tier_contract import Tier, TierKind
+from .manager import ECStorageManager
 from .promotion import Promoter
-from .tiers import ECStorageManager
-from .tiers.contract import Tier, TierKind
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ remote storage plugins, see ``lmcache_ec.remote.backend``) and leaves the
 rest — storage plugins — to upstream, in upstream's order.
 
 ``tiers()`` is what the rest of lmcache-ec sees: the tiers in that order,
-each a ``Tier`` (``contract.py``); upstream's plugins are wrapped in
+each a ``Tier`` (``tier_contract.py``); upstream's plugins are wrapped in
 ``PluginTier``. Backend names (LMCache's keys) are known here only.
 
 A node tier this user can have no private directory for is left out (one
@@ -32,11 +32,11 @@ from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 from ..runtime_dirs import Feature, RuntimeDirUnavailable, feature_off
-from .contract import Tier, TierDefaults, TierKind
-from .frame_directory import FrameDirectoryTier
-from .local_cpu import ECLocalCPUBackend
-from .local_disk import ECLocalDiskBackend
-from .node import ECNodeBackend, node_tier_enabled
+from ..tier_contract import Tier, TierDefaults, TierKind
+from ..tiers.frame_directory import FrameDirectoryTier
+from ..tiers.local_cpu import ECLocalCPUBackend
+from ..tiers.local_disk import ECLocalDiskBackend
+from ..tiers.node import ECNodeBackend, node_tier_enabled
 
 
 class _NoControllerFilter(logging.Filter):
