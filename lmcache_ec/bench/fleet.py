@@ -42,7 +42,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .run import LOCAL_S3_BUCKET, LOCAL_S3_CREDENTIALS, machine, run_in_worker
+from .job_protocol import run_in_worker
+from .run import LOCAL_S3_BUCKET, LOCAL_S3_CREDENTIALS, machine
 
 Progress = Callable[[str], None]
 BARRIER_TIMEOUT = 300.0

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .run import run_in_worker
+from .job_protocol import run_in_worker
 from .startup import measure_startup
 
 OURS = "lmcache-ec"

@@ -21,8 +21,7 @@ import tempfile
 import traceback
 from typing import Any
 
-RESULT = "@@result "
-PROGRESS = "@@progress "
+from .job_protocol import PROGRESS, RESULT
 
 
 def progress(text: str) -> None:

@@ -299,8 +299,3 @@ class DirectoryBudget:
         """The bytes the ledger holds now (None: no usable ledger)."""
         with self._locked():
             return self._read()
-
-    def usage(self) -> tuple[int, int]:
-        """(bytes, entries) in the directory now, from a scan (no lock)."""
-        scan = self.layout.scan(reclaim=False)
-        return scan.total, len(scan.entries)

@@ -283,12 +283,6 @@ class DirectoryLayout:
 
     # -- one entry -----------------------------------------------------------
 
-    def size_of(self, name: str) -> int | None:
-        try:
-            return os.stat(self.path_of(name)).st_size
-        except OSError:
-            return None
-
     def touch(self, entry: str | int) -> None:
         """Mark an entry (its path, or a descriptor open on it) used now, for
         the shared LRU order; a vanished file is ignored."""

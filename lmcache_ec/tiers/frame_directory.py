@@ -116,10 +116,6 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
 
     # -- health --------------------------------------------------------------
 
-    @property
-    def write_errors(self) -> int:
-        return self.counters["write_errors"]
-
     def snapshot(self) -> dict[str, Any]:
         """Health and counters, for stats exporters; ``failures`` are I/O errors."""
         counters = dict(self.counters)

@@ -921,6 +921,23 @@ MUTATIONS += [
         "                        pass\n",
         (f"{T_LAYOUT}::test_a_write_published_between_listing_and_stat_counts_at_its_reservation",),
     ),
+    # -- layout: the import graph has no cycle; the docs name files that exist
+    Mutation(
+        "bench-import-cycle",
+        "the import graph has no cycle (the benchmarks included)",
+        "lmcache_ec/bench/run.py",
+        "from .job_protocol import run_in_worker\n",
+        "from . import fleet  # noqa: F401\nfrom .job_protocol import run_in_worker\n",
+        ("tests/test_layers.py::test_the_import_graph_has_no_cycle",),
+    ),
+    Mutation(
+        "docs-name-a-renamed-file",
+        "a file the docs name exists (a renamed module shows)",
+        "docs/architecture.md",
+        "through `weight_updates.py`, the one module",
+        "through `seams.py`, the one module",
+        ("tests/test_docs.py::test_files_named_exist[docs/architecture.md]",),
+    ),
     # -- a late promotion never outranks newer entries in the CPU tier's LRU
     Mutation(
         "late-promotion-goes-to-the-front",

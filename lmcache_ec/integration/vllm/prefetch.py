@@ -58,9 +58,6 @@ class PrefetchQueue:
         """Identifiers waiting for room, in arrival order."""
         return list(self._queued)
 
-    def is_queued(self, identifier: str) -> bool:
-        return identifier in self._queued
-
     def queued_deadline(self, identifier: str) -> float:
         return self._queued[identifier].deadline
 
@@ -90,11 +87,3 @@ class PrefetchQueue:
     @property
     def inflight_items(self) -> int:
         return len(self._inflight)
-
-    @property
-    def inflight_bytes(self) -> int:
-        return self._inflight_bytes
-
-    @property
-    def queued_items(self) -> int:
-        return len(self._queued)
