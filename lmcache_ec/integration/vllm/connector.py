@@ -33,7 +33,7 @@ from ...engine import ECCache
 from ...runtime_dirs import Feature, RuntimeDirUnavailable, feature_off, socket_path
 from . import seams
 from .channel import StageListener
-from .identity import identity_from_vllm, is_content_identifier
+from .identity import identity_from_vllm
 from .index import TierIndex
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .scheduler import TierScheduler
@@ -191,7 +191,7 @@ class LMCacheECTierConnector(ECConnectorBase):
             self.worker = TierWorker(
                 cache,
                 self.settings,
-                persistable=self._persistable,
+                persistable=self.settings.persistable,
                 is_producer=self.is_producer,
                 is_consumer=self.is_consumer,
                 tp_rank=tp_rank,
@@ -224,9 +224,6 @@ class LMCacheECTierConnector(ECConnectorBase):
                 "first step report and caches nothing before it"
             )
         return text
-
-    def _persistable(self, identifier: str) -> bool:
-        return self.settings.persist_non_content_ids or is_content_identifier(identifier)
 
     # -- worker side: weights and the stage channel ---------------------------
 

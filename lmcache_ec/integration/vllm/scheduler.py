@@ -39,7 +39,6 @@ from ...claims import ClaimAgent
 from ...runtime_dirs import Feature, RuntimeDirUnavailable, feature_off
 from .encode_claims import CLAIM_STATES, EncodeClaims
 from .features_off import OffChanges
-from .identity import is_content_identifier
 from .index import PENDING, TierIndex
 from .items import ItemState, ItemTable
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
@@ -155,9 +154,6 @@ class TierScheduler:
             return None
         return WEIGHTS_UNKNOWN if self._reports_arrive() else WEIGHTS_UNREACHABLE
 
-    def persistable(self, identifier: str) -> bool:
-        return self.settings.persist_non_content_ids or is_content_identifier(identifier)
-
     def mark_ready(self, identifiers: list[str]) -> None:
         """Treat ``identifiers`` as staged on every rank (what the workers' reports do)."""
         deadline = time.monotonic() + self.settings.stage_timeout_s
@@ -229,7 +225,7 @@ class TierScheduler:
 
     def _approve_at_once(self, identifier: str, now: float) -> bool:
         """``in_step_reads``: a tier hit is approved now and read inside the step."""
-        if self.weights is None or not self.persistable(identifier):
+        if self.weights is None or not self.settings.persistable(identifier):
             return True
         tier = self._lookup(identifier, now)
         if tier == PENDING:  # the same existence check as with prefetch
@@ -267,7 +263,7 @@ class TierScheduler:
             item.retry_after = 0.0
             self.items.move(identifier, S.UNKNOWN)
             item = None
-        if self.weights is None or not self.persistable(identifier):
+        if self.weights is None or not self.settings.persistable(identifier):
             return True
         if item is not None and item.state in CLAIM_STATES:
             return self._encode_or_wait(identifier, now, nbytes, request_id)
@@ -451,7 +447,7 @@ class TierScheduler:
             # Encode-only producer: what the tiers hold need not be encoded again.
             hit = (
                 self.weights is not None
-                and self.persistable(identifier)
+                and self.settings.persistable(identifier)
                 and self.index.lookup(identifier) not in (None, PENDING)
             )
         if hit:
