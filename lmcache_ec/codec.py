@@ -12,8 +12,12 @@ identity and integrity checks for free::
     then       payload: the tensor's bytes, C-contiguous, 64-byte aligned
 
 A frame is accepted only if the magic, both checksums, the storage name and
-the payload length (= prod(shape) * itemsize) all agree; anything else is
-``CorruptEntryError``, which callers turn into a miss plus removal.
+the payload length (= prod(shape) * itemsize) all agree, and a frame read
+from a tier (file, Redis, S3) is exactly as long as it declares (prefix +
+header + payload, ``check_stored_size``); anything else is
+``CorruptEntryError``, which callers turn into a miss plus removal. Tiers
+size their reads from the declared length, never from what the store holds,
+so a padded entry costs no more memory than the entry it claims to be.
 """
 
 from __future__ import annotations
@@ -148,6 +152,29 @@ def read_prefix(raw: bytes | memoryview) -> tuple[int, int, int, int]:
     return header_len, payload_len, payload_sum, header_sum
 
 
+def declared_size(raw: bytes | memoryview | np.ndarray) -> int:
+    """The bytes the frame whose first ``PREFIX_SIZE`` bytes are ``raw`` declares
+    itself to be (prefix + header + payload); ``CorruptEntryError`` if ``raw`` is
+    not a frame prefix."""
+    header_len, payload_len, _, _ = read_prefix(raw)
+    return PREFIX_SIZE + header_len + payload_len
+
+
+def check_stored_size(raw: bytes | memoryview | np.ndarray, stored: int) -> int:
+    """The declared size of the frame whose prefix is ``raw``, if ``stored`` (the
+    bytes its tier holds: a file's size, an object's length) equals it.
+
+    The one size rule of every tier: a frame is exactly its prefix, header and
+    payload; anything longer or shorter is a damaged entry
+    (``CorruptEntryError``), and a read sized from the declared length never
+    allocates more than the entry it asked for.
+    """
+    declared = declared_size(raw)
+    if stored != declared:
+        raise CorruptEntryError(f"stored size {stored} differs from the declared {declared}")
+    return declared
+
+
 def parse_header(raw: bytes | memoryview, header_sum: int) -> dict[str, Any]:
     if xxhash.xxh3_64_intdigest(raw) != header_sum:
         raise CorruptEntryError("header checksum mismatch")
@@ -161,7 +188,8 @@ def _parse_verified(raw: bytes) -> dict[str, Any]:
         header = json.loads(raw.decode())
         dtype = SUPPORTED_DTYPES[header["tensor_dtype"]]
         shape = list(header["shape"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        # RecursionError: deeply nested JSON (the checksum is no authentication).
         raise CorruptEntryError(f"unreadable header: {exc}") from None
     # Writers store only non-empty 2-D tensors; anything else (negative, zero,
     # float or bool dims) was not written by put and must not reach torch.
@@ -268,13 +296,21 @@ def _verify_payload(data: np.ndarray, length: int, payload_sum: int) -> np.ndarr
     return data
 
 
+def _check_length(raw: np.ndarray, end: int, exact: bool) -> None:
+    """``raw`` holds the frame's ``end`` bytes; ``exact``: and nothing more (a
+    frame read from a tier; a pool buffer may carry allocator padding)."""
+    if raw.size < end:
+        raise CorruptEntryError("truncated payload")
+    if exact and raw.size != end:
+        raise CorruptEntryError(f"stored size {raw.size} differs from the declared {end}")
+
+
 def _verify(
-    raw: np.ndarray, key: ECKey, verify_payload: bool
+    raw: np.ndarray, key: ECKey, verify_payload: bool, exact: bool = False
 ) -> tuple[str, int, int, torch.dtype, tuple[int, int]]:
     """(name, payload start, payload length, dtype, shape) of a verified frame."""
     name, start, length, payload_sum, dtype, shape = _verify_header(raw, key)
-    if raw.size < start + length:
-        raise CorruptEntryError("truncated payload")
+    _check_length(raw, start + length, exact)
     if verify_payload:
         _verify_payload(raw[start:], length, payload_sum)
     return name, start, length, dtype, shape
@@ -299,7 +335,7 @@ def decode_bytes(data: bytes, key: ECKey) -> Payload:
     but this read refers to ``data``, so the result can be a tensor over it.
     """
     raw = np.frombuffer(data, dtype=np.uint8)
-    name, start, length, dtype, shape = _verify(raw, key, True)
+    name, start, length, dtype, shape = _verify(raw, key, True, exact=True)
     payload = raw[start : start + length]
     tensor = _over_bytes(payload).view(dtype).view(shape)
     return Payload(name, payload, start, dtype, shape, tensor, owned=True)
@@ -322,8 +358,7 @@ def decode_read(read: FrameRead, key: ECKey) -> Payload:
     """
     raw = read.frame
     name, start, length, payload_sum, dtype, shape = _verify_header(raw, key)
-    if raw.size < start + length:
-        raise CorruptEntryError("truncated payload")
+    _check_length(raw, start + length, exact=True)
     data = raw[start : start + length]
     taken = read.payload_sum
     if (xxhash.xxh3_64_intdigest(data) if taken is None else taken) != payload_sum:

@@ -98,6 +98,7 @@ def _addressing_style(value: Any) -> str | None:
 
 # Settings the tiers read from LMCache's extra_config as ``lmcache_ec.<name>``.
 TIER_SETTINGS = (
+    "local_disk_group_shared",
     "cpu_huge_pages",
     "min_residency_s",
     "node_tier",
@@ -121,7 +122,8 @@ SCHEMA: dict[str, Option] = {
             "max_local_cpu_size",
             "float",
             1.0,
-            "CPU tier capacity in GB (also the largest storable entry). "
+            "CPU tier capacity in GB (also the largest entry stored, or read from the remote "
+            "tier: a Redis read takes at most this many bytes). "
             "Memory is not reserved at start: a background thread makes pages resident a "
             "window (128 MB) ahead of use.",
             True,
@@ -141,6 +143,15 @@ SCHEMA: dict[str, Option] = {
             "Disk tier capacity in GB; least recently used entries are removed beyond it.",
             True,
             _size_gb,
+        ),
+        Option(
+            "local_disk_group_shared",
+            "bool",
+            False,
+            "Share the disk tier with the members of its directory's group: a directory "
+            "this process makes is 2770 (new files keep its group) and entries are 0660. "
+            "Off, it is 0700 and entries 0600: stored embeddings can reveal image content.",
+            False,
         ),
         # -- sharing a directory, and the node tier (tiers/budget.py, tiers/node.py)
         Option(

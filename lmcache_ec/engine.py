@@ -14,7 +14,7 @@ Contract:
 - ``get_many`` reads the items below the CPU tier side by side
   (``read_threads``, ``read_pool.py``); results keep the order asked.
 - A purge by another process (``lmcache-ec purge``) is noticed through its
-  marker (``purge_marker.py``) within ``purge_check_s``: the CPU tier drops
+  namespace's purge log (``purge_marker.py``) within ``purge_check_s``: the CPU tier drops
   the entries the purge selected and the engine forgets what it knew of them
   (see ``_purged``).
 
@@ -122,7 +122,9 @@ class ECCache:
         self._keys: dict[str, ECKey] = {}
         self._replayer = RemoteReplayer(self._storage, _frame_bytes, lambda: self._closed)
         self._replayer.attach()
-        self._purges = PurgeFollower(config, self._storage, self._reader, self.stats)
+        self._purges = PurgeFollower(
+            config, identity.namespace, self._storage, self._reader, self.stats
+        )
         self._watch = self._purges.watch  # polled on every read and write
 
     @classmethod

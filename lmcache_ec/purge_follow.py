@@ -1,11 +1,13 @@
 """Purges made by other processes, applied to one engine's own state.
 
 ``lmcache-ec purge`` in another process deletes entries from the shared tiers
-and leaves a marker (``purge_marker.py``). An engine follows the markers of
-the tiers it shares: the disk marker is ``stat``-ed by reads and writes (at
-most every ``purge_check_s``, through ``watch.poll_disk``); the remote one is
-read by the ``ec-purge-watch`` thread at the same interval (never by a read),
-which also checks the disk marker for an engine that is idle.
+and appends a record to its namespace's purge log (``purge_marker.py``). An
+engine follows its own namespace's logs on the tiers it shares: the disk log
+is ``stat``-ed by reads and writes (at most every ``purge_check_s``, through
+``watch.poll_disk``); the remote one is read by the ``ec-purge-watch`` thread
+at the same interval (never by a read), which also checks the disk log for an
+engine that is idle. The thread outlives any failure: an error is logged once
+and the next check runs as usual.
 """
 
 from __future__ import annotations
@@ -29,17 +31,24 @@ logger = logging.getLogger(__name__)
 
 class PurgeFollower:
     def __init__(
-        self, config: ECConfig, storage: ECStorageManager, reader: TierReader, stats: ECStats
+        self,
+        config: ECConfig,
+        namespace: str,
+        storage: ECStorageManager,
+        reader: TierReader,
+        stats: ECStats,
     ) -> None:
         self._config = config
+        self._namespace = namespace
         self._storage = storage
         self._reader = reader
         self._stats = stats
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._last_failure = ""
         interval = float(config.values["purge_check_s"])  # schema default applied
-        disk_dir = config.values.get("local_disk") if storage.disk is not None else None
-        self.watch = MarkerWatch(disk_dir, interval, self._purged)
+        disk_dir = storage.disk.directory if storage.disk is not None else None
+        self.watch = MarkerWatch(disk_dir, namespace, interval, self._purged)
         self._thread: threading.Thread | None = None
         if disk_dir is None and not selection.remote_configured(config):
             return
@@ -56,28 +65,33 @@ class PurgeFollower:
 
     def _loop(self) -> None:
         catalog = None
-        if selection.remote_configured(self._config):
-            try:
-                catalog = selection.open_remote(self._config)
-            except Exception as exc:
-                logger.warning("Purges through the remote tier will not be noticed: %s", exc)
         try:
             while True:
-                if catalog is not None:
-                    self.watch.check_remote(catalog)
-                self.watch.poll_disk()
+                try:
+                    if catalog is None and selection.remote_configured(self._config):
+                        catalog = selection.open_remote(self._config)  # retried until it opens
+                    if catalog is not None:
+                        self.watch.check_remote(catalog)
+                    self.watch.poll_disk()
+                except Exception as exc:  # the watch outlives anything one check does
+                    self._failed(exc)
                 if self._stop.wait(self.watch.interval):
                     return
-        except Exception as exc:  # never let the watch kill anything else
-            logger.warning("Purge watch stopped: %s", exc)
         finally:
             if catalog is not None:
                 catalog.close()
 
-    def _purged(self, marker: PurgeMarker, tier: str) -> None:
-        """Another process purged ``marker``'s selection from ``tier``.
+    def _failed(self, exc: Exception) -> None:
+        message = f"{type(exc).__name__}: {exc}"
+        if message != self._last_failure:  # once per distinct failure
+            self._last_failure = message
+            logger.warning("Purge watch: a check failed (it keeps running): %s", message)
 
-        - remote marker (on the watch thread): entries of this engine's own
+    def _purged(self, marker: PurgeMarker, tier: str) -> None:
+        """Another process purged ``marker``'s selection from ``tier``; the
+        selection is this engine's namespace's (the log's), whatever the record says.
+
+        - remote record (on the watch thread): entries of this engine's own
           disk and node directories that the purge selected and that were
           created before it are deleted first — the purging process may not
           share them;
@@ -89,7 +103,7 @@ class PurgeFollower:
         """
         with self._lock:
             self._stats.add("purges_seen")
-            selector = marker.selector()
+            selector = marker.selector(self._namespace)
             tiers = self._storage.every_tier()
             if tier == "remote":
                 for directory in [t.directory for t in tiers if t.directory is not None]:

@@ -1,233 +1,411 @@
-"""The purge marker: how ``lmcache-ec purge`` reaches engines that are running.
+"""The purge log: how ``lmcache-ec purge`` reaches engines that are running.
 
-``purge`` deletes entries from the disk and remote tiers, then writes one small
-JSON record — a *generation* — to each tier it purged:
+``purge`` deletes entries from the disk and remote tiers, then appends one
+record, a *generation*, to the purge log of every namespace it purged, on each
+tier it purged:
 
-- disk: the file ``<local_disk>/ec-purge-generation.json`` (written to a
-  temporary name and renamed, see ``tiers/disk_layout.py``). It is not an
-  entry's file name, so the disk tier, ``ls``, ``stats`` and ``purge`` never
-  take it for an entry;
-- remote: the key (Redis) or object (S3, under the prefix)
-  ``ec-purge-generation.json``, which is not a storage name (those start with
-  ``ec1.``), so listings skip it. Readers of the store keep it recently used.
+- one log per namespace, ``ec-purge.<namespace slug>.log``: a file in the disk
+  directory, a key (Redis) or an object (S3, under the prefix) beside the
+  entries. It is no entry's name, so listings and purges never take it for one;
+- append-only, so no purge is lost however many are made at once, by any
+  number of tenants or several in one namespace: Redis appends in one script
+  (``APPEND``, then trim), S3 by a conditional put on the ETag it read
+  (retried when another purge got in first), the disk under a lock on the
+  directory (the new log is written aside and renamed into place). A log keeps
+  its newest records within ``LOG_LIMIT`` bytes: 260 typical records, never
+  fewer than ``LOG_LIMIT // RECORD_LIMIT``.
 
-A record is ``{"v": 1, "generation": <random hex>, "time": <epoch seconds>,
-"select": {"namespace", "model", "weights", "older_than"}}``; an empty
-selection field matches everything.
+A record is one line of JSON, ``{"v": 1, "generation": <hex>, "time": <epoch
+seconds>, "select": {"namespace", "model", "weights", "older_than"}}``; an
+absent or null selection field matches everything of the log's namespace.
 
-``MarkerWatch`` notices a generation it has not seen: a ``stat`` of the disk
-file at most every ``interval`` seconds on the caller's path (``poll_disk``),
-and a read of the remote record wherever its owner does remote work
-(``check_remote``). A record present at start is old news unless written
-after the watch started; one generation seen on both tiers counts once.
+Records are untrusted: anyone who can write to a store can write one. A reader
+
+- reads at most ``LOG_LIMIT + 1`` bytes, the log's tail, and on disk opens only
+  a regular file (no link followed, never blocking on a FIFO);
+- rejects a record that is not exactly that schema (sizes, types, a hex
+  generation, finite non-negative numbers): logged once, ignored, never raised;
+- clamps a record's time to its own clock: a record from the future selects
+  nothing written after it was read;
+- scopes a record to the namespace whose log holds it: one that names another
+  namespace is rejected, so no record reaches another tenant's entries (not
+  even an engine's own disk and node entries, which only a remote record
+  makes it delete).
+
+``MarkerWatch`` notices a generation it has not handled: a ``stat`` of the disk
+log at most every ``interval`` seconds on the caller's path (``poll_disk``),
+and a read of the remote log wherever its owner does remote work
+(``check_remote``). Records written before the watch started are old news;
+one generation seen on both tiers counts once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import math
 import os
+import re
 import secrets
+import stat
 import threading
 import time
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+import xxhash
+
+from .key import slug
+from .remote.store import appended
 from .selection import Selector
+from .tiers.disk_layout import PRIVATE, DirectoryLayout, DirectoryModes
 
 logger = logging.getLogger(__name__)
 
-MARKER_NAME = "ec-purge-generation.json"  # disk file name, Redis key, S3 object name
 FORMAT_VERSION = 1
-_MAX_BYTES = 64 * 1024
-_REMEMBERED = 64  # generations remembered as handled
+LOG_PREFIX = "ec-purge."
+LOG_SUFFIX = ".log"
+LOG_LIMIT = 64 * 1024  # bytes of a log kept, and read
+RECORD_LIMIT = 4 * 1024  # bytes of one record (a line)
+_TEXT_LIMIT = 1024  # characters of a namespace, model or weights version
+_SELECT_FIELDS = ("namespace", "model", "weights", "older_than")
+_RECORD_FIELDS = {"v", "generation", "time", "select"}
+_GENERATION = re.compile(r"[0-9a-f]{1,64}")
+_REMEMBERED = 4096  # generations remembered as handled (a log holds far fewer)
+_REPORTED = 1024  # problems remembered as logged
+
+
+class BadRecord(ValueError):
+    """A purge record that is not one (the message says why)."""
+
+
+def log_name(namespace: str) -> str:
+    """The purge log of ``namespace``: a disk file name, Redis key or S3 object name."""
+    return log_name_of_slug(slug(namespace))
+
+
+def log_name_of_slug(namespace_slug: str) -> str:
+    return f"{LOG_PREFIX}{namespace_slug}{LOG_SUFFIX}"
 
 
 @dataclass(frozen=True)
 class PurgeMarker:
+    """One purge: what it selected, as of when (epoch seconds, purger's clock,
+    clamped to the reader's)."""
+
     generation: str
-    time: float  # when the purge finished deleting (epoch seconds, purger's clock)
-    select: dict[str, Any] = field(default_factory=dict)
+    time: float
+    namespace: str | None = None
+    model: str | None = None
+    weights: str | None = None
+    older_than: float | None = None
 
     @classmethod
     def new(cls, selector: Selector) -> PurgeMarker:
-        select = {
-            "namespace": selector.namespace,
-            "model": selector.model,
-            "weights": selector.weights,
-            "older_than": selector.older_than,
-        }
-        return cls(secrets.token_hex(16), time.time(), select)
-
-    def selector(self) -> Selector:
-        """What the purge selected, as of its time: entries created before it
-        (``--older-than`` moves that cut-off back), so applying it later never
-        selects entries written after the purge."""
-        get = self.select.get
-        older = get("older_than")
-        return Selector(
-            namespace=get("namespace"),
-            model=get("model"),
-            weights=get("weights"),
-            created_before=self.time - (float(older) if older is not None else 0.0),
+        return cls(
+            secrets.token_hex(16),
+            time.time(),
+            selector.namespace,
+            selector.model,
+            selector.weights,
+            selector.older_than,
         )
 
-    def to_bytes(self) -> bytes:
+    def selector(self, namespace: str) -> Selector:
+        """What the purge selected in ``namespace`` (the log's), as of its time:
+        entries created before it (``--older-than`` moves that cut-off back), so
+        applying it later never selects entries written after the purge."""
+        return Selector(
+            namespace=namespace,
+            model=self.model,
+            weights=self.weights,
+            created_before=self.time - (self.older_than or 0.0),
+        )
+
+    def describe(self) -> str:
+        fields = {f: getattr(self, f) for f in _SELECT_FIELDS if getattr(self, f) is not None}
+        return str(fields or "all")
+
+    def to_line(self) -> bytes:
+        """The record as one log line; ``ValueError`` if longer than ``RECORD_LIMIT``."""
         record = {
             "v": FORMAT_VERSION,
             "generation": self.generation,
             "time": self.time,
-            "select": self.select,
+            "select": {f: getattr(self, f) for f in _SELECT_FIELDS},
         }
-        return json.dumps(record, separators=(",", ":")).encode()
+        line = json.dumps(record, separators=(",", ":"), ensure_ascii=True).encode() + b"\n"
+        if len(line) > RECORD_LIMIT:
+            raise ValueError(f"purge record longer than {RECORD_LIMIT} bytes")
+        return line
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> PurgeMarker | None:
-        """The record in ``data``; None if it is not one (never raises)."""
+    def parse(cls, line: bytes, namespace: str, now: float) -> PurgeMarker:
+        """The record in ``line`` from ``namespace``'s log, its time clamped to
+        ``now``; ``BadRecord`` for anything else (never another exception)."""
+        if len(line) > RECORD_LIMIT:
+            raise BadRecord(f"longer than {RECORD_LIMIT} bytes")
         try:
-            record = json.loads(data[:_MAX_BYTES])
-            select = record.get("select") or {}
-            if not isinstance(select, dict):
-                select = {}
-            select = {
-                "namespace": _text(select.get("namespace")),
-                "model": _text(select.get("model")),
-                "weights": _text(select.get("weights")),
-                "older_than": _number(select.get("older_than")),
-            }
-            return cls(str(record["generation"]), float(record["time"]), select)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return None
+            record = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # RecursionError: deep nesting
+            raise BadRecord(f"not JSON: {type(exc).__name__}") from None
+        if not isinstance(record, dict) or set(record) != _RECORD_FIELDS:
+            raise BadRecord("not a purge record")
+        if type(record["v"]) is not int or record["v"] != FORMAT_VERSION:
+            raise BadRecord("unknown version")
+        generation = record["generation"]
+        if not isinstance(generation, str) or not _GENERATION.fullmatch(generation):
+            raise BadRecord("bad generation")
+        select = record["select"]
+        if not isinstance(select, dict) or not set(select) <= set(_SELECT_FIELDS):
+            raise BadRecord("bad selection")
+        texts = {f: _text(select.get(f), f) for f in ("namespace", "model", "weights")}
+        if texts["namespace"] is not None and texts["namespace"] != namespace:
+            raise BadRecord("it names another namespace than its log's")
+        older_than = select.get("older_than")
+        return cls(
+            generation,
+            min(_seconds(record["time"], "time"), now),
+            texts["namespace"],
+            texts["model"],
+            texts["weights"],
+            None if older_than is None else _seconds(older_than, "older_than"),
+        )
 
 
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
+def _text(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > _TEXT_LIMIT:
+        raise BadRecord(f"bad {name}")
+    return value
 
 
-def _number(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return float(value) if ok and value == value and value >= 0 else None
+def _seconds(value: Any, name: str) -> float:
+    """A finite, non-negative number of seconds."""
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        raise BadRecord(f"bad {name}")
+    return float(value)
+
+
+def records(data: bytes) -> list[bytes]:
+    """The lines of a log read as its last ``LOG_LIMIT + 1`` bytes (or less): a
+    read that got all of them started inside a line, which is dropped."""
+    lines = data.split(b"\n")
+    if len(data) > LOG_LIMIT:
+        lines = lines[1:]
+    return [line for line in lines if line.strip()]
 
 
 # -- disk ----------------------------------------------------------------------
 
 
-def disk_path(directory: str) -> str:
-    return os.path.join(directory, MARKER_NAME)
+class UnreadableLog(OSError):
+    """A disk log that is not a regular file (a link, a FIFO, a directory …)."""
 
 
-def write_disk(directory: str, marker: PurgeMarker) -> None:
-    """Write the record atomically (temporary file + rename); raises ``OSError``."""
-    from .tiers.disk_layout import DirectoryLayout
-
-    DirectoryLayout(directory).replace_file(MARKER_NAME, marker.to_bytes())
+def disk_path(directory: str, namespace: str) -> str:
+    return os.path.join(directory, log_name(namespace))
 
 
-def disk_signature(directory: str) -> tuple[int, int, int] | None:
-    """(inode, mtime ns, size) of the disk record, None if there is none."""
+def _read_file(path: str) -> bytes | None:
+    """The last ``LOG_LIMIT + 1`` bytes of the regular file ``path`` (None if
+    absent), opened without following a link and without blocking (a FIFO)."""
     try:
-        stat = os.stat(disk_path(directory))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UnreadableLog(exc.errno, f"cannot open it: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnreadableLog("not a regular file")
+        start = max(0, info.st_size - LOG_LIMIT - 1)
+        return os.pread(fd, LOG_LIMIT + 1, start)
+    finally:
+        os.close(fd)
+
+
+def read_disk(directory: str, namespace: str) -> bytes | None:
+    """The tail of ``namespace``'s disk log (``records`` splits it); None if there
+    is none; ``OSError`` (``UnreadableLog``) if it cannot be read as a file."""
+    return _read_file(disk_path(directory, namespace))
+
+
+def disk_signature(directory: str, namespace: str) -> tuple[int, int, int] | None:
+    """(inode, mtime ns, size) of the disk log (not following a link), None if none."""
+    try:
+        info = os.lstat(disk_path(directory, namespace))
     except OSError:
         return None
-    return (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+    return (info.st_ino, info.st_mtime_ns, info.st_size)
 
 
-def read_disk(directory: str) -> PurgeMarker | None:
+def append_disk(
+    directory: str, namespace_slug: str, line: bytes, modes: DirectoryModes = PRIVATE
+) -> None:
+    """Append ``line`` to the disk log of the namespace with that slug, under an
+    ``flock`` on the directory (purgers queue; readers never wait: the new log
+    is written aside and renamed into place). Raises ``OSError``."""
+    name = log_name_of_slug(namespace_slug)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with open(disk_path(directory), "rb") as stream:
-            return PurgeMarker.from_bytes(stream.read(_MAX_BYTES))
-    except OSError:
-        return None
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            log = _read_file(os.path.join(directory, name)) or b""
+        except UnreadableLog as exc:  # replaced below by a good one
+            logger.warning("Replacing the unreadable purge log %s: %s", name, exc)
+            log = b""
+        log = b"".join(record + b"\n" for record in records(log))
+        DirectoryLayout(directory, modes).replace_file(name, appended(log, line, LOG_LIMIT))
+    finally:
+        os.close(fd)  # releases the lock
 
 
 # -- remote --------------------------------------------------------------------
 
 
-def write_remote(catalog: Any, marker: PurgeMarker) -> None:
-    """Store the record next to the entries (``RemoteCatalog``); raises on failure."""
-    catalog.write_object(MARKER_NAME, marker.to_bytes())
+def append_remote(catalog: Any, namespace_slug: str, line: bytes) -> None:
+    """Append ``line`` to the remote log (``RemoteCatalog``); raises on failure."""
+    catalog.append_log(log_name_of_slug(namespace_slug), line, LOG_LIMIT)
 
 
-def read_remote(catalog: Any) -> PurgeMarker | None:
-    """The stored record, None if there is none; raises if the store fails."""
-    data = catalog.read_object(MARKER_NAME)
-    return None if data is None else PurgeMarker.from_bytes(data)
+def read_remote(catalog: Any, namespace: str) -> bytes | None:
+    """The tail of the remote log, None if there is none; raises if the store fails."""
+    return catalog.read_log(log_name(namespace), LOG_LIMIT + 1)
 
 
 # -- watching ------------------------------------------------------------------
 
 
 class MarkerWatch:
-    """Calls ``on_purge(marker, tier)`` once per new purge generation.
+    """Calls ``on_purge(marker, tier)`` once per new purge of ``namespace``.
 
-    ``poll_disk`` is cheap enough for a hot path: it looks at the clock, and
-    at most every ``interval`` seconds ``stat``s the disk record (reading it
-    only when it changed). ``check_remote(catalog)`` reads the remote record;
-    its owner calls it from a background thread, never from a read.
+    ``poll_disk`` is cheap enough for a hot path: it looks at the clock, and at
+    most every ``interval`` seconds ``lstat``s the disk log (reading it only
+    when it changed). ``check_remote(catalog)`` reads the remote log; its owner
+    calls it from a background thread, never from a read. Neither raises: a
+    log or record that cannot be used, or an ``on_purge`` that fails, is
+    logged once and skipped.
     """
 
     def __init__(
         self,
         disk_dir: str | None,
+        namespace: str,
         interval: float,
         on_purge: Callable[[PurgeMarker, str], None],
     ) -> None:
         self.disk_dir = disk_dir
+        self.namespace = namespace
         self.interval = interval
         self._on_purge = on_purge
         self._started = time.time()
         self._lock = threading.Lock()
-        self._handled: deque[str] = deque(maxlen=_REMEMBERED)
+        self._handled: OrderedDict[str, None] = OrderedDict()
+        self._reported: OrderedDict[int, None] = OrderedDict()
         self._next_disk = 0.0
         self._disk_signature: tuple[int, int, int] | None = None
-        self._remote_seen = False  # a first answer of the store came in
-        if disk_dir is not None:
-            self._disk_signature = disk_signature(disk_dir)
-            marker = read_disk(disk_dir) if self._disk_signature is not None else None
-            if marker is not None:
-                self._handled.append(marker.generation)  # a purge before we started
+        self._disk_seen = False  # the disk log was looked at once
+        self.remote_checked = False  # a first answer of the store came in
+        self.bad_records = 0
 
     def poll_disk(self, now: float | None = None) -> bool:
-        """Check the disk record if ``interval`` has passed; True if a purge was handled."""
+        """Check the disk log if ``interval`` has passed; True if a purge was handled."""
         if self.disk_dir is None:
             return False
         now = time.monotonic() if now is None else now
         if now < self._next_disk:
             return False
         self._next_disk = now + self.interval
-        signature = disk_signature(self.disk_dir)
+        signature = disk_signature(self.disk_dir, self.namespace)
+        first = not self._disk_seen
+        self._disk_seen = True
         if signature is None or signature == self._disk_signature:
             return False
         self._disk_signature = signature
-        marker = read_disk(self.disk_dir)
-        return marker is not None and self._seen(marker, "disk", first=False)
+        try:
+            data = read_disk(self.disk_dir, self.namespace)
+        except OSError as exc:
+            self._report(f"disk purge log {log_name(self.namespace)}: {exc}")
+            return False
+        return data is not None and self._handle(data, "disk", first)
 
     def check_remote(self, catalog: Any) -> bool:
-        """Read the remote record; True if a purge was handled. Store failures are
+        """Read the remote log; True if a purge was handled. Store failures are
         logged at debug level and change nothing (the next check asks again)."""
         try:
-            marker = read_remote(catalog)
+            data = read_remote(catalog, self.namespace)
         except Exception as exc:
-            logger.debug("Reading the remote purge marker failed: %s", exc)
+            logger.debug("Reading the remote purge log failed: %s", exc)
             return False
-        first = not self._remote_seen
-        self._remote_seen = True
-        return marker is not None and self._seen(marker, "remote", first)
+        first = not self.remote_checked
+        self.remote_checked = True
+        return data is not None and self._handle(data, "remote", first)
+
+    def _handle(self, data: bytes, tier: str, first: bool) -> bool:
+        now = time.time()
+        handled = False
+        for line in records(data):
+            try:
+                marker = PurgeMarker.parse(line, self.namespace, now)
+            except BadRecord as exc:
+                self.bad_records += 1
+                self._report(f"ignoring a bad record of the {tier} purge log: {exc}", line)
+                continue
+            handled |= self._seen(marker, tier, first)
+        return handled
 
     def _seen(self, marker: PurgeMarker, tier: str, first: bool) -> bool:
         with self._lock:
             if marker.generation in self._handled:
                 return False
-            self._handled.append(marker.generation)
+            self._handled[marker.generation] = None
+            if len(self._handled) > _REMEMBERED:
+                self._handled.popitem(last=False)
         if first and marker.time < self._started:
             return False  # there before we started: nothing of ours to drop
         logger.info(
             "Purge %s seen on the %s tier (selection %s); dropping cached copies",
             marker.generation[:8],
             tier,
-            {k: v for k, v in marker.select.items() if v is not None} or "all",
+            marker.describe(),
         )
-        self._on_purge(marker, tier)
+        try:
+            self._on_purge(marker, tier)
+        except Exception as exc:  # never let a purge stop the watch
+            self._report(f"applying purge {marker.generation[:8]} failed: {exc!r}")
         return True
+
+    def _report(self, message: str, subject: bytes | None = None) -> None:
+        """Log ``message`` once per distinct problem (``subject``: the bytes at fault)."""
+        digest = xxhash.xxh3_64_intdigest(subject if subject is not None else message.encode())
+        with self._lock:
+            if digest in self._reported:
+                return
+            self._reported[digest] = None
+            if len(self._reported) > _REPORTED:
+                self._reported.popitem(last=False)
+        logger.warning("%s (logged once)", message)
+
+
+__all__ = [
+    "LOG_LIMIT",
+    "RECORD_LIMIT",
+    "BadRecord",
+    "MarkerWatch",
+    "PurgeMarker",
+    "UnreadableLog",
+    "append_disk",
+    "append_remote",
+    "disk_path",
+    "log_name",
+    "log_name_of_slug",
+    "read_disk",
+    "read_remote",
+    "records",
+]

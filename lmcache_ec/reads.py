@@ -264,10 +264,17 @@ class TierReader:
 
     # -- promotion -----------------------------------------------------------
 
-    def _write_above(self, key: ECKey, memory_obj: MemoryObj, tiers: list[Tier]) -> None:
+    def _write_above(
+        self, key: ECKey, memory_obj: MemoryObj, tiers: list[Tier], since: int | None = None
+    ) -> None:
+        """``memory_obj`` written to ``tiers``; ``since``: a late promotion, which
+        takes its place in the CPU tier's use order as of that tick."""
         for tier in tiers:
             try:
-                tier.write(key, memory_obj)
+                if since is not None and tier is self._cpu:
+                    self._cpu.write_used_at(key, memory_obj, since)
+                else:
+                    tier.write(key, memory_obj)
             except Exception as exc:
                 self.tier_failed(tier, "promote", exc)
 
@@ -293,7 +300,7 @@ class TierReader:
                 # Verified again: the entry may have changed since the caller's read.
                 payload = codec.decode_payload(buffer, key)
                 remember_payload(memory_obj, payload)
-                self._write_above(key, memory_obj, above)
+                self._write_above(key, memory_obj, above, since)
         except codec.CorruptEntryError:
             pass  # the next read of the entry finds it and drops it
         finally:

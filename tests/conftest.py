@@ -58,7 +58,7 @@ def _isolated_config(monkeypatch, tmp_path):
 @pytest.fixture
 def disk_dir(tmp_path):
     path = tmp_path / "ec-disk"
-    path.mkdir()
+    path.mkdir(mode=0o700)  # as the tier makes it: a wider one is warned about
     return path
 
 

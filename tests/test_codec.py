@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 import xxhash
 
 from lmcache_ec import codec
 from lmcache_ec.key import EncoderIdentity
-from lmcache_ec.tiers.disk_layout import READ_CHUNK, read_frame
+from lmcache_ec.tiers.disk_layout import READ_CHUNK, read_frame, read_header_file
 from tests.conftest import bit_equal, make_tensor
 
 IDENTITY = EncoderIdentity(model="m")
@@ -134,9 +135,8 @@ def test_disk_read_path_checks_the_header_and_the_key(tmp_path):
 def test_disk_read_path_rejects_short_files(tmp_path):
     data = frame_of(make_tensor((1800, 2048), torch.float16)).numpy().tobytes()
     for cut in (len(data) - 8, READ_CHUNK + 5, len(data) // 2, codec.PREFIX_SIZE + 10, 10, 0):
-        read = _read(tmp_path, data[:cut])
-        with pytest.raises(codec.CorruptEntryError):
-            codec.decode_read(read, IDENTITY.key("h"))
+        with pytest.raises(codec.CorruptEntryError):  # when read, or when decoded
+            codec.decode_read(_read(tmp_path, data[:cut]), IDENTITY.key("h"))
     # A file that shrank after its size was taken: fewer bytes than the array.
     for cut in (len(data) - 100, READ_CHUNK - 100):
         read = _read(tmp_path, data[:cut], size=len(data))
@@ -213,3 +213,66 @@ def test_header_with_a_valid_checksum_but_hostile_content_is_rejected(tmp_path, 
     # The same rebuild with the header put wrote reads back as the tensor.
     good = _with_header(frame, json.dumps(text, separators=(",", ":")).encode())
     assert bit_equal(codec.decode_frame(good, IDENTITY.key("h")), tensor)
+
+
+def test_dtype_other_than_the_pinned_one_is_rejected_on_every_read_path(tmp_path):
+    """A key pinned to bfloat16 never reads a float32 frame stored under its name."""
+    pinned = EncoderIdentity(model="m", dtype="bfloat16").key("h")
+    tensor = make_tensor((4, 4), torch.float32)
+    header = codec.encode_header(pinned, tensor)  # its name, another dtype
+    buffer = torch.empty(codec.frame_size(header, tensor), dtype=torch.uint8)
+    codec.write_frame(buffer, header, tensor)
+    data = buffer.numpy().tobytes()
+    reason = "differs from the encoder dtype"
+    with pytest.raises(codec.CorruptEntryError, match=reason):
+        codec.decode_frame(buffer, pinned)
+    with pytest.raises(codec.CorruptEntryError, match=reason):
+        codec.decode_read(_read(tmp_path, data), pinned)
+    with pytest.raises(codec.CorruptEntryError, match=reason):
+        codec.decode_bytes(data, pinned)
+    # Unpinned, the same frame reads back as stored.
+    assert bit_equal(codec.decode_frame(frame_of(tensor), IDENTITY.key("h")), tensor)
+
+
+@pytest.mark.parametrize("shape", [[2, 4], [8, 4]])
+def test_shape_must_cover_the_payload_exactly(tmp_path, shape):
+    """A header whose shape is smaller (or larger) than its payload is rejected on
+    both read paths, never read as a tensor of another shape."""
+    frame = frame_of(make_tensor((4, 4), torch.float32))
+    text = {
+        k: v
+        for k, v in codec.read_header(frame).items()
+        if k not in ("torch_dtype", "payload_sum", "payload_len", "frame_len")
+    }
+    bad = _with_header(frame, json.dumps({**text, "shape": shape}).encode())
+    with pytest.raises(codec.CorruptEntryError, match="shape does not match"):
+        codec.decode_frame(bad, IDENTITY.key("h"))
+    with pytest.raises(codec.CorruptEntryError, match="shape does not match"):
+        codec.decode_read(_read(tmp_path, bad.numpy().tobytes()), IDENTITY.key("h"))
+
+
+def test_stored_size_must_equal_the_declared_size(tmp_path):
+    """The one size rule of every tier (``check_stored_size``): a frame read from a
+    file or a store is exactly prefix + header + payload."""
+    data = frame_of(make_tensor((4, 4), torch.float32)).numpy().tobytes()
+    assert codec.declared_size(data[: codec.PREFIX_SIZE]) == len(data)
+    assert codec.check_stored_size(data[: codec.PREFIX_SIZE], len(data)) == len(data)
+    for stored in (len(data) - 1, len(data) + 1, len(data) + (256 << 20)):
+        with pytest.raises(codec.CorruptEntryError, match="stored size"):
+            codec.check_stored_size(data[: codec.PREFIX_SIZE], stored)
+    with pytest.raises(codec.CorruptEntryError, match="stored size"):
+        codec.decode_bytes(data + b"\0", IDENTITY.key("h"))
+    with pytest.raises(codec.CorruptEntryError, match="stored size"):
+        codec.decode_read(codec.FrameRead(np.frombuffer(data + b"\0", np.uint8)), IDENTITY.key("h"))
+    with pytest.raises(codec.CorruptEntryError, match="stored size"):
+        _read(tmp_path, data + b"\0")  # the disk tier finds it before reading the payload
+    # A pool buffer may be longer than its frame (allocator padding).
+    padded = torch.zeros(len(data) + 64, dtype=torch.uint8)
+    padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    codec.decode_frame(padded, IDENTITY.key("h"))
+    # A header length beyond the file is found before a read is sized by it.
+    huge = bytearray(data)
+    huge[8:12] = (1 << 31).to_bytes(4, "little")
+    (tmp_path / "huge.pt").write_bytes(bytes(huge))
+    with pytest.raises(codec.CorruptEntryError, match="truncated header"):
+        read_header_file(str(tmp_path / "huge.pt"))

@@ -247,3 +247,25 @@ def test_a_ledger_pruned_while_waiting_is_opened_again(disk_dir):
             os.unlink(path)
         thread.join(10)
         assert links == [1] and os.path.exists(path)
+
+
+def test_the_ledger_equals_the_bytes_on_disk_after_a_removal_and_a_lost_race(disk_dir):
+    """The ledger only over-counts when a writer dies or files go behind its back:
+    a removal by the tier and a publish lost to another writer both give their
+    bytes back at once."""
+    tensors = {f"e{i}": make_tensor(SHAPE, torch.float16, seed=i) for i in range(3)}
+    with ECCache.from_config(_config(disk_dir, 8, residency=0), model="m") as cache:
+        disk, budget = cache._disk, cache._disk.budget
+        assert all(cache.put_many(tensors))
+        assert cache.flush(10)
+        assert budget.ledger() == _directory_bytes(disk_dir) > 0
+        assert cache.remove("e0")
+        assert budget.ledger() == _directory_bytes(disk_dir)
+        # Another writer published e1 first: this write reserves, writes, loses.
+        frame = os.path.getsize(disk.path_of(cache.key("e1")))
+        memory_obj = cache._cpu.allocate_frame(frame)
+        memory_obj.ref_count_up()  # what submit_put_task takes for the write
+        disk.write_entry(cache.key("e1"), memory_obj, None)
+        memory_obj.ref_count_down()
+        assert disk.counters["skipped_existing"] == 1
+        assert budget.ledger() == _directory_bytes(disk_dir)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmcache_ec.key import EncoderIdentity
-from lmcache_ec.purge_marker import MARKER_NAME
+from lmcache_ec.purge_marker import log_name
 from lmcache_ec.tiers.disk_layout import (
     TEMP_PREFIX,
     DirectoryLayout,
@@ -42,7 +42,7 @@ def test_scan_lists_entries_only_and_counts_live_writes(tmp_path):
     name = _name("/tmp/models/x")
     assert layout.write(name, torch.zeros(100, dtype=torch.uint8).numpy())
     assert not layout.write(name, torch.ones(100, dtype=torch.uint8).numpy())  # kept as is
-    (tmp_path / MARKER_NAME).write_text("{}")
+    (tmp_path / log_name("default")).write_text("{}")
     (tmp_path / f"{TEMP_PREFIX}{os.getpid()}-9.{name}").write_bytes(b"x" * 10)
     (tmp_path / "notes.txt").write_text("kept")
     scan = layout.scan()
@@ -65,6 +65,36 @@ def test_scan_counts_a_write_at_its_reservation_and_a_published_one_once(tmp_pat
     scan = layout.scan()
     assert [e.name for e in scan.entries] == [other]
     assert scan.temp_bytes == 1000 and scan.total == 1100
+
+
+def _scan_after(layout: DirectoryLayout, between) -> object:
+    """``layout.scan()`` over a listing taken before ``between()`` ran: what a
+    scan sees when other processes act between its listing and its ``stat``s."""
+    listed = list(DirectoryLayout._items(layout))
+    between()
+    layout._items = lambda: iter(listed)  # type: ignore[method-assign]
+    return layout.scan()
+
+
+def test_a_write_published_between_listing_and_stat_counts_at_its_reservation(tmp_path):
+    layout = DirectoryLayout(str(tmp_path))
+    name = _name("/tmp/models/x")
+    temp = layout.create_temp(name, 1000)
+    # Listed as a temp file, published and its temp name gone before its stat:
+    # its entry is not in the listing either.
+    scan = _scan_after(layout, lambda: layout.write(name, bytes(1000), temp=temp))
+    assert scan.entries == [] and scan.total == 1000
+    assert DirectoryLayout(str(tmp_path)).scan().total == 1000  # the truth, listed again
+
+
+def test_a_write_listed_under_both_names_counts_once_when_its_temp_name_goes(tmp_path):
+    layout = DirectoryLayout(str(tmp_path))
+    name = _name("/tmp/models/x")
+    temp = layout.create_temp(name, 1000)
+    (tmp_path / os.path.basename(temp)).write_bytes(bytes(1000))
+    os.link(temp, layout.path_of(name))  # listed with both names, then the temp goes
+    scan = _scan_after(layout, lambda: os.remove(temp))
+    assert [e.name for e in scan.entries] == [name] and scan.total == 1000
 
 
 @pytest.mark.parametrize("bad", ["../escape", "a/b", ".hidden", "nul\0byte"])

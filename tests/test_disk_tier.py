@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from lmcache_ec import ECCache
@@ -138,3 +140,38 @@ def test_stale_temporary_files_are_cleaned_and_fresh_ones_kept(local_config, dis
         assert cache.contains("anything") is None
     assert not stale.exists() and fresh.exists()
     assert (disk_dir / "unrelated.txt").exists()
+
+
+def _mode(path) -> int:
+    return os.stat(path).st_mode & 0o7777
+
+
+@pytest.mark.parametrize(
+    ("group_shared", "dir_mode", "file_mode"),
+    [(False, 0o700, 0o600), (True, 0o2770, 0o660)],
+    ids=["private", "group-shared"],
+)
+def test_directory_and_entries_are_private_unless_shared_with_a_group(
+    tmp_path, group_shared, dir_mode, file_mode
+):
+    """Stored embeddings can reveal image content: by default only this user can
+    read them, whatever the umask; a group-shared directory is an explicit setting."""
+    directory = tmp_path / "new" / "store"
+    config = {
+        "max_local_cpu_size": 0.05,
+        "local_disk": str(directory),
+        "local_disk_group_shared": group_shared,
+    }
+    umask = os.umask(0o022)  # the usual default, which would give 0755 / 0644
+    try:
+        with ECCache.from_config(config, model="m") as cache:
+            assert cache.put("x", make_tensor((4, 8), torch.float32))
+            assert cache.flush(10)
+            shutil.rmtree(directory)  # deleted under a running engine: made again alike
+            assert cache.put("y", make_tensor((4, 8), torch.float32))
+            assert cache.flush(10)
+    finally:
+        os.umask(umask)
+    assert _mode(directory) == dir_mode
+    (entry,) = directory.glob("*.pt")
+    assert _mode(entry) == file_mode

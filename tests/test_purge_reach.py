@@ -17,6 +17,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,12 +26,15 @@ import yaml
 
 from lmcache_ec import ECCache, inventory
 from lmcache_ec.config import load_config
+from lmcache_ec.inventory import Selector
+from lmcache_ec.key import slug
 from lmcache_ec.purge_marker import (
-    MARKER_NAME,
     PurgeMarker,
+    append_disk,
+    append_remote,
+    log_name,
     read_disk,
-    write_disk,
-    write_remote,
+    records,
 )
 from lmcache_ec.remote.catalog import open_catalog
 
@@ -230,6 +234,53 @@ def test_purge_through_redis_reaches_an_engine_node_tier(tmp_path, redis_url, se
         shutil.rmtree(node_base, ignore_errors=True)
 
 
+def test_two_tenants_purging_at_once_through_redis(tmp_path, redis_url, server_factory):
+    """Tenants a and b run ``lmcache-ec purge`` at the same moment: each running
+    engine stops serving its own tenant's entries (that no other namespace's go
+    is tests/test_purge_log.py's, with engines in one process)."""
+    common = {
+        "local_cpu": True,
+        "max_local_cpu_size": 0.05,
+        "max_local_disk_size": 0.5,
+        "remote_url": redis_url,
+        "remote_timeout": REMOTE_TIMEOUT,
+        "purge_check_s": INTERVAL,
+    }
+
+    def start(tenant: str) -> Server:
+        disk = tmp_path / f"disk-{tenant}"
+        return server_factory({**common, "local_disk": str(disk), "namespace": tenant})
+
+    with ThreadPoolExecutor(2) as pool:  # the engines start side by side
+        servers = dict(zip("ab", pool.map(start, "ab"), strict=True))
+    for server in servers.values():
+        assert server.get("image-0") == "cpu"
+    purger_disk = tmp_path / "purger-disk"
+    config = write_config(tmp_path / "purger.yaml", **common, local_disk=str(purger_disk))
+    purges = [
+        subprocess.Popen(
+            [CLI, "purge", "--config", config, "--namespace", tenant, "--tier", "remote"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "LMCACHE_LOG_LEVEL": "ERROR", "COLUMNS": "200"},
+        )
+        for tenant in "ab"
+    ]
+    for purge_process in purges:
+        out, err = purge_process.communicate(timeout=120)
+        assert purge_process.returncode == 0, (out, err)
+        assert "remote: deleted 3 entries" in out
+    deadline = time.monotonic() + INTERVAL + REMOTE_TIMEOUT + 10
+    for tenant in "ab":
+        while servers[tenant].ask("stats")["purges_seen"] < 1:
+            assert time.monotonic() < deadline, f"tenant {tenant}'s engine never saw its purge"
+            time.sleep(0.05)
+        assert [servers[tenant].get(f"image-{i}") for i in range(3)] == [None] * 3
+        assert not any(n.endswith(".pt") for n in os.listdir(tmp_path / f"disk-{tenant}"))
+
+
 def _node_files(base: str) -> list[str]:
     from lmcache_ec.tiers.disk_layout import entry_stem
     from lmcache_ec.tiers.node import node_dirs
@@ -257,9 +308,10 @@ def test_entries_written_after_a_purge_are_kept(tmp_path, redis_url):
         time.sleep(0.05)
         assert cache.put("new", torch.ones(4, 8, dtype=torch.bfloat16))
         assert cache.flush(30)
-        marker = PurgeMarker("f" * 32, purged_at, {"model": MODEL})
+        marker = PurgeMarker("f" * 32, purged_at, model=MODEL)
         with open_catalog(load_config(config)) as catalog:
-            write_remote(catalog, marker)  # only the marker: the store keeps both
+            # Only the record: the store keeps both entries.
+            append_remote(catalog, slug("default"), marker.to_line())
         deadline = time.monotonic() + INTERVAL + REMOTE_TIMEOUT + 5
         while cache.stats.snapshot()["purges_seen"] < 1:
             assert time.monotonic() < deadline
@@ -270,7 +322,8 @@ def test_entries_written_after_a_purge_are_kept(tmp_path, redis_url):
 
 
 def test_marker_is_never_an_entry(tmp_path, disk_dir, local_config):
-    write_disk(str(disk_dir), PurgeMarker.new(inventory.Selector(model="m")))
+    append_disk(str(disk_dir), slug("default"), PurgeMarker.new(Selector(model="m")).to_line())
+    log = log_name("default")
     with ECCache.from_config(local_config, model="m") as cache:
         assert cache.put("x", torch.ones(2, 8))
         assert cache.flush(30)
@@ -279,20 +332,14 @@ def test_marker_is_never_an_entry(tmp_path, disk_dir, local_config):
     with ECCache.from_config(local_config, model="m"):
         pass  # a restart indexes and sweeps the directory
     assert [e.name for e in inventory.scan_disk(str(disk_dir))] == [cache.key("x").storage_name]
-    assert read_disk(str(disk_dir)) is not None
-    assert (disk_dir / MARKER_NAME).exists()
-    assert sorted(os.listdir(disk_dir)) == sorted(
-        [MARKER_NAME, cache.key("x").storage_name + ".pt"]
-    )
+    assert len(records(read_disk(str(disk_dir), "default"))) == 1
+    assert sorted(os.listdir(disk_dir)) == sorted([log, cache.key("x").storage_name + ".pt"])
 
 
-def test_marker_round_trip_and_garbage():
-    marker = PurgeMarker.new(inventory.Selector(namespace="ns", weights="v2", older_than=60))
-    again = PurgeMarker.from_bytes(marker.to_bytes())
+def test_marker_round_trip():
+    marker = PurgeMarker.new(Selector(namespace="ns", weights="v2", older_than=60))
+    again = PurgeMarker.parse(marker.to_line().strip(), "ns", now=marker.time + 1)
     assert again == marker
-    selector = again.selector()
+    selector = again.selector("ns")
     assert (selector.namespace, selector.model, selector.weights) == ("ns", None, "v2")
     assert selector.created_before == pytest.approx(marker.time - 60)
-    assert PurgeMarker.from_bytes(b"\xff not json") is None
-    odd = PurgeMarker.from_bytes(b'{"generation": 1, "time": 5, "select": {"model": 7}}')
-    assert odd is not None and odd.selector().model is None  # unknown: selects more

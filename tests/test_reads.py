@@ -81,6 +81,29 @@ def test_late_promotion_never_evicts_newer_entries(disk_dir):
         assert all(cache.contains(name) == "disk" for name in old)
 
 
+def test_a_promotion_that_lands_after_newer_puts_ranks_behind_them(disk_dir):
+    """Old entries read from disk before new puts are promoted after them (here at
+    once, by ``contains``): they take their place as of their read, so the next
+    puts evict them, not the newer entries."""
+    config = _small_cpu_config(disk_dir, frames=3.5)
+    old = {f"old-{i}": make_tensor(SHAPE, torch.float32, seed=i) for i in range(2)}
+    _write_to_disk(config, old)
+    new = {f"new-{i}": make_tensor(SHAPE, torch.float32, seed=10 + i) for i in range(3)}
+    with ECCache.from_config(config, model="m") as cache:
+        promoter = cache._reader._promoter
+        promoter._idle = promoter._max_wait = 3600.0  # its thread waits: only settle promotes
+        for name, tensor in old.items():  # disk hits: promotions queued
+            assert bit_equal(cache.get(name), tensor)
+        assert cache.put("new-0", new["new-0"])
+        # The promotions land now, after new-0 (contains finishes a pending one).
+        assert [cache.contains(name) for name in old] == ["cpu", "cpu"]
+        for name in ("new-1", "new-2"):
+            assert cache.put(name, new[name])
+        assert cache.flush(10)
+        assert [cache.contains(name) for name in new] == ["cpu"] * 3
+        assert [cache.contains(name) for name in old] == ["disk", "disk"]
+
+
 def test_truncated_disk_entry_is_a_counted_miss_and_removed(local_config, disk_dir):
     tensor = make_tensor(SHAPE, torch.bfloat16, seed=3)
     _write_to_disk(local_config, {"cut": tensor})

@@ -223,6 +223,7 @@ def purge(
             catalog=session.catalog,
             problems=session.problems,
         )
+        named = entries  # selected by name: whose namespaces the purge reaches
         if selector.needs_headers:
             _with_headers(entries, session.catalog, "reading headers")
             entries = list(inventory.filter_headers(entries, selector))
@@ -241,7 +242,7 @@ def purge(
                     except Exception as exc:
                         session.problems.append(f"{entry.tier}: cannot delete {entry.name}: {exc}")
                     bar.advance(task)
-            marked = _mark_purged(session, tiers, selector)
+            marked = _mark_purged(session, tiers, selector, named)
     finally:
         session.close()
     verb = "would delete" if dry_run else "deleted"
@@ -257,23 +258,42 @@ def purge(
     session.report()
 
 
-def _mark_purged(session: _Session, tiers: tuple[str, ...], selector: Selector) -> list[str]:
-    """Write a new purge generation to each purged tier (``purge_marker.py``)."""
-    from ..purge_marker import PurgeMarker, write_disk, write_remote
+def _mark_purged(
+    session: _Session, tiers: tuple[str, ...], selector: Selector, named: list[Entry]
+) -> list[str]:
+    """Append the purge to the purge log of each namespace it reaches, on each
+    purged tier (``purge_marker.py``): ``--namespace``'s, or else every namespace
+    ``named`` has entries of (selected by name), and the config's own."""
+    from ..key import slug
+    from ..purge_marker import PurgeMarker, append_disk, append_remote
+    from ..tiers.disk_layout import DirectoryModes
 
-    marker = PurgeMarker.new(selector)
+    values = session.config.values
+    if selector.namespace is not None:
+        namespaces = {slug(selector.namespace)}
+    else:
+        namespaces = {slug(values["namespace"])} | {e.name.split(".")[1] for e in named}
+    try:
+        line = PurgeMarker.new(selector).to_line()
+    except ValueError as exc:
+        session.problems.append(f"cannot write the purge marker: {exc}")
+        return []
     marked = []
-    directory = session.config.values.get("local_disk")
+    directory = values.get("local_disk")
     if "disk" in tiers and directory:
+        directory = directory.removeprefix("file://")
+        modes = DirectoryModes.of(bool(values["local_disk_group_shared"]))
         try:
-            write_disk(directory, marker)
+            for namespace in sorted(namespaces):
+                append_disk(directory, namespace, line, modes)
             marked.append("disk")
         except OSError as exc:
             if not isinstance(exc, FileNotFoundError):  # no directory: nobody to tell
                 session.problems.append(f"disk: cannot write the purge marker: {exc}")
     if "remote" in tiers and session.catalog is not None:
         try:
-            write_remote(session.catalog, marker)
+            for namespace in sorted(namespaces):
+                append_remote(session.catalog, namespace, line)
             marked.append("remote")
         except Exception as exc:
             session.problems.append(

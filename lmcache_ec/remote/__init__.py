@@ -4,7 +4,8 @@
 - ``registry``: the one map from URL scheme to store; validates URLs
   without importing a client library.
 - ``store``: the ``RemoteStore`` contract; ``redis_store`` (standalone,
-  Cluster, Sentinel) and ``s3_store`` implement it; ``naming``: their keys.
+  Cluster, Sentinel) and ``s3_store`` implement it; ``naming``: their keys;
+  ``bounded``: reads that never allocate more than a frame may be.
 - ``connector``: any store as LMCache's ``RemoteConnector``; ``buffers``:
   frame bytes in and out of LMCache CPU buffers.
 - ``backend``: ``ECRemoteBackend``, LMCache's ``RemoteBackend`` with

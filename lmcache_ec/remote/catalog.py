@@ -82,13 +82,13 @@ class RemoteCatalog:
             logger.warning("Remote delete(%s) failed: %s", storage_name, exc)
             return False
 
-    def read_object(self, name: str) -> bytes | None:
-        """A small non-entry object (the purge marker); None if absent, raises on failure."""
-        return self.store.get_object(name)
+    def read_log(self, name: str, size: int) -> bytes | None:
+        """The last ``size`` bytes of a log (the purge log); None if absent, raises on failure."""
+        return self.store.read_log(name, size)
 
-    def write_object(self, name: str, data: bytes) -> None:
-        """Store a small non-entry object under ``name``; raises on failure."""
-        self.store.put_object(name, data)
+    def append_log(self, name: str, line: bytes, limit: int) -> None:
+        """Append one line to a log, keeping its newest ``limit`` bytes; raises on failure."""
+        self.store.append_log(name, line, limit)
 
     def claim(self, name: str, ttl_s: float) -> bool:
         """Announce work in flight under ``name`` for ``ttl_s`` seconds

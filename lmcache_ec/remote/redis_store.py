@@ -6,6 +6,10 @@ are interchangeable with a plain LMCache writer. Every client has connect and
 read timeouts of ``remote_timeout`` and retries once, on a refused or reset
 connection only (a server restart drops pooled connections).
 
+Reads are bounded (``bounded.py``): an entry's value is read with
+``GETRANGE 0 max_frame_bytes`` (beside ``EXISTS``, in the same round trip),
+never ``GET``, so a padded value costs at most ``max_frame_bytes + 1`` bytes.
+
 Cluster: redis-py's ``RedisCluster`` keeps the slot map; each call goes to
 the owning primary's own client, so a shard that is down costs only its own
 keys: their calls raise ``ShardUnavailable`` (batched reads answer None for
@@ -18,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import redis
@@ -31,6 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from ..key import ECKey
+from .bounded import bounded_frame
 from .naming import (
     REDIS_META_SUFFIX,
     NodeList,
@@ -45,7 +50,7 @@ from .store import RemoteStore, ShardUnavailable, StoreError
 
 logger = logging.getLogger(__name__)
 
-# Keys per MGET in batched reads: one round trip for a typical request's
+# Entries per pipeline in batched reads: one round trip for a typical request's
 # items, while a single reply stays bounded (32 x 1.3 MB frames = 42 MB).
 MGET_BATCH = 32
 SCAN_BATCH = 500
@@ -127,11 +132,40 @@ def _sized(names: list[str], sizes: Sequence[Any]) -> Iterator[tuple[str, int]]:
             yield name, int(size)
 
 
+# ``RemoteStore.append_log`` in one step on the server (``store.appended``): a
+# newline after a damaged tail, the line, then the oldest whole lines dropped.
+APPEND_LOG = """
+local key, line, limit = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local size = redis.call('STRLEN', key)
+if size > 0 and redis.call('GETRANGE', key, size - 1, size - 1) ~= '\\n' then
+  size = redis.call('APPEND', key, '\\n')
+end
+size = redis.call('APPEND', key, line)
+if size > limit then
+  local region = redis.call('GETRANGE', key, size - limit - 1, size - #line - 1)
+  local cut = string.find(region, '\\n', 1, true)
+  if cut then
+    redis.call('SET', key, redis.call('GETRANGE', key, size - limit - 1 + cut, -1))
+  else
+    redis.call('SET', key, line)
+  end
+end
+return size
+"""
+
+
+def _queue_read(pipe: Any, key: str, limit: int) -> None:
+    """The two commands of a bounded read of ``key`` (``_present_value`` takes their replies)."""
+    pipe.exists(key)
+    pipe.getrange(key, 0, limit)
+
+
 class RedisStore(RemoteStore):
     """One Redis server (or the Sentinel-resolved primary) through one client."""
 
-    def __init__(self, client: redis.Redis, timeout: float, where: str) -> None:
+    def __init__(self, client: redis.Redis, timeout: float, where: str, max_frame: int) -> None:
         self.timeout = timeout
+        self.max_frame = max_frame
         self._client = client
         self._where = where
 
@@ -145,13 +179,22 @@ class RedisStore(RemoteStore):
         return [bool(found) for found in pipe.execute()] if names else []
 
     def get(self, name: str) -> bytes | None:
-        return self._client.get(redis_data_key(name))
+        pipe = self._client.pipeline(transaction=False)
+        _queue_read(pipe, redis_data_key(name), self.max_frame)
+        return bounded_frame(name, _present_value(pipe.execute()), self.max_frame)
 
     def get_many(self, names: Sequence[str]) -> list[bytes | None]:
         frames: list[bytes | None] = []
         for first in range(0, len(names), MGET_BATCH):
-            keys = [redis_data_key(name) for name in names[first : first + MGET_BATCH]]
-            frames.extend(self._client.mget(keys))
+            batch = names[first : first + MGET_BATCH]
+            pipe = self._client.pipeline(transaction=False)
+            for name in batch:
+                _queue_read(pipe, redis_data_key(name), self.max_frame)
+            replies = pipe.execute()
+            frames += [
+                bounded_frame(name, _present_value(replies[2 * i : 2 * i + 2]), self.max_frame)
+                for i, name in enumerate(batch)
+            ]
         return frames
 
     def put(self, name: str, data: bytes | memoryview) -> None:
@@ -179,12 +222,12 @@ class RedisStore(RemoteStore):
         present, data = pipe.execute()
         return bytes(data) if present else None
 
-    def get_object(self, name: str) -> bytes | None:
-        data = self._client.get(name)
-        return None if data is None else bytes(data)
+    def read_log(self, name: str, size: int) -> bytes | None:
+        # An empty log holds no record: absent or empty read alike (one command).
+        return bytes(self._client.getrange(name, -size, -1)) or None
 
-    def put_object(self, name: str, data: bytes) -> None:
-        self._client.set(name, data)
+    def append_log(self, name: str, line: bytes, limit: int) -> None:
+        self._client.eval(APPEND_LOG, 1, name, line, limit)
 
     def claim(self, name: str, ttl_s: float) -> bool:
         # SET … PX inside the script: gone by itself when it expires.
@@ -209,6 +252,7 @@ class RedisClusterStore(RemoteStore):
 
     def __init__(self, nodes: NodeList, settings: RemoteSettings) -> None:
         self.timeout = settings.timeout
+        self.max_frame = settings.max_frame_bytes
         self._where = redact(settings.url)
         self._nodes = nodes
         self._retry_interval = settings.retry_interval
@@ -321,10 +365,21 @@ class RedisClusterStore(RemoteStore):
 
     def get(self, name: str) -> bytes | None:
         key = redis_data_key(name)
-        return self._run(key, lambda c: c.get(key))
 
-    def _per_node(self, keys: Sequence[str], command: str) -> list[Any]:
-        """``command`` of each key, one pipeline per primary; None for down shards."""
+        def read(client: redis.Redis) -> Any:
+            pipe = client.pipeline(transaction=False)
+            _queue_read(pipe, key, self.max_frame)
+            return pipe.execute()
+
+        return bounded_frame(name, _present_value(self._run(key, read)), self.max_frame)
+
+    def _per_node(
+        self, keys: Sequence[str], command: str, queue: Callable[[Any, str], None] | None = None
+    ) -> list[Any]:
+        """``command`` of each key, one pipeline per primary; None for down shards.
+
+        ``queue(pipe, key)``: several commands per key instead; the key's answer
+        is then the list of their replies (None if any failed)."""
         groups: dict[str, tuple[Any, list[int]]] = {}
         for index, key in enumerate(keys):
             node = self._node_of(key)
@@ -334,7 +389,10 @@ class RedisClusterStore(RemoteStore):
             try:
                 pipe = self._node_client(node).pipeline(transaction=False)
                 for index in indices:
-                    getattr(pipe, command)(keys[index])
+                    if queue is None:
+                        getattr(pipe, command)(keys[index])
+                    else:
+                        queue(pipe, keys[index])
                 replies = pipe.execute(raise_on_error=False)
             except ShardUnavailable:
                 continue
@@ -346,10 +404,18 @@ class RedisClusterStore(RemoteStore):
                     raise failure from exc
                 continue
             self._answered(node)
+            if queue is not None:  # group each key's replies
+                per_key = len(replies) // max(len(indices), 1)
+                replies = [
+                    None if any(isinstance(r, Exception) for r in group) else group
+                    for group in (
+                        replies[i * per_key : (i + 1) * per_key] for i in range(len(indices))
+                    )
+                ]
             for index, reply in zip(indices, replies, strict=True):
                 # A MOVED reply (resharding) is a miss now; the map is refreshed below.
                 answers[index] = None if isinstance(reply, Exception) else reply
-            if any(isinstance(reply, ResponseError) for reply in replies):
+            if any(reply is None or isinstance(reply, ResponseError) for reply in replies):
                 self._topology().nodes_manager.initialize()
         return answers
 
@@ -358,7 +424,12 @@ class RedisClusterStore(RemoteStore):
         return [None if answer is None else bool(answer) for answer in found]
 
     def get_many(self, names: Sequence[str]) -> list[bytes | None]:
-        return self._per_node([redis_data_key(name) for name in names], "get")
+        keys = [redis_data_key(name) for name in names]
+        replies = self._per_node(keys, "read", lambda p, k: _queue_read(p, k, self.max_frame))
+        return [
+            bounded_frame(name, _present_value(reply), self.max_frame)
+            for name, reply in zip(names, replies, strict=True)
+        ]
 
     def put(self, name: str, data: bytes | memoryview) -> None:
         # The two keys live in different slots: data first, metadata last
@@ -399,12 +470,11 @@ class RedisClusterStore(RemoteStore):
         present, data = self._run(key, read)
         return bytes(data) if present else None
 
-    def get_object(self, name: str) -> bytes | None:
-        data = self._run(name, lambda c: c.get(name))
-        return None if data is None else bytes(data)
+    def read_log(self, name: str, size: int) -> bytes | None:
+        return bytes(self._run(name, lambda c: c.getrange(name, -size, -1))) or None
 
-    def put_object(self, name: str, data: bytes) -> None:
-        self._run(name, lambda c: c.set(name, data))
+    def append_log(self, name: str, line: bytes, limit: int) -> None:
+        self._run(name, lambda c: c.eval(APPEND_LOG, 1, name, line, limit))
 
     def claim(self, name: str, ttl_s: float) -> bool:
         key, args = claim_key(name), [self.claim_owner, max(1, int(ttl_s * 1000))]
@@ -439,9 +509,17 @@ class RedisClusterStore(RemoteStore):
         return self._where
 
 
+def _present_value(replies: Any) -> bytes | None:
+    """The value of an ``EXISTS`` + ``GETRANGE`` pair of replies (None: absent)."""
+    if replies is None:
+        return None
+    present, data = replies
+    return bytes(data) if present else None
+
+
 def open_redis(settings: RemoteSettings) -> RedisStore:
     client = redis.Redis.from_url(settings.url, **client_options(settings.timeout))
-    return RedisStore(client, settings.timeout, redact(settings.url))
+    return RedisStore(client, settings.timeout, redact(settings.url), settings.max_frame_bytes)
 
 
 def open_redis_cluster(settings: RemoteSettings) -> RedisClusterStore:
@@ -461,4 +539,4 @@ def open_redis_sentinel(settings: RemoteSettings) -> RedisStore:
         **options,
     )
     client = sentinel.master_for(nodes.service, **options)
-    return RedisStore(client, settings.timeout, redact(settings.url))
+    return RedisStore(client, settings.timeout, redact(settings.url), settings.max_frame_bytes)

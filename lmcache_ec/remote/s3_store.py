@@ -8,6 +8,9 @@ them from the usual AWS chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``,
 
 Every request is bounded by ``remote_timeout`` (connect and read timeouts,
 one attempt: the remote tier's health check decides when to try again).
+Every read is bounded in size too (``bounded.py``): an entry is read as its
+prefix, then at most the size the prefix declares plus one byte; a log (the
+purge log) as a ranged read of its tail.
 
 Why not LMCache's ``s3://`` connector: it sizes uploads and reads from the KV
 chunk shape, has no endpoint or bucket option, and disables itself for good
@@ -18,20 +21,24 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..codec import PREFIX_SIZE
 from ..key import ECKey
+from .bounded import declared_or_none, too_large
 from .naming import S3Location, claim_key, parse_s3_url
 from .settings import RemoteSettings
-from .store import RemoteStore
+from .store import RemoteStore, StoreError, appended
 
 logger = logging.getLogger(__name__)
 
 POOL_CONNECTIONS = 16  # upload threads of the connector + side-by-side lookups
 _LOOKUP_THREADS = 8  # S3 has no batch existence check or read: requests side by side
+_APPEND_TRIES = 32  # rounds of a log append racing others (each round, one of them wins)
 
 
 def make_client(settings: RemoteSettings, max_pool_connections: int = POOL_CONNECTIONS) -> Any:
@@ -105,7 +112,29 @@ class S3Store(RemoteStore):
         return self._side_by_side(self.exists, names)
 
     def get(self, name: str) -> bytes | None:
-        return self.get_object(name, check_length=True)
+        try:
+            response = self._client.get_object(**self._object(name))
+        except Exception as exc:
+            if is_not_found(exc):
+                return None
+            raise
+        length = int(response["ContentLength"])
+        body = response["Body"]
+        try:
+            head = body.read(PREFIX_SIZE)
+            declared = declared_or_none(head)
+            if declared is None:
+                return head  # not a frame: decoding rejects it
+            if declared > self.settings.max_frame_bytes:
+                too_large(name, declared, self.settings.max_frame_bytes)
+                return None
+            # One byte more than declared: a longer object is damaged, and shows it.
+            data = head + body.read(declared + 1 - len(head))
+        finally:
+            body.close()
+        if len(data) < min(length, declared + 1):
+            raise OSError(f"short read of {name}")
+        return data
 
     def get_many(self, names: Sequence[str]) -> list[bytes | None]:
         return self._side_by_side(self.get, names)
@@ -148,21 +177,53 @@ class S3Store(RemoteStore):
 
     # -- objects and claims ----------------------------------------------------
 
-    def get_object(self, name: str, check_length: bool = False) -> bytes | None:
+    def _read_tail(self, name: str, size: int) -> tuple[bytes, str] | None:
+        """(the last ``size`` bytes of object ``name``, its ETag); None if absent."""
         try:
-            response = self._client.get_object(**self._object(name))
+            response = self._client.get_object(**self._object(name), Range=f"bytes=-{size}")
         except Exception as exc:
             if is_not_found(exc):
                 return None
-            raise
-        with response["Body"] as body:
-            data = body.read()
-        if check_length and len(data) != response["ContentLength"]:
-            raise OSError(f"short read of {name}")
-        return data
+            if "InvalidRange" not in str(exc):
+                raise
+            try:  # an empty object: nothing to read, but its ETag for a conditional put
+                return b"", self._client.head_object(**self._object(name))["ETag"]
+            except Exception as again:
+                if is_not_found(again):
+                    return None
+                raise
+        body = response["Body"]
+        try:
+            return body.read(size), response["ETag"]
+        finally:
+            body.close()
 
-    def put_object(self, name: str, data: bytes) -> None:
-        self._client.put_object(Body=data, **self._object(name))
+    def read_log(self, name: str, size: int) -> bytes | None:
+        found = self._read_tail(name, size)
+        return None if found is None else found[0]
+
+    def append_log(self, name: str, line: bytes, limit: int) -> None:
+        """A conditional put on the ETag read (``If-None-Match: *`` for a new log):
+        of appends made at the same time, one wins each round and the others
+        read again and retry, so none is lost."""
+        for attempt in range(_APPEND_TRIES):
+            found = self._read_tail(name, limit + 1)
+            if found is None:
+                log, condition = b"", {"IfNoneMatch": "*"}
+            else:
+                log, condition = found[0], {"IfMatch": found[1]}
+                if len(log) > limit:  # longer than any log we write: start at a whole line
+                    log = log[log.find(b"\n") + 1 :]
+            try:
+                self._client.put_object(
+                    Body=appended(log, line, limit), **condition, **self._object(name)
+                )
+                return
+            except Exception as exc:
+                if not _is_precondition_failed(exc) and not is_not_found(exc):
+                    raise
+            time.sleep(random.uniform(0, 0.01 * (attempt + 1)))  # another append got in
+        raise StoreError(f"appending to {name}: it kept changing ({_APPEND_TRIES} tries)")
 
     def claim(self, name: str, ttl_s: float) -> bool:
         """Conditional put (``If-None-Match: *``); owner and expiry (wall clock)

@@ -27,6 +27,9 @@ class RemoteSettings:
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
     s3_addressing_style: str | None = None  # None: path with an endpoint, else AWS's
+    # The largest frame a read takes (the CPU pool's size: no larger entry can be
+    # put or promoted here); a read never allocates more than this, plus one byte.
+    max_frame_bytes: int = 1 << 30
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> RemoteSettings:
@@ -38,6 +41,7 @@ class RemoteSettings:
             s3_endpoint_url=values.get("s3_endpoint_url") or None,
             s3_region=values.get("s3_region") or None,
             s3_addressing_style=values.get("s3_addressing_style") or None,
+            max_frame_bytes=int(float(values["max_local_cpu_size"]) * 1024**3),
         )
 
     def __repr__(self) -> str:  # the URL may carry a password

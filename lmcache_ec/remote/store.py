@@ -77,15 +77,17 @@ class RemoteStore(abc.ABC):
     def read_range(self, name: str, start: int, length: int) -> bytes | None:
         """Up to ``length`` bytes of the frame from ``start``; None if absent."""
 
-    # -- small non-entry objects (purge marker, claims) ------------------------
+    # -- logs (the purge log) and claims: objects that are not entries --------
 
     @abc.abstractmethod
-    def get_object(self, name: str) -> bytes | None:
-        """The object ``name`` (not an entry); None if absent."""
+    def read_log(self, name: str, size: int) -> bytes | None:
+        """The last ``size`` bytes (or fewer) of the log ``name``; None if absent."""
 
     @abc.abstractmethod
-    def put_object(self, name: str, data: bytes) -> None:
-        """Store the object ``name`` (not an entry)."""
+    def append_log(self, name: str, line: bytes, limit: int) -> None:
+        """Append ``line`` (one record ending in a newline) to the log ``name``
+        atomically: appends made at the same time are all kept, in some order.
+        The log keeps its newest whole lines within ``limit`` bytes (``appended``)."""
 
     @property
     def claim_owner(self) -> str:
@@ -122,3 +124,16 @@ class RemoteStore(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> str:
         """Where the store is, without credentials (for logs)."""
+
+
+def appended(log: bytes, line: bytes, limit: int) -> bytes:
+    """``log`` with ``line`` added, its oldest whole lines dropped to fit ``limit``
+    bytes (``line`` itself is always kept). What every store's ``append_log``
+    does, as one step."""
+    if log and not log.endswith(b"\n"):
+        log += b"\n"  # a damaged tail never swallows the new line
+    data = log + line
+    if len(data) > limit:
+        cut = data.find(b"\n", len(data) - limit - 1, len(data) - len(line))
+        data = data[cut + 1 :] if cut >= 0 else line
+    return data

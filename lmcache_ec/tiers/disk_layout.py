@@ -12,11 +12,16 @@ CLI. A directory holds:
   bytes reserved for the write count from the moment the file is made (under
   the budget's lock), so a scan by another process never sees a write in
   progress as smaller than it will be;
-- the purge marker (``purge_marker.py``), which is not an entry.
+- the purge logs, one per namespace (``purge_marker.py``), which are not entries.
 
 A directory's size ledger (``budget.py``) lives outside it, in this user's
 node-local runtime directory (``runtime_dirs.py``), keyed by the directory's
 device and inode: every process on the node that shares the directory finds it.
+
+Modes: entries, temp files and the purge log are made ``0600`` in a
+directory made ``0700`` (stored embeddings can reveal image content); a
+directory shared with a group is an explicit setting (``local_disk_group_shared``:
+``2770`` and ``0660``, set past the umask). ``DirectoryModes`` carries the choice.
 
 Pids are compared within one pid namespace: processes sharing a directory
 from different containers should share it too, or a live writer's temp file
@@ -43,7 +48,14 @@ from typing import Any, BinaryIO, NamedTuple
 import numpy as np
 import xxhash
 
-from ..codec import PREFIX_SIZE, CorruptEntryError, FrameRead, parse_header, read_prefix
+from ..codec import (
+    PREFIX_SIZE,
+    CorruptEntryError,
+    FrameRead,
+    check_stored_size,
+    parse_header,
+    read_prefix,
+)
 from ..key import ECKey
 
 SUFFIX = ".pt"
@@ -112,8 +124,47 @@ def use_stamp() -> int:
         return _last_ns
 
 
-def _open_new(path: str) -> BinaryIO:
-    return open(path, "wb")
+def _open_existing(path: str, _flags: int) -> int:
+    return os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+class DirectoryModes(NamedTuple):
+    """The modes a directory of frames and the files in it are made with."""
+
+    directory: int
+    file: int
+
+    @classmethod
+    def of(cls, group_shared: bool) -> DirectoryModes:
+        return cls(0o2770, 0o660) if group_shared else cls(0o700, 0o600)
+
+
+PRIVATE = DirectoryModes.of(False)
+
+
+def make_directory(path: str, modes: DirectoryModes = PRIVATE) -> None:
+    """``path`` and its parents, the last made with ``modes.directory`` (past the
+    umask); an existing directory is left as it is."""
+    try:
+        os.mkdir(path, modes.directory)
+    except FileExistsError:
+        return
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        try:
+            os.mkdir(path, modes.directory)
+        except FileExistsError:
+            return
+    os.chmod(path, modes.directory)  # the umask may have taken group bits
+
+
+def create_file(path: str, mode: int) -> int:
+    """A new file (``O_EXCL``, never following a link) made with ``mode``
+    whatever the umask; its descriptor, open for writing."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    if mode & 0o077:
+        os.fchmod(fd, mode)  # the umask may have taken group bits
+    return fd
 
 
 class Stored(NamedTuple):
@@ -135,8 +186,9 @@ class Scan(NamedTuple):
 class DirectoryLayout:
     """One directory of frame files."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, modes: DirectoryModes = PRIVATE) -> None:
         self.path = path
+        self.modes = modes
 
     def path_of(self, name: str) -> str:
         """The entry file of storage name ``name``; ``ValueError`` for a name
@@ -153,8 +205,19 @@ class DirectoryLayout:
         """Make the (empty) temp file of a write of ``reserved`` bytes; from now
         on every scan counts those bytes. Raises ``OSError``."""
         temp = self.temp_path(name, reserved)
-        os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        os.close(create_file(temp, self.modes.file))
         return temp
+
+    def open_new(self, path: str) -> BinaryIO:
+        """A new file of this directory (a temp file), open for writing."""
+        return open(path, "wb", opener=lambda p, _: create_file(p, self.modes.file))
+
+    def open_temp(self, temp: str) -> BinaryIO:
+        """The temp file ``create_temp`` made, open for writing (made if gone)."""
+        try:
+            return open(temp, "wb", opener=_open_existing)
+        except FileNotFoundError:
+            return self.open_new(temp)
 
     # -- scanning ------------------------------------------------------------
 
@@ -170,7 +233,14 @@ class DirectoryLayout:
             name = item.name
             try:
                 if is_temp(name):
-                    stat = item.stat()
+                    try:
+                        stat = item.stat()
+                    except FileNotFoundError:
+                        # Published (or given up) since it was listed: its entry
+                        # may not be in the listing, so the write counts at its
+                        # reservation (an entry listed with its inode counts once).
+                        writes[item.inode()] = temp_reserved(name)
+                        continue
                     owner = temp_owner(name)
                     dead = owner is None or not _alive(owner)
                     if reclaim and (dead or now - stat.st_mtime > STALE_TEMP_SECONDS):
@@ -240,7 +310,7 @@ class DirectoryLayout:
         temp = temp or self.temp_path(name)
         final = self.path_of(name)
         try:
-            with (opener or _open_new)(temp) as stream:
+            with (opener or self.open_temp)(temp) as stream:
                 stream.write(buffer)
             stamp = use_stamp()
             os.utime(temp, ns=(stamp, stamp))
@@ -262,7 +332,7 @@ class DirectoryLayout:
         previous one; its temp file is reclaimed like an entry's. Raises ``OSError``."""
         temp = self.temp_path(filename)
         try:
-            with open(temp, "wb") as stream:
+            with self.open_new(temp) as stream:
                 stream.write(data)
             os.replace(temp, os.path.join(self.path, filename))
         finally:
@@ -288,18 +358,24 @@ READ_CHUNK = 2 * 1024 * 1024
 
 
 def read_frame(fd: int, size: int) -> FrameRead:
-    """The ``size``-byte frame file ``fd`` read whole into one array of its
-    own, the payload hashed as it lands. The array is sized from ``size``,
-    never from the prefix; a file that shrank since comes back short, and
-    decoding rejects what is missing."""
-    frame = np.empty(size, dtype=np.uint8)
-    done = os.preadv(fd, [frame[:READ_CHUNK]], 0)
+    """The frame file ``fd`` (``size`` bytes when its size was taken) read whole
+    into one array of its own, the payload hashed as it lands.
+
+    The array is sized from the frame's declared length, which must equal
+    ``size`` (``codec.check_stored_size``: a padded or cut file raises
+    ``CorruptEntryError`` before anything is allocated). A file that shrank
+    since comes back short, and decoding rejects what is missing.
+    """
+    prefix = os.pread(fd, PREFIX_SIZE, 0)
     try:
-        header_len, payload_len, *_ = read_prefix(frame[:done])
+        header_len, payload_len, *_ = read_prefix(prefix)
     except CorruptEntryError:
-        return FrameRead(frame[:done])  # decoding rejects it
+        return FrameRead(np.frombuffer(prefix, dtype=np.uint8))  # decoding rejects it
+    frame = np.empty(check_stored_size(prefix, size), dtype=np.uint8)
+    frame[: len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+    done = len(prefix)
     start = PREFIX_SIZE + header_len
-    end = min(start + payload_len, frame.size)
+    end = start + payload_len
     digest = xxhash.xxh3_64()
     hashed = start
     while True:
@@ -309,11 +385,12 @@ def read_frame(fd: int, size: int) -> FrameRead:
             hashed = upto
         if done >= frame.size:
             break
-        got = os.preadv(fd, [frame[done : done + READ_CHUNK]], done)
+        piece = READ_CHUNK if done > PREFIX_SIZE else READ_CHUNK - PREFIX_SIZE
+        got = os.preadv(fd, [frame[done : done + piece]], done)
         if got <= 0:
             return FrameRead(frame[:done])  # shrank under us
         done += got
-    return FrameRead(frame, digest.intdigest() if hashed == start + payload_len else None)
+    return FrameRead(frame, digest.intdigest() if hashed == end else None)
 
 
 def read_header_file(path: str) -> dict[str, Any]:
@@ -323,6 +400,8 @@ def read_header_file(path: str) -> dict[str, Any]:
     with open(path, "rb") as stream:
         prefix = stream.read(PREFIX_SIZE)
         header_len, _, _, header_sum = read_prefix(prefix)
+        if PREFIX_SIZE + header_len > os.fstat(stream.fileno()).st_size:
+            raise CorruptEntryError("truncated header")  # before a read sized by it
         raw = stream.read(header_len)
     if len(raw) < header_len:
         raise CorruptEntryError("truncated header")

@@ -30,17 +30,31 @@ import torch
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 
-from ..codec import PREFIX_SIZE, FrameRead
+from ..codec import PREFIX_SIZE, CorruptEntryError, FrameRead, check_stored_size
 from ..key import ECKey
 from ..runtime_dirs import DEFAULT_BASE
 from .budget import DirectoryBudget
 from .contract import TierDefaults
-from .disk_layout import DirectoryLayout, read_frame
+from .disk_layout import PRIVATE, DirectoryLayout, DirectoryModes, make_directory, read_frame
 
 logger = logging.getLogger(__name__)
 
 
 SEEN_MAX = 1 << 16
+
+
+def _warn_if_open(path: str, modes: DirectoryModes) -> None:
+    """Log a directory (made by someone else) that lets more users in than ``modes``."""
+    with contextlib.suppress(OSError):
+        mode = os.stat(path).st_mode & 0o777
+        if mode & ~modes.directory & 0o077:
+            logger.warning(
+                "Directory %s has mode %04o: other users can read its entries "
+                "(stored embeddings can reveal image content); chmod it to %04o",
+                path,
+                mode,
+                modes.directory & 0o777,
+            )
 
 
 class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
@@ -57,12 +71,15 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         local_cpu_backend: Any,
         dst_device: str,
         node_dir: str = DEFAULT_BASE,
+        modes: DirectoryModes = PRIVATE,
     ) -> None:
         super().__init__(dst_device)
         self.path = path
+        self.modes = modes
         self._make_directory()
+        _warn_if_open(path, modes)
         self.max_cache_size = limit
-        self.layout = DirectoryLayout(path)
+        self.layout = DirectoryLayout(path, modes)
         self.budget = DirectoryBudget(
             self.layout,
             limit,
@@ -94,8 +111,8 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
             )
 
     def _make_directory(self) -> None:
-        """Make the directory, and its parents, if missing."""
-        os.makedirs(self.path, mode=0o755, exist_ok=True)
+        """Make the directory, and its parents, if missing (with ``self.modes``)."""
+        make_directory(self.path, self.modes)
 
     # -- health --------------------------------------------------------------
 
@@ -195,7 +212,9 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
     def read_into_pool(
         self, key: ECKey, allocate: Callable[[int], MemoryObj | None]
     ) -> MemoryObj | None:
-        """The entry read into a CPU-pool buffer from ``allocate(size)``."""
+        """The entry read into a CPU-pool buffer from ``allocate(size)``, sized
+        from the frame's declared length; None for a miss, a damaged entry
+        (counted: the next read of it drops it) or a full pool."""
         path = self.path_of(key)
         fd = self._open(key, path)
         if fd is None:
@@ -203,20 +222,25 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         try:
             with open(fd, "rb", closefd=True) as stream:
                 size = os.fstat(stream.fileno()).st_size
-                # At least a frame prefix, so an empty file reads as a corrupt frame.
-                memory_obj = allocate(max(size, PREFIX_SIZE))
+                prefix = os.pread(stream.fileno(), PREFIX_SIZE, 0)
+                try:
+                    size = check_stored_size(prefix, size)
+                except CorruptEntryError:
+                    self.counters["damaged"] += 1
+                    return None
+                memory_obj = allocate(size)
                 if memory_obj is None:
                     self.counters["read_skipped_no_memory"] += 1
                     return None
                 try:
-                    read = stream.readinto(memory_obj.byte_array)
+                    read = stream.readinto(memory_obj.byte_array[:size])
                 except OSError:
                     memory_obj.ref_count_down()
                     raise
         except OSError as exc:
             self._read_failed(path, exc)
             return None
-        if read < memory_obj.get_physical_size():
+        if read < size:
             # Truncated under us: a deterministic tail the checksum rejects.
             memory_obj.tensor[read:] = 0
         self._used(key, path)
@@ -250,7 +274,7 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         memory_obj: MemoryObj,
         on_complete_callback: Callable[[ECKey], None] | None = None,
     ) -> None:
-        if memory_obj.get_physical_size() > self.max_cache_size:
+        if memory_obj.get_size() > self.max_cache_size:
             self.counters["skipped_too_large"] += 1
             return
         with self._flight_lock:
@@ -281,10 +305,10 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
 
     def _open_tmp(self, temp: str) -> BinaryIO:
         try:
-            return open(temp, "wb")
+            return self.layout.open_temp(temp)
         except FileNotFoundError:
             self._recreate()
-            return open(temp, "wb")
+            return self.layout.open_temp(temp)
 
     def _recreate(self) -> None:
         # Deleted under us (rm -rf, a cleanup job): make it again rather than
@@ -306,7 +330,7 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
     ) -> None:
         """Reserve room, write, publish; every failure is counted, none raised."""
         name = key.to_string()
-        size = memory_obj.get_physical_size()
+        size = memory_obj.get_size()  # the frame's bytes, as the file will hold them
         try:
             try:
                 written = self._reserve_and_write(name, memory_obj.byte_array, size)

@@ -115,6 +115,27 @@ class ECLocalCPUBackend(TierDefaults, LocalCPUBackend):
                     return None
                 self.batched_remove(victims, force=False)
 
+    def write_used_at(self, key: CacheEngineKey, memory_obj: MemoryObj, since: int) -> None:
+        """Store a promoted frame as used at tick ``since`` (when its reader read
+        it from a lower tier): behind every entry used or written after that, so
+        a late promotion never outranks newer puts in the eviction order."""
+        self.submit_put_task(key, memory_obj)
+        with self.cpu_lock:
+            if key not in self.hot_cache:
+                return
+            self._used[key] = since
+            if type(self.cache_policy) is not LRUCachePolicy:
+                return  # other policies keep their own order
+            newer = []
+            for other in reversed(self.hot_cache):  # most recently used first
+                if other == key:
+                    continue
+                if self._used.get(other, 0) <= since:
+                    break
+                newer.append(other)
+            for other in reversed(newer):
+                self.hot_cache.move_to_end(other)
+
     def entries(self) -> list[tuple[CacheEngineKey, int]]:
         """(key, bytes) of every entry, least recently used first."""
         with self.cpu_lock:

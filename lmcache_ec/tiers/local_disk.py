@@ -24,6 +24,7 @@ from lmcache.v1.memory_management import MemoryObj
 
 from ..key import ECKey
 from .contract import TierKind, tier_setting
+from .disk_layout import DirectoryModes
 from .frame_directory import FrameDirectoryTier
 from .writer import BackgroundWriter
 
@@ -52,6 +53,7 @@ class ECLocalDiskBackend(FrameDirectoryTier):
             local_cpu_backend,
             dst_device,
             tier_setting(config, "node_dir"),
+            DirectoryModes.of(bool(tier_setting(config, "local_disk_group_shared"))),
         )
 
     def _dispatch(

@@ -45,11 +45,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..codec import PREFIX_SIZE, CorruptEntryError, FrameRead, read_prefix
 from ..key import ECKey, slug
 from ..runtime_dirs import find_user_dir, private_dir, user_dir
 from .contract import TierKind, tier_setting
-from .disk_layout import read_frame
 from .frame_directory import FrameDirectoryTier
 
 logger = logging.getLogger(__name__)
@@ -179,33 +177,3 @@ class ECNodeBackend(FrameDirectoryTier):
         private_dir(os.path.dirname(root))
         private_dir(root)
         private_dir(self.path)
-
-    def get_frame(self, key: ECKey) -> FrameRead | None:
-        """The entry read into fresh memory after its size is checked; its
-        payload hashed as it lands. ``CorruptEntryError``: not a frame's size."""
-        path = self.path_of(key)
-        fd = self._open(key, path)
-        if fd is None:
-            return None
-        try:
-            size = os.fstat(fd).st_size
-            check_stored_size(os.pread(fd, PREFIX_SIZE, 0), size)
-            read = read_frame(fd, size)
-            self._used(key, fd)
-        except OSError as exc:
-            self._read_failed(path, exc)
-            return None
-        finally:
-            os.close(fd)
-        return read
-
-
-def check_stored_size(prefix: bytes, size: int) -> None:
-    """``CorruptEntryError`` unless a file of ``size`` bytes is exactly the frame
-    its ``prefix`` declares (a short prefix is left to decoding to reject)."""
-    if len(prefix) < PREFIX_SIZE:
-        return
-    header_len, payload_len, _, _ = read_prefix(prefix)
-    declared = PREFIX_SIZE + header_len + payload_len
-    if size != declared:
-        raise CorruptEntryError(f"stored size {size} is not the frame's {declared}")

@@ -10,6 +10,7 @@ import time
 import torch
 
 from lmcache_ec import ECCache
+from lmcache_ec.purge_marker import log_name
 
 from .conftest import populate, write_config
 
@@ -169,7 +170,7 @@ def test_purge_and_ls_by_weights_version(config_file, disk_dir, invoke, invoke_j
     assert "deleted 1 entries" in out and "Purge marker written to disk" in out
     left = invoke_json("ls", "--config", config_file)
     assert sorted(r["weights"] for r in left) == ["", "v2"]
-    assert os.path.exists(disk_dir / "ec-purge-generation.json")
+    assert os.path.exists(disk_dir / log_name("default"))  # the namespace it reached
     assert len(_files(disk_dir)) == 2
 
 

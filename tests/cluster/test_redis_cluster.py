@@ -68,6 +68,23 @@ def test_two_instances_share_entries_through_the_cluster(redis_cluster):
         assert not catalog.exists(names["shared-0"])
 
 
+def test_get_many_of_many_entries_hits_every_one(redis_cluster):
+    """40 names grouped by shard, one pipeline each: each frame reaches its own key."""
+    config = remote_config(redis_cluster.url)
+    tensors = _tensors("many", 40)
+    with ECCache.from_config(config, model=MODEL) as writer:
+        assert all(writer.put_many(tensors))
+        assert writer.flush(10)
+    with ECCache.from_config(config, model=MODEL) as reader:
+        got = reader.get_many(list(tensors))
+        assert all(
+            t is not None and bit_equal(t, tensors[h]) for h, t in zip(tensors, got, strict=True)
+        )
+        snapshot = reader.stats.snapshot()
+        assert snapshot["integrity_failures"] == 0
+        assert snapshot["hits"] == {"remote": 40}
+
+
 def test_one_shard_down_costs_only_its_keys(redis_cluster):
     config = outage_config(redis_cluster.url)
     tensors = _tensors("before", 24)

@@ -105,7 +105,7 @@ def test_random_byte_flips_and_truncations_on_disk(disk_dir, fault_table):
     fault_table(
         "random byte flips / truncation / junk appended (disk, 120 trials)",
         f"{misses} counted misses (entry removed), {hits} exact hits (damage in unchecked "
-        "reserved bytes or past the frame), 0 wrong tensors",
+        "reserved prefix bytes), 0 wrong tensors",
         "immediate (next put/get)",
     )
 

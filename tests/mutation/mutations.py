@@ -114,8 +114,8 @@ MUTATIONS: list[Mutation] = [
         "remote-read-skips-payload-checksum",
         "remote reads (decode_bytes) verify the payload checksum",
         CODEC,
-        "_verify(raw, key, True)",
-        "_verify(raw, key, False)",
+        "_verify(raw, key, True, exact=True)",
+        "_verify(raw, key, False, exact=True)",
         (
             f"{T_CODEC}::test_remote_read_path_checks_the_payload",
             f"{T_CORRUPTION}::test_damaged_remote_entry_is_a_miss_and_is_removed[redis-flip-payload]",
@@ -215,17 +215,6 @@ MUTATIONS: list[Mutation] = [
             "tests/chaos/test_node_truncation.py::"
             "test_a_result_stays_valid_after_its_entry_is_truncated",
             "tests/test_node_tier.py::test_reads_are_private_copies",
-        ),
-    ),
-    Mutation(
-        "node-read-size-unchecked",
-        "a node-tier frame whose file is longer than header + payload is a miss, never read",
-        "lmcache_ec/tiers/node.py",
-        "            check_stored_size(os.pread(fd, PREFIX_SIZE, 0), size)\n",
-        "",
-        (
-            "tests/test_node_tier.py::"
-            "test_padded_entry_is_a_miss_removed_without_reading_its_padding",
         ),
     ),
     Mutation(
@@ -792,6 +781,273 @@ MUTATIONS: list[Mutation] = [
         (
             "tests/vllm/test_stage_channel.py::test_two_engines_on_one_host_each_get_only_their_own_orders",
         ),
+    ),
+]
+
+
+# -- an entry never costs more than it declares (codec.check_stored_size)
+T_PADDING = "tests/faults/test_padding.py"
+MUTATIONS += [
+    Mutation(
+        "disk-read-sized-by-the-file",
+        "a disk or node read allocates the frame's declared size, never the file's",
+        "lmcache_ec/tiers/disk_layout.py",
+        "frame = np.empty(check_stored_size(prefix, size), dtype=np.uint8)",
+        "frame = np.empty(size, dtype=np.uint8)",
+        (
+            f"{T_PADDING}::test_padded_disk_entry_is_a_counted_miss_and_its_tail_is_never_read",
+            "tests/test_node_tier.py::"
+            "test_padded_entry_is_a_miss_removed_without_reading_its_padding",
+        ),
+    ),
+    Mutation(
+        "redis-read-unbounded",
+        "a Redis read takes at most max_frame_bytes + 1 bytes of a value",
+        "lmcache_ec/remote/redis_store.py",
+        "    pipe.getrange(key, 0, limit)\n",
+        "    pipe.getrange(key, 0, -1)\n",
+        (
+            f"{T_PADDING}::test_padded_remote_entry_is_a_counted_miss_and_its_tail_is_never_read[redis]",
+        ),
+    ),
+    Mutation(
+        "s3-read-unbounded",
+        "an S3 read takes at most the declared size + 1 bytes of an object",
+        "lmcache_ec/remote/s3_store.py",
+        "data = head + body.read(declared + 1 - len(head))",
+        "data = head + body.read()",
+        (
+            f"{T_PADDING}::test_padded_remote_entry_is_a_counted_miss_and_its_tail_is_never_read[s3]",
+        ),
+    ),
+    Mutation(
+        "frame-longer-than-declared-accepted",
+        "a frame read from a tier is exactly as long as it declares",
+        CODEC,
+        "    if exact and raw.size != end:\n",
+        "    if False:\n",
+        (
+            f"{T_PADDING}::test_padded_remote_entry_is_a_counted_miss_and_its_tail_is_never_read[redis]",
+            f"{T_CODEC}::test_stored_size_must_equal_the_declared_size",
+        ),
+    ),
+    # -- codec checks on every read path
+    Mutation(
+        "pinned-dtype-not-checked-on-read",
+        "a key pinned to a dtype never reads a frame of another dtype",
+        CODEC,
+        "    if pinned and SUPPORTED_DTYPES[pinned] != dtype:\n",
+        "    if False:\n",
+        (f"{T_CODEC}::test_dtype_other_than_the_pinned_one_is_rejected_on_every_read_path",),
+    ),
+    Mutation(
+        "payload-longer-than-shape-accepted",
+        "a header's shape covers its payload exactly",
+        CODEC,
+        "math.prod(shape) * dtype.itemsize != payload_len",
+        "math.prod(shape) * dtype.itemsize > payload_len",
+        (f"{T_CODEC}::test_shape_must_cover_the_payload_exactly[shape0]",),
+    ),
+    # -- batched remote reads keep their order
+    Mutation(
+        "redis-batches-out-of-order",
+        "get_many's frames come back in the order of their names, batch after batch",
+        "lmcache_ec/remote/redis_store.py",
+        "            frames += [\n",
+        "            frames[:0] = [\n",
+        (
+            "tests/remote/test_remote_reads.py::test_get_many_of_more_than_one_batch_hits_every_entry",
+        ),
+    ),
+    Mutation(
+        "redis-cluster-replies-out-of-order",
+        "a cluster's per-shard replies reach their own keys",
+        "lmcache_ec/remote/redis_store.py",
+        "for index, reply in zip(indices, replies, strict=True):",
+        "for index, reply in zip(indices[::-1], replies, strict=True):",
+        ("tests/cluster/test_redis_cluster.py::test_get_many_of_many_entries_hits_every_one",),
+    ),
+]
+
+# -- stored embeddings are private to their user unless shared with a group
+MUTATIONS += [
+    Mutation(
+        "disk-tier-readable-by-everyone",
+        "the disk directory is made 0700 and its entries 0600 unless group-shared",
+        "lmcache_ec/tiers/disk_layout.py",
+        "return cls(0o2770, 0o660) if group_shared else cls(0o700, 0o600)",
+        "return cls(0o2770, 0o660) if group_shared else cls(0o755, 0o644)",
+        (f"{T_DISK}::test_directory_and_entries_are_private_unless_shared_with_a_group[private]",),
+    ),
+    Mutation(
+        "group-shared-modes-left-to-the-umask",
+        "a group-shared directory's entries are 0660 whatever the umask",
+        "lmcache_ec/tiers/disk_layout.py",
+        "        os.fchmod(fd, mode)  # the umask may have taken group bits\n",
+        "        pass\n",
+        (
+            f"{T_DISK}::test_directory_and_entries_are_private_unless_shared_with_a_group"
+            "[group-shared]",
+        ),
+    ),
+]
+
+# -- the disk budget: the ledger equals the bytes on disk, a scan never forgets a write
+T_BUDGET = "tests/test_disk_budget.py"
+T_LAYOUT = "tests/test_disk_layout.py"
+MUTATIONS += [
+    Mutation(
+        "ledger-keeps-removed-bytes",
+        "a removal by the tier gives its bytes back to the ledger",
+        "lmcache_ec/tiers/budget.py",
+        "        self._own.discard(name)\n        self._subtract(size)\n",
+        "        self._own.discard(name)\n",
+        (f"{T_BUDGET}::test_the_ledger_equals_the_bytes_on_disk_after_a_removal_and_a_lost_race",),
+    ),
+    Mutation(
+        "lost-publish-keeps-its-reservation",
+        "a write that loses the publish race gives its reservation back",
+        "lmcache_ec/tiers/frame_directory.py",
+        "            else:\n                self.budget.release(size)\n",
+        "            else:\n                pass\n",
+        (f"{T_BUDGET}::test_the_ledger_equals_the_bytes_on_disk_after_a_removal_and_a_lost_race",),
+    ),
+    Mutation(
+        "scan-forgets-a-write-published-meanwhile",
+        "a write published between a scan's listing and its stat counts at its reservation",
+        "lmcache_ec/tiers/disk_layout.py",
+        "                        writes[item.inode()] = temp_reserved(name)\n",
+        "                        pass\n",
+        (f"{T_LAYOUT}::test_a_write_published_between_listing_and_stat_counts_at_its_reservation",),
+    ),
+    # -- a late promotion never outranks newer entries in the CPU tier's LRU
+    Mutation(
+        "late-promotion-goes-to-the-front",
+        "a promoted old entry takes its place in the CPU tier's use order as of its read",
+        "lmcache_ec/reads.py",
+        "self._write_above(key, memory_obj, above, since)",
+        "self._write_above(key, memory_obj, above)",
+        ("tests/test_reads.py::test_a_promotion_that_lands_after_newer_puts_ranks_behind_them",),
+    ),
+]
+
+# -- purges: none lost, records untrusted, each scoped to its own namespace
+T_PURGE = "tests/test_purge_log.py"
+MARKER = "lmcache_ec/purge_marker.py"
+MUTATIONS += [
+    Mutation(
+        "redis-purge-log-overwritten",
+        "a purge appended to the Redis log never replaces another made at once",
+        "lmcache_ec/remote/redis_store.py",
+        "        self._client.eval(APPEND_LOG, 1, name, line, limit)\n",
+        "        self._client.set(name, line)\n",
+        (
+            f"{T_PURGE}::test_two_tenants_purging_within_one_interval_are_both_applied[redis]",
+            f"{T_PURGE}::test_appends_made_at_once_are_all_kept_remotely[redis]",
+        ),
+    ),
+    Mutation(
+        "s3-purge-log-put-unconditionally",
+        "a purge appended to the S3 log never replaces another made at once",
+        "lmcache_ec/remote/s3_store.py",
+        "Body=appended(log, line, limit), **condition, **self._object(name)",
+        "Body=appended(log, line, limit), **self._object(name)",
+        (f"{T_PURGE}::test_appends_made_at_once_are_all_kept_remotely[s3]",),
+    ),
+    Mutation(
+        "disk-purge-log-unlocked",
+        "purges appended to the disk log at once are all kept",
+        MARKER,
+        "        fcntl.flock(fd, fcntl.LOCK_EX)\n",
+        "        pass\n",
+        (f"{T_PURGE}::test_appends_made_at_once_are_all_kept_on_disk",),
+    ),
+    Mutation(
+        "purge-log-read-whole",
+        "a reader takes at most LOG_LIMIT + 1 bytes of a purge log",
+        "lmcache_ec/remote/redis_store.py",
+        "return bytes(self._client.getrange(name, -size, -1)) or None",
+        "return bytes(self._client.getrange(name, 0, -1)) or None",
+        (f"{T_PURGE}::test_a_long_log_is_read_as_its_tail",),
+    ),
+    Mutation(
+        "record-of-another-namespace-accepted",
+        "a record naming another namespace than its log's is rejected",
+        MARKER,
+        '        if texts["namespace"] is not None and texts["namespace"] != namespace:\n',
+        "        if False:\n",
+        (
+            f"{T_PURGE}::test_a_record_selects_only_its_own_namespace",
+            f"{T_PURGE}::test_a_bad_record_is_rejected[other-namespace]",
+        ),
+    ),
+    Mutation(
+        "unscoped-record-selects-every-namespace",
+        "a record selects only entries of the namespace whose log holds it",
+        MARKER,
+        "            namespace=namespace,\n",
+        "            namespace=self.namespace,\n",
+        (f"{T_PURGE}::test_a_record_selects_only_its_own_namespace",),
+    ),
+    Mutation(
+        "nan-purge-time-accepted",
+        "a record's times are finite",
+        MARKER,
+        "not math.isfinite(value) or value < 0",
+        "value < 0",
+        (
+            f"{T_PURGE}::test_a_bad_record_is_rejected[nan-time]",
+            f"{T_PURGE}::test_a_bad_record_is_rejected[nan-age]",
+        ),
+    ),
+    Mutation(
+        "future-purge-time-kept",
+        "a record's time is clamped to the reader's clock",
+        MARKER,
+        'min(_seconds(record["time"], "time"), now)',
+        '_seconds(record["time"], "time")',
+        (f"{T_PURGE}::test_a_record_from_the_future_is_clamped_to_the_readers_clock",),
+    ),
+    Mutation(
+        "deeply-nested-record-raises",
+        "a deeply nested record is a bad record, never a RecursionError",
+        MARKER,
+        "except (ValueError, RecursionError) as exc:  # RecursionError: deep nesting",
+        "except ValueError as exc:",
+        (f"{T_PURGE}::test_a_bad_record_is_rejected[nested-4k]",),
+    ),
+    Mutation(
+        "disk-log-link-followed",
+        "the disk purge log is opened without following a link",
+        MARKER,
+        "os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC",
+        "os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC",
+        (f"{T_PURGE}::test_only_a_regular_file_is_read_as_the_disk_log[link]",),
+    ),
+    Mutation(
+        "disk-log-open-blocks-on-a-fifo",
+        "the disk purge log is opened without blocking (a FIFO there never stalls)",
+        MARKER,
+        "os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC",
+        "os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC",
+        (f"{T_PURGE}::test_only_a_regular_file_is_read_as_the_disk_log[fifo]",),
+    ),
+    Mutation(
+        "purge-watch-stops-on-an-error",
+        "the purge watch thread outlives any exception",
+        "lmcache_ec/purge_follow.py",
+        "                except Exception as exc:  # the watch outlives anything one check does\n"
+        "                    self._failed(exc)\n",
+        "                except Exception:\n                    return\n",
+        (f"{T_PURGE}::test_the_watch_thread_survives_any_exception",),
+    ),
+    Mutation(
+        "cpu-purge-ignores-weights",
+        "a purge of one weights version keeps other versions' CPU entries",
+        "lmcache_ec/purge_follow.py",
+        "            if known and identity.weights != selector.weights:\n",
+        "            if False:\n",
+        (f"{T_PURGE}::test_a_purge_of_one_weights_version_keeps_the_others_cpu_entries",),
     ),
 ]
 

@@ -7,6 +7,7 @@ import torch
 
 from lmcache_ec import ECCache
 from lmcache_ec.remote.naming import redis_data_key
+from lmcache_ec.remote.redis_store import MGET_BATCH
 from tests.conftest import bit_equal, make_tensor
 from tests.remote.conftest import remote_config
 from tests.servers import redis_commands
@@ -39,13 +40,20 @@ def test_get_many_fetches_remote_entries_in_one_request(redis_url):
     _stored(remote_config(redis_url), entries)
     with ECCache.from_config(remote_config(redis_url), model=MODEL) as cache:
         assert bit_equal(cache.get("img-0"), entries["img-0"])  # now in the CPU tier
+        store = cache._storage.storage_backends["RemoteBackend"].connection
+        client = store.getWrappedConnector().store._client
+        pipelines = []
+        pipeline = client.pipeline
+        client.pipeline = lambda *a, **k: pipelines.append(a) or pipeline(*a, **k)
         names = [*entries, "absent"]
         results, commands = redis_commands(redis_url, lambda: cache.get_many(names))
         data_keys = {redis_data_key(cache.key(name).storage_name) for name in names}
-        reads = [c for c in commands if c[0].upper() in ("GET", "MGET") and data_keys & set(c[1:])]
-        # the purge watch's own GETs of its marker are not reads of entries
-        assert [c[0].upper() for c in reads] == ["MGET"]
-        assert set(reads[0][1:]) == data_keys - {redis_data_key(cache.key("img-0").storage_name)}
+        reads = [c for c in commands if data_keys & set(c[1:])]
+        # the purge watch's own reads of its log are not reads of entries
+        assert {c[0].upper() for c in reads} == {"EXISTS", "GETRANGE"}  # bounded reads
+        wanted = data_keys - {redis_data_key(cache.key("img-0").storage_name)}
+        assert sorted(c[1] for c in reads if c[0].upper() == "GETRANGE") == sorted(wanted)
+        assert len(pipelines) == 1  # one round trip for the batch
         assert results[-1] is None
         assert all(bit_equal(r, entries[n]) for n, r in zip(names, results[:-1], strict=False))
         hits = cache.stats.snapshot()["hits"]
@@ -65,3 +73,19 @@ def test_get_many_with_duplicates_and_corrupt_entries(redis_url):
         assert results[1] is None
         assert cache.stats.snapshot()["integrity_failures"] == 1
         assert not client.exists(data_key)
+
+
+def test_get_many_of_more_than_one_batch_hits_every_entry(redis_url):
+    """40 names span two pipelines (``MGET_BATCH``): each frame reaches its own key."""
+    entries = {f"many-{i}": make_tensor((4 + i % 3, 32), torch.float16, seed=i) for i in range(40)}
+    assert len(entries) > MGET_BATCH
+    _stored(remote_config(redis_url), entries)
+    with ECCache.from_config(remote_config(redis_url), model=MODEL) as cache:
+        results = cache.get_many(list(entries))
+        assert all(
+            r is not None and bit_equal(r, entries[n])
+            for n, r in zip(entries, results, strict=True)
+        )
+        snapshot = cache.stats.snapshot()
+        assert snapshot["integrity_failures"] == 0
+        assert snapshot["hits"] == {"remote": 40}

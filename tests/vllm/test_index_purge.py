@@ -10,8 +10,8 @@ from lmcache_ec.config import load_config
 from lmcache_ec.integration.vllm import index as index_module
 from lmcache_ec.integration.vllm.index import PENDING, TierIndex
 from lmcache_ec.inventory import Selector
-from lmcache_ec.key import EncoderIdentity
-from lmcache_ec.purge_marker import PurgeMarker, write_disk, write_remote
+from lmcache_ec.key import EncoderIdentity, slug
+from lmcache_ec.purge_marker import PurgeMarker, append_disk, append_remote
 from lmcache_ec.remote.catalog import open_catalog
 from lmcache_ec.remote.naming import redis_data_key
 
@@ -37,7 +37,8 @@ def test_disk_marker_clears_remembered_answers(tmp_path, monkeypatch):
     index.note_present("worker-item", "worker")
     assert index.lookup(ITEM) == "disk"
     path.unlink()  # purged by another process, which then writes its marker
-    write_disk(str(tmp_path), PurgeMarker.new(Selector(model=IDENTITY.model)))
+    line = PurgeMarker.new(Selector(model=IDENTITY.model)).to_line()
+    append_disk(str(tmp_path), slug(IDENTITY.namespace), line)
     now[0] += INTERVAL / 2
     assert index.lookup(ITEM) == "disk"  # remembered until the next check
     now[0] += INTERVAL / 2
@@ -67,7 +68,8 @@ def test_remote_marker_clears_remembered_answers(redis_url):
             time.sleep(0.02)
         client.delete(data_key)
         with open_catalog(config) as catalog:
-            write_remote(catalog, PurgeMarker.new(Selector(model=IDENTITY.model)))
+            line = PurgeMarker.new(Selector(model=IDENTITY.model)).to_line()
+            append_remote(catalog, slug(IDENTITY.namespace), line)
         # Bound: one marker read every purge_check_s, each within remote_timeout.
         time.sleep(INTERVAL + REMOTE_TIMEOUT)
         assert index.purges_seen == 1

@@ -17,10 +17,11 @@
    answer, or when too many lookups are queued, items are reported absent at
    once (the encoder runs) instead of queuing behind a dead server.
 
-A purge by another process (``lmcache-ec purge``, see ``purge_marker.py``)
-clears every remembered answer: the disk marker is ``stat``-ed by ``lookup``
-at most every ``purge_check_s``, the remote one read by the background thread
-at the same interval.
+A purge of this identity's namespace by another process (``lmcache-ec
+purge``, see ``purge_marker.py``) clears every remembered answer: the disk
+purge log is ``stat``-ed by ``lookup`` at most every ``purge_check_s``, the
+remote one read by the background thread at the same interval. A bad log or
+record is logged once and never reaches ``lookup``'s caller.
 
 No ECCache is built and no CPU pool is allocated in the scheduler process.
 """
@@ -182,7 +183,7 @@ class TierIndex:
         self.purges_seen = 0
         if purge_check_s is None:
             purge_check_s = float(SCHEMA["purge_check_s"].default)
-        self._purges = MarkerWatch(disk_dir, purge_check_s, self._purged)
+        self._purges = MarkerWatch(disk_dir, identity.namespace, purge_check_s, self._purged)
         self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         if open_catalog is not None:
@@ -204,6 +205,7 @@ class TierIndex:
         """Answer for ``identity`` from now on (new encoder weights): forget the rest."""
         with self._lock:
             self.identity = identity
+            self._purges.namespace = identity.namespace
             self._generation += 1
             self._known.clear()
             self._remote.clear()
