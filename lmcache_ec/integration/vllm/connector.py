@@ -180,6 +180,11 @@ class LMCacheECTierConnector(ECConnectorBase):
             )
             if no_channel is not None:
                 self.scheduler.channel_unavailable(no_channel, self._without_channel())
+            if not seams.install_scheduler_reset():
+                logger.warning(
+                    "vLLM has no Scheduler.reset_encoder_cache to watch: after an encoder "
+                    "cache reset, an item asked for again is computed once before it loads"
+                )
         else:
             if fingerprint:
                 try:
@@ -327,6 +332,11 @@ class LMCacheECTierConnector(ECConnectorBase):
         """Scheduler: in-memory answer; True only for items ready to load."""
         assert self.scheduler is not None
         return self.scheduler.has_cache_item(identifier)
+
+    def encoder_cache_reset(self) -> None:
+        """Scheduler: vLLM emptied its encoder cache (``seams.py``)."""
+        if self.scheduler is not None:
+            self.scheduler.encoder_cache_reset()
 
     def update_state_after_alloc(self, request: Request, index: int) -> None:
         """Scheduler: turn approved items into loads; computed items are ignored."""
