@@ -535,7 +535,7 @@ MUTATIONS: list[Mutation] = [
         ITEMS,
         "            raise IllegalTransition(\n",
         "            print(\n",
-        (f"{T_ITEMS}::test_an_illegal_transition_raises_and_changes_nothing[path0-PROMISED]",),
+        (f"{T_ITEMS}::test_an_illegal_transition_raises_and_changes_nothing[never-staged]",),
     ),
     Mutation(
         "diagram-misses-a-transition",

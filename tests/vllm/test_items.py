@@ -44,6 +44,7 @@ def test_moves_keep_the_state_index():
         ([S.RESIDENT], S.FAILED),  # computed: nothing to give up
         ([S.QUEUED, S.STAGING, S.READY, S.PROMISED, S.LOADED], S.READY),  # loaded once
     ],
+    ids=["never-staged", "never-promised", "never-ordered", "computed", "loaded"],
 )
 def test_an_illegal_transition_raises_and_changes_nothing(path, illegal):
     table = ItemTable()
