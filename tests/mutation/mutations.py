@@ -33,6 +33,9 @@ T_OUTAGES = "tests/faults/test_remote_outages.py"
 SCHEDULER = "lmcache_ec/integration/vllm/scheduler.py"
 RUNTIME_DIRS = "lmcache_ec/runtime_dirs.py"
 T_LIFECYCLE = "tests/vllm/test_item_lifecycle.py"
+ITEMS = "lmcache_ec/integration/vllm/items.py"
+T_ITEMS = "tests/vllm/test_items.py"
+T_RESET = "tests/vllm/test_encoder_cache_reset.py"
 T_RUNTIME_DIRS = "tests/chaos/test_runtime_dirs.py"
 T_NO_CHANNEL = "tests/chaos/test_fingerprint_without_channel.py"
 T_FULL = "tests/chaos/test_node_full.py::"
@@ -319,7 +322,7 @@ MUTATIONS: list[Mutation] = [
         "scheduler-promises-unstaged-load",
         "a consumer's scheduler promises a load only for items staged on every rank",
         "lmcache_ec/integration/vllm/scheduler.py",
-        "hit = item is not None and item.state in (S.READY, S.PROMISED)",
+        "hit = state in (S.READY, S.PROMISED)",
         "hit = self.index.lookup(identifier) not in (None, PENDING)",
         # vLLM's own flow asks has_cache_item only once ensure_cache_available has
         # waited for staging (tests/vllm/test_prefetch.py), so ask it directly.
@@ -510,10 +513,69 @@ MUTATIONS: list[Mutation] = [
         "expired-ready-item-kept",
         "a staged item whose request ended is released at its deadline",
         SCHEDULER,
-        "                self.prefetch.take_waiters(identifier)\n"
-        "                self._to_release.append(identifier)\n",
-        "                self.prefetch.take_waiters(identifier)\n",
+        "        self.prefetch.take_waiters(identifier)\n"
+        "        self._to_release.append(identifier)\n",
+        "        self.prefetch.take_waiters(identifier)\n",
         (f"{T_LIFECYCLE}::test_a_staged_item_of_an_ended_request_is_released_at_its_deadline",),
+    ),
+    Mutation(
+        "step-report-weights-ignored",
+        "a step report made under replaced weights never moves an item ordered again",
+        SCHEDULER,
+        "        if meta.weights == self.weights:  # stagings answered under other weights",
+        "        if True:  # stagings answered under other weights",
+        (
+            f"{T_LIFECYCLE}::test_a_step_report_under_old_weights_moves_nothing[staged]",
+            f"{T_LIFECYCLE}::test_a_step_report_under_old_weights_moves_nothing[failed]",
+        ),
+    ),
+    # -- the item state machine: enforced, and drawn as it is
+    Mutation(
+        "illegal-transition-logged",
+        "an item moved along a transition ALLOWED does not list is a bug that raises",
+        ITEMS,
+        "            raise IllegalTransition(\n",
+        "            print(\n",
+        (f"{T_ITEMS}::test_an_illegal_transition_raises_and_changes_nothing[never-staged]",),
+    ),
+    Mutation(
+        "diagram-misses-a-transition",
+        "the state diagram in docs/vllm.md draws every transition items.py allows",
+        ITEMS,
+        "    S.LOADED: frozenset({S.UNKNOWN}),",
+        "    S.LOADED: frozenset({S.UNKNOWN, S.RESIDENT}),",
+        (f"{T_ITEMS}::test_the_state_diagram_in_the_docs_is_the_allowed_table",),
+    ),
+    Mutation(
+        "diagram-draws-a-forbidden-transition",
+        "the state diagram in docs/vllm.md draws only transitions items.py allows",
+        ITEMS,
+        "    S.RESIDENT: frozenset({S.UNKNOWN}),",
+        "    S.RESIDENT: frozenset({S.UNKNOWN} - {S.UNKNOWN}),",
+        (f"{T_ITEMS}::test_the_state_diagram_in_the_docs_is_the_allowed_table",),
+    ),
+    # -- vLLM's encoder cache reset: what it held is fetched again
+    Mutation(
+        "encoder-cache-reset-unseen",
+        "after vLLM's reset_encoder_cache an image asked for again loads from the tiers",
+        "lmcache_ec/integration/vllm/weight_updates.py",
+        "        if reset is not None:  # None: another EC connector, or none\n            reset()",
+        "        pass",
+        (
+            f"{T_RESET}::test_an_image_asked_for_after_a_reset_is_fetched_again[v1]",
+            f"{T_RESET}::test_an_image_asked_for_after_a_reset_is_fetched_again[v2]",
+        ),
+    ),
+    Mutation(
+        "stale-record-trusted",
+        "an item vLLM asks about is not in its encoder cache, whatever the record says",
+        SCHEDULER,
+        "            self._drop_stale(identifier)\n            state = S.UNKNOWN",
+        "            pass",
+        (
+            f"{T_RESET}::test_an_item_vllm_asks_about_is_no_longer_in_its_cache[resident]",
+            f"{T_RESET}::test_an_item_vllm_asks_about_is_no_longer_in_its_cache[loaded]",
+        ),
     ),
     Mutation(
         "claims-kept-when-a-request-ends",

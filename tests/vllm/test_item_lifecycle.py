@@ -3,7 +3,7 @@
 - A stage answer carries the weights its order was made under: a late one,
   made under weights since replaced, never moves an item ordered again
   under the new ones (the scheduler side, with a real stage channel whose
-  worker end the test plays).
+  worker end the test plays); nor does a step report made under them.
 - A staged item whose request ended is released when its deadline passes:
   the worker's staged memory comes back (vLLM's real Scheduler).
 - Claims made for a request that ended unencoded are withdrawn at once:
@@ -21,6 +21,7 @@ from lmcache_ec.integration.vllm.channel import StageListener
 from lmcache_ec.integration.vllm.connector_options import ConnectorSettings
 from lmcache_ec.integration.vllm.index import TierIndex
 from lmcache_ec.integration.vllm.items import ItemState
+from lmcache_ec.integration.vllm.metadata import ECTierWorkerMetadata
 from lmcache_ec.integration.vllm.scheduler import TierScheduler
 from lmcache_ec.integration.vllm.stage_client import StageClient
 from lmcache_ec.integration.vllm.stage_messages import WeightsAnnouncement
@@ -98,6 +99,21 @@ def test_a_late_answer_under_old_weights_moves_nothing(staging_under_new_weights
     link.answer([control], [], NEW)
     _until(lambda: scheduler.items.state(control) is S.READY, scheduler.take_stats)
     # Both arrived, in order: the old one changed nothing.
+    assert scheduler.items.state(late) is S.STAGING
+    assert not scheduler.take_unavailable_requests()
+    assert late not in scheduler.build_connector_meta(object()).release
+
+
+@pytest.mark.parametrize("answer", ["staged", "failed"])
+def test_a_step_report_under_old_weights_moves_nothing(staging_under_new_weights, answer):
+    """The same answer in a step report (a worker no stage link took it from)."""
+    scheduler, _, late, _ = staging_under_new_weights
+    report = ECTierWorkerMetadata(weights=OLD)
+    if answer == "staged":
+        report.staged[late] = 1
+    else:
+        report.failed.add(late)
+    scheduler.update_connector_output(report)
     assert scheduler.items.state(late) is S.STAGING
     assert not scheduler.take_unavailable_requests()
     assert late not in scheduler.build_connector_meta(object()).release

@@ -34,7 +34,7 @@ from ...runtime_dirs import Feature, RuntimeDirUnavailable, feature_off, socket_
 from . import weight_updates
 from .channel import StageListener
 from .connector_options import ConnectorSettings
-from .identity import identity_from_vllm, is_content_identifier
+from .identity import identity_from_vllm
 from .index import TierIndex
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .scheduler import TierScheduler
@@ -180,6 +180,11 @@ class LMCacheECTierConnector(ECConnectorBase):
             )
             if no_channel is not None:
                 self.scheduler.channel_unavailable(no_channel, self._without_channel())
+            if not weight_updates.install_scheduler_reset():
+                logger.warning(
+                    "vLLM has no Scheduler.reset_encoder_cache to watch: after an encoder "
+                    "cache reset, an item asked for again is computed once before it loads"
+                )
         else:
             if fingerprint:
                 try:
@@ -191,7 +196,7 @@ class LMCacheECTierConnector(ECConnectorBase):
             self.worker = TierWorker(
                 cache,
                 self.settings,
-                persistable=self._persistable,
+                persistable=self.settings.persistable,
                 is_producer=self.is_producer,
                 is_consumer=self.is_consumer,
                 tp_rank=tp_rank,
@@ -224,9 +229,6 @@ class LMCacheECTierConnector(ECConnectorBase):
                 "first step report and caches nothing before it"
             )
         return text
-
-    def _persistable(self, identifier: str) -> bool:
-        return self.settings.persist_non_content_ids or is_content_identifier(identifier)
 
     # -- worker side: weights and the stage channel ---------------------------
 
@@ -330,6 +332,11 @@ class LMCacheECTierConnector(ECConnectorBase):
         """Scheduler: in-memory answer; True only for items ready to load."""
         assert self.scheduler is not None
         return self.scheduler.has_cache_item(identifier)
+
+    def encoder_cache_reset(self) -> None:
+        """Scheduler: vLLM emptied its encoder cache (``weight_updates.py``)."""
+        if self.scheduler is not None:
+            self.scheduler.encoder_cache_reset()
 
     def update_state_after_alloc(self, request: Request, index: int) -> None:
         """Scheduler: turn approved items into loads; computed items are ignored."""

@@ -60,6 +60,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ...config import ConfigError
+from .identity import is_content_identifier
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ class ConnectorSettings:
     claim_encodes: bool = True
     claim_wait_s: float = 0.5
     in_step_reads: bool = False
+
+    def persistable(self, identifier: str) -> bool:
+        """Whether outputs of ``identifier`` may be stored and looked up (``identity.py``)."""
+        return self.persist_non_content_ids or is_content_identifier(identifier)
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ConnectorSettings:

@@ -175,6 +175,7 @@ class TierIndex:
         self._known: _LRU = _LRU()  # identifier -> (tier, noted_at)
         self._remote: _LRU = _LRU()  # identifier -> (present, answered_at)
         self._pending: set[str] = set()
+        self._answered_ids: set[str] = set()  # remote checks answered since take_answered
         self._names: _LRU = _LRU()  # identifier -> storage name
         self._disk = DiskListing(disk_dir) if disk_dir is not None else None
         self._generation = 0  # bumped by set_identity: older remote answers are dropped
@@ -269,6 +270,12 @@ class TierIndex:
         self._queue.put(identifier)
         return PENDING
 
+    def take_answered(self) -> set[str]:
+        """Identifiers whose remote check ended since the last call (answered or not)."""
+        with self._lock:
+            answered, self._answered_ids = self._answered_ids, set()
+        return answered
+
     def wait_answer(self, identifier: str, timeout: float) -> None:
         """Wait up to ``timeout`` s for a pending remote lookup of ``identifier``."""
         with self._answered:
@@ -311,6 +318,7 @@ class TierIndex:
                         logger.debug("Remote existence check failed: %s", exc)
                 with self._lock:
                     self._answered.notify_all()
+                    self._answered_ids.update(batch)
                     if generation != self._generation:  # asked for other weights: ask again
                         self._pending.difference_update(batch)
                         continue

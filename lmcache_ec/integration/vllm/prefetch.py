@@ -31,20 +31,31 @@ class PrefetchQueue:
         self._inflight: dict[str, int] = {}  # identifier -> estimated bytes
         self._inflight_bytes = 0
         self._waiters: dict[str, set[str]] = {}  # identifier -> request ids
+        self._waited_on: dict[str, set[str]] = {}  # request id -> identifiers
 
     # -- waiters -------------------------------------------------------------
 
     def wait(self, identifier: str, request_id: str) -> None:
         self._waiters.setdefault(identifier, set()).add(request_id)
+        self._waited_on.setdefault(request_id, set()).add(identifier)
 
     def take_waiters(self, identifier: str) -> set[str]:
-        return self._waiters.pop(identifier, set())
+        waiters = self._waiters.pop(identifier, set())
+        for request_id in waiters:
+            waited_on = self._waited_on.get(request_id)
+            if waited_on is not None:
+                waited_on.discard(identifier)
+                if not waited_on:
+                    del self._waited_on[request_id]
+        return waiters
 
     def forget_request(self, request_id: str) -> None:
-        for identifier in [i for i, ids in self._waiters.items() if request_id in ids]:
-            self._waiters[identifier].discard(request_id)
-            if not self._waiters[identifier]:
-                del self._waiters[identifier]
+        for identifier in self._waited_on.pop(request_id, ()):
+            waiters = self._waiters.get(identifier)
+            if waiters is not None:
+                waiters.discard(request_id)
+                if not waiters:
+                    del self._waiters[identifier]
 
     # -- queue and bounds ----------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Scheduler side: decide per step which items workers stage and load.
 
 The flow, states, bounds and options are described once, in docs/vllm.md
-("Flow per engine step"). In short:
+("Flow per engine step"); each item's state, and the transitions allowed,
+in ``items.py``. In short:
 
 1. ``ensure_cache_available`` defers a request (not the batch) while an item
    the tiers hold is *prefetched*: staged into every rank's memory
@@ -16,12 +17,25 @@ The flow, states, bounds and options are described once, in docs/vllm.md
 4. ``build_connector_meta``: load/release (and, without a channel, stage) orders.
 5. ``update_connector_output``: saves, staging results, worker stats.
 
+A deferred request costs nothing per step until something it waits on
+changes: the item table reports items that moved (an answer, a give-up) and
+items whose deadline passed, the index the remote checks answered; only the
+requests waiting on those items look at them again. Claims are the one
+exception: no event says another instance's output landed, so items in a
+claim state are looked at once a step.
+
+vLLM asks ``has_cache_item`` only for an item its own encoder cache lacks: an
+item recorded LOADED or RESIDENT there was dropped without a free notice
+(``reset_encoder_cache`` clears vLLM's list of freed items), so its record
+is stale and dropped. The reset itself also reaches ``encoder_cache_reset``
+(``weight_updates.py``): every LOADED and RESIDENT record is dropped, and an item
+asked for again is fetched from the tiers again.
+
 Items are keyed under the encoder-weights fingerprint the workers announce
 (over the stage channel; without one, in their step reports); a change
 gives up every prefetch. Until it is known nothing is looked up: caching is
 paused, and the ``caching`` feature reads off in the stats, with why
-(``caching_paused``). Each item has one state and deadline (``items.py``),
-changed by ``ItemTable`` only.
+(``caching_paused``).
 
 Why staging: a staged load cannot fail once promised; a tier read at the
 last moment could, after the encoder was skipped (vLLM's model runner raises
@@ -31,8 +45,11 @@ on the missing entry). A failed staging simply means the encoder runs.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...claims import ClaimAgent
@@ -40,9 +57,8 @@ from ...runtime_dirs import Feature, RuntimeDirUnavailable, feature_off
 from .connector_options import ConnectorSettings
 from .encode_claims import CLAIM_STATES, EncodeClaims
 from .features_off import OffChanges
-from .identity import is_content_identifier
 from .index import PENDING, TierIndex
-from .items import ItemState, ItemTable
+from .items import Item, ItemState, ItemTable
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .prefetch import PrefetchQueue
 from .stage_client import StageClient
@@ -53,6 +69,8 @@ logger = logging.getLogger(__name__)
 
 S = ItemState
 _FETCHING = (S.QUEUED, S.STAGING, S.READY, S.PROMISED)  # a prefetch is under way or done
+_IN_VLLM = (S.LOADED, S.RESIDENT)  # in vLLM's encoder cache, as far as this side knows
+_HELD = (S.READY, S.PROMISED, *_IN_VLLM)  # nothing to wait for
 
 CACHING = "caching"  # the feature paused while the encoder weights are not known
 # Why caching is paused: no worker has reported a fingerprint yet (or the
@@ -67,6 +85,37 @@ _UNREACHABLE_HELP = (
     "node with a private runtime directory, or set weights_fingerprint: false and "
     "ec.weights_version"
 )
+
+
+class ItemAnswer(enum.Enum):
+    """What one item of a request needs before the request may be scheduled."""
+
+    HELD = "held"  # staged on every rank, or in vLLM's encoder cache
+    COMPUTE = "compute"  # nothing to wait for: the encoder runs for it
+    WAIT = "wait"  # on its way: the request is deferred
+
+
+class ClaimDecision(enum.Enum):
+    """``EncodeClaims.decide``'s answer, named."""
+
+    ENCODE_HERE = "encode_here"  # this instance encodes it
+    WAIT = "wait"  # another instance encodes it (at most claim_wait_s)
+    FETCH = "fetch"  # its output landed: prefetch it
+
+    @classmethod
+    def of(cls, answer: bool | None) -> ClaimDecision:
+        return cls.FETCH if answer is None else cls.ENCODE_HERE if answer else cls.WAIT
+
+
+@dataclass
+class _Wait:
+    """A deferred request: what it needs, and what it still waits on."""
+
+    request: Any  # vLLM's Request: one object per request, across steps
+    needed: dict[str, int]  # identifier -> estimated bytes, of items still to compute
+    pending: set[str] = field(default_factory=set)  # answered WAIT
+    direct: set[str] = field(default_factory=set)  # pending, staging over the stage channel
+    changed: set[str] = field(default_factory=set)  # moved (or due) since last looked at
 
 
 class TierScheduler:
@@ -110,6 +159,10 @@ class TierScheduler:
         )
         self._unavailable: set[str] = set()  # request ids for take_unavailable_requests
         self._failing: set[str] = set()  # reported unavailable, held until vLLM fails them
+        self._waiting: dict[str, _Wait] = {}  # deferred requests by id
+        self._needed_by: dict[str, set[str]] = {}  # identifier -> deferred requests needing it
+        self._woken: set[str] = set()  # items due or answered, not moved: looked at again
+        self._mm_end: dict[str, int] = {}  # request id -> token after its last item
         # Orders of this step, handed out by build_connector_meta.
         self._to_stage: list[str] = []
         self._to_release: list[str] = []
@@ -155,121 +208,199 @@ class TierScheduler:
             return None
         return WEIGHTS_UNKNOWN if self._reports_arrive() else WEIGHTS_UNREACHABLE
 
-    def persistable(self, identifier: str) -> bool:
-        return self.settings.persist_non_content_ids or is_content_identifier(identifier)
-
     def mark_ready(self, identifiers: list[str]) -> None:
-        """Treat ``identifiers`` as staged on every rank (what the workers' reports do)."""
+        """Treat unknown ``identifiers`` as staged on every rank (what the workers' reports do)."""
         deadline = time.monotonic() + self.settings.stage_timeout_s
         for identifier in identifiers:
-            self.items.move(identifier, S.READY, deadline)
+            if self.items.state(identifier) is S.UNKNOWN:
+                self.items.move(identifier, S.READY, deadline)
 
-    # -- before scheduling ---------------------------------------------------
+    def encoder_cache_reset(self) -> None:
+        """vLLM emptied its encoder cache (``Scheduler.reset_encoder_cache``, see
+        ``weight_updates.py``) without listing what it freed: fetch those items again."""
+        for identifier in self.items.having(*_IN_VLLM):
+            self.items.move(identifier, S.UNKNOWN)
+        self._count("encoder_cache_resets")
+
+    # -- before scheduling: which requests wait ------------------------------
 
     def _begin_step(self) -> None:
-        """Once per step: read what the workers said (a weight update first of all)."""
-        if self._polled:
-            return
-        self._polled = True
-        if self._channel_ready():
-            self._poll_channel(0.0)
+        """Read what the workers said, once a step (a weight update first of all); note
+        the items whose deadline passed or whose remote check ended."""
+        if not self._polled:
+            self._polled = True
+            if self._channel_ready():
+                self._poll_channel(0.0)
+            # No event says another instance's output landed: claims are looked at each step.
+            self._woken.update(self.items.having(S.CLAIMING, S.AWAITING))
+        self._expire_due(time.monotonic())
+        for identifier in self.index.take_answered():
+            if self.items.state(identifier) is S.LOOKING_UP:
+                self._woken.add(identifier)
 
     def ensure_cache_available(self, request: Any, num_computed_tokens: int) -> bool:
         if not self.is_consumer:
             return True
         self._begin_step()
-        if request.request_id in self._failing:
+        request_id = request.request_id
+        if request_id in self._failing:
             return False
-        now = time.monotonic()
-        ready = True
+        wait = self._waiting.get(request_id)
+        if wait is not None and wait.request is not request:  # an id used again
+            self._forget_wait(request_id)
+            self._mm_end.pop(request_id, None)
+            wait = None
+        if wait is None:
+            needed = self._still_needed(request, num_computed_tokens)
+            if not needed:
+                return True
+            wait = self._waiting[request_id] = _Wait(request, needed)
+            for identifier in needed:
+                self._needed_by.setdefault(identifier, set()).add(request_id)
+            self._look(wait, request_id, needed)
+        self._settle(wait, request_id)
+        if request_id in self._failing:  # an item of it was just given up
+            return False
+        if wait.pending:
+            self._count("deferred_steps")
+            return False
+        self._forget_wait(request_id)
+        return True
+
+    def _still_needed(self, request: Any, num_computed_tokens: int) -> dict[str, int]:
+        """The request's items not computed yet, with their estimated bytes."""
+        request_id = request.request_id
+        end = self._mm_end.get(request_id)
+        if end is None:
+            end = max(
+                (f.mm_position.offset + f.mm_position.length for f in request.mm_features),
+                default=0,
+            )
+            self._mm_end[request_id] = end
+        if num_computed_tokens >= end:
+            return {}
+        needed = {}
         for feature in request.mm_features:
             pos = feature.mm_position
-            if pos.offset + pos.length <= num_computed_tokens:
-                continue
-            nbytes = pos.get_num_embeds() * self.bytes_per_embed
-            if not self._item_ready(feature.identifier, now, nbytes, request.request_id):
-                self.prefetch.wait(feature.identifier, request.request_id)
-                ready = False
-        if request.request_id in self._failing:  # an item of it was just given up
-            ready = False
-        if not ready:
-            self._count("deferred_steps")
-        return ready
+            if pos.offset + pos.length > num_computed_tokens:
+                needed[feature.identifier] = pos.get_num_embeds() * self.bytes_per_embed
+        return needed
 
-    def _item_ready(self, identifier: str, now: float, nbytes: int, request_id: str) -> bool:
-        """False while ``identifier`` is on its way into worker memory."""
+    def _settle(self, wait: _Wait, request_id: str) -> None:
+        """Look again at what moved for this request; wait within the step's budget
+        while it waits on stagings over the stage channel."""
+        while True:
+            self._wake()
+            if wait.changed:
+                changed, wait.changed = wait.changed, set()
+                self._look(wait, request_id, changed)
+            elif not (wait.direct and self._await_answers(wait)):
+                return
+
+    def _look(self, wait: _Wait, request_id: str, identifiers: Iterable[str]) -> None:
+        """Decide each of ``identifiers`` for the request, then order what can start."""
+        now = time.monotonic()
+        # The record each decision left: every write makes a new one, so a record
+        # still identical after the dispatch below was moved by nothing else.
+        decided: dict[str, Item | None] = {}
+        for identifier in identifiers:
+            answer = self._item_ready(identifier, now, wait.needed[identifier], request_id)
+            decided[identifier] = self.items.get(identifier)
+            if answer is ItemAnswer.WAIT:
+                wait.pending.add(identifier)
+                self.prefetch.wait(identifier, request_id)
+                if self._staging_direct(identifier):
+                    wait.direct.add(identifier)
+                else:
+                    wait.direct.discard(identifier)
+            else:
+                wait.pending.discard(identifier)
+                wait.direct.discard(identifier)
+        self._dispatch_prefetches()
+        self._wake()
+        for identifier, record in decided.items():  # moved by its own decision: not news
+            if self.items.get(identifier) is record:
+                wait.changed.discard(identifier)
+
+    def _wake(self) -> None:
+        """Hand each item moved (or woken) since the last call to the requests needing it."""
+        changed = self.items.take_changed()
+        if self._woken:
+            changed |= self._woken
+            self._woken = set()
+        for identifier in changed:
+            for request_id in self._needed_by.get(identifier, ()):
+                self._waiting[request_id].changed.add(identifier)
+
+    def _forget_wait(self, request_id: str) -> None:
+        wait = self._waiting.pop(request_id, None)
+        if wait is None:
+            return
+        for identifier in wait.needed:
+            waiting = self._needed_by.get(identifier)
+            if waiting is not None:
+                waiting.discard(request_id)
+                if not waiting:
+                    del self._needed_by[identifier]
+
+    # -- one item's decision --------------------------------------------------
+
+    def _item_ready(self, identifier: str, now: float, nbytes: int, request_id: str) -> ItemAnswer:
         state = self.items.state(identifier)
-        if state in (S.READY, S.PROMISED, S.RESIDENT):
-            return True
+        if state in _HELD:
+            return ItemAnswer.HELD
         if self.settings.in_step_reads:
             return self._approve_at_once(identifier, now)
-        if state not in (S.QUEUED, S.STAGING):
-            answer = self._start_prefetch(identifier, now, nbytes, request_id)
-            if answer is not None:
-                return answer
-        item = self.items.get(identifier)
-        if item is not None and item.state is S.STAGING:
-            if item.direct:
-                # A waiter already: if the staging fails meanwhile, a consumer fails it.
-                self.prefetch.wait(identifier, request_id)
-                self._await_staging(identifier)
-                if self.items.state(identifier) is not S.STAGING:
-                    return True  # staged (a load), or given up (computed or failed)
-            elif self._undelivered:  # an idle V1 step: the orders never reached the workers
+        if state is S.QUEUED:
+            if now < self.items.get(identifier).deadline:
+                return ItemAnswer.WAIT
+            self._give_up(identifier, now, "no room to prefetch it in time")
+            return ItemAnswer.COMPUTE
+        if state is S.STAGING:
+            item = self.items.get(identifier)
+            if not item.direct and self._undelivered:
+                # An idle V1 step: the orders never reached the workers.
                 self._give_up(identifier, now, "idle step", fetch_failed=False)
-                return True
+                return ItemAnswer.COMPUTE
             if now < item.deadline:
-                return False
+                return ItemAnswer.WAIT
             self._give_up(identifier, now, "staging timed out")
-            return True
-        if now < self.prefetch.queued_deadline(identifier):
-            return False
-        self._give_up(identifier, now, "no room to prefetch it in time")
-        return True
+            return ItemAnswer.COMPUTE
+        return self._start_prefetch(identifier, now, nbytes, request_id)
 
-    def _approve_at_once(self, identifier: str, now: float) -> bool:
+    def _approve_at_once(self, identifier: str, now: float) -> ItemAnswer:
         """``in_step_reads``: a tier hit is approved now and read inside the step."""
-        if self.weights is None or not self.persistable(identifier):
-            return True
+        if self.weights is None or not self.settings.persistable(identifier):
+            return ItemAnswer.COMPUTE
         tier = self._lookup(identifier, now)
         if tier == PENDING:  # the same existence check as with prefetch
-            return now >= self.items.get(identifier).deadline
-        if tier is not None:
-            self.items.move(identifier, S.READY, now + self.settings.stage_timeout_s)
-        return True
+            expired = now >= self.items.get(identifier).deadline
+            return ItemAnswer.COMPUTE if expired else ItemAnswer.WAIT
+        if tier is None:
+            return ItemAnswer.COMPUTE
+        self.items.move(identifier, S.READY, now + self.settings.stage_timeout_s)
+        return ItemAnswer.HELD
 
-    def _lookup(self, identifier: str, now: float, *, fresh: bool = False) -> str | None:
+    def _lookup(self, identifier: str, now: float) -> str | None:
         """The index's answer; PENDING (state LOOKING_UP) while the remote check runs."""
-        tier = self.index.lookup(identifier, fresh=fresh)
-        if tier == PENDING:
-            item = self.items.get(identifier)
-            if item is None or item.state is not S.LOOKING_UP:
-                item = self.items.move(
-                    identifier, S.LOOKING_UP, now + self.settings.remote_lookup_timeout_s
-                )
-        elif self.items.state(identifier) is S.LOOKING_UP:
+        tier = self.index.lookup(identifier)
+        looking = self.items.state(identifier) is S.LOOKING_UP
+        if tier == PENDING and not looking:
+            self.items.move(identifier, S.LOOKING_UP, now + self.settings.remote_lookup_timeout_s)
+        elif tier != PENDING and looking:
             self.items.move(identifier, S.UNKNOWN)
         return tier
 
     def _start_prefetch(
         self, identifier: str, now: float, nbytes: int, request_id: str
-    ) -> bool | None:
-        """Queue a prefetch of ``identifier`` if the tiers hold it.
-
-        Returns the answer for ``_item_ready`` when no prefetch starts (True:
-        compute it; False: wait for the remote lookup or another instance's
-        encode), None once queued.
-        """
-        item = self.items.get(identifier)
-        if item is not None and item.state is S.FAILED:
-            if now < item.retry_after:
-                return True
-            item.retry_after = 0.0
-            self.items.move(identifier, S.UNKNOWN)
-            item = None
-        if self.weights is None or not self.persistable(identifier):
-            return True
-        if item is not None and item.state in CLAIM_STATES:
+    ) -> ItemAnswer:
+        """Queue a prefetch of ``identifier`` if the tiers hold it (WAIT once queued)."""
+        if now < self.items.retry_at(identifier):
+            return ItemAnswer.COMPUTE  # a fetch of it failed a moment ago
+        self.items.allow_retry(identifier)
+        if self.weights is None or not self.settings.persistable(identifier):
+            return ItemAnswer.COMPUTE
+        if self.items.state(identifier) in CLAIM_STATES:
             return self._encode_or_wait(identifier, now, nbytes, request_id)
         tier = self._lookup(identifier, now)
         if tier == PENDING:
@@ -280,52 +411,62 @@ class TierScheduler:
             ):
                 tier = self._lookup(identifier, now)
             if tier == PENDING:
-                return now >= deadline
+                return ItemAnswer.COMPUTE if now >= deadline else ItemAnswer.WAIT
         if tier is None:
             return self._encode_or_wait(identifier, now, nbytes, request_id)
         return self._enqueue(identifier, now, nbytes)
 
     def _encode_or_wait(
         self, identifier: str, now: float, nbytes: int, request_id: str
-    ) -> bool | None:
+    ) -> ItemAnswer:
         """No tier holds ``identifier``: encode it here, or wait for the instance
         that claimed it (``encode_claims.py``) and prefetch its output."""
-        answer = True if self.claims is None else self.claims.decide(identifier, now, request_id)
-        return self._enqueue(identifier, now, nbytes) if answer is None else answer
+        if self.claims is None:
+            return ItemAnswer.COMPUTE
+        decision = ClaimDecision.of(self.claims.decide(identifier, now, request_id))
+        if decision is ClaimDecision.FETCH:
+            return self._enqueue(identifier, now, nbytes)
+        return ItemAnswer.COMPUTE if decision is ClaimDecision.ENCODE_HERE else ItemAnswer.WAIT
 
-    def _enqueue(self, identifier: str, now: float, nbytes: int) -> bool | None:
+    def _enqueue(self, identifier: str, now: float, nbytes: int) -> ItemAnswer:
         if not self.prefetch.fits_at_all(nbytes):
             self._count("prefetch_too_large")
             self._fail(identifier, now)
-            return True
-        self.items.move(identifier, S.QUEUED, now + self.settings.stage_timeout_s)
-        self.prefetch.enqueue(identifier, now + self.settings.stage_timeout_s, nbytes)
+            return ItemAnswer.COMPUTE
+        deadline = now + self.settings.stage_timeout_s
+        self.items.move(identifier, S.QUEUED, deadline)
+        self.prefetch.enqueue(identifier, deadline, nbytes)
         self._count("prefetch_queued")
-        self._dispatch_prefetches()
-        return None
+        return ItemAnswer.WAIT
 
     # -- waiting for the workers ---------------------------------------------
 
-    def _await_staging(self, identifier: str) -> None:
-        """Wait for the workers' answer about ``identifier``, within this step's budget.
+    def _await_answers(self, wait: _Wait) -> bool:
+        """Wait for the workers' answers about ``wait``'s stagings, within this step's
+        budget and never past their deadline; False if no time was left.
 
         With nothing else running, a wait stalls nobody (``idle_stage_wait_s``);
         otherwise it delays the running batch as a read inside the step would
         (``busy_stage_wait_s``).
         """
+        budget = self.step.left()
+        if budget <= 0:
+            return False  # the step's next poll reads the answer (and sends the order)
         started = time.monotonic()
-        # Never past the staging deadline: then the item is given up as before.
-        deadline = self.items.get(identifier).deadline
-        step = self.step
-        budget = min(step.budget(), step.waited + deadline - started)
-        left = budget - step.waited
-        if left <= 0:
-            return  # the step's next poll reads the answer (and sends the order)
+        soonest = min(self.items.get(identifier).deadline for identifier in wait.direct)
+        budget = min(budget, soonest - started)
+        if budget <= 0:
+            return False  # past a deadline: given up when next looked at
+        left = budget
         self._poll_channel(0.0)
-        while self._staging_direct(identifier) and left > 0:
+        while left > 0:
+            self._wake()
+            if wait.changed:
+                break
             self._poll_channel(left)
-            left = budget - step.waited - (time.monotonic() - started)
-        step.waited += time.monotonic() - started
+            left = budget - (time.monotonic() - started)
+        self.step.waited += time.monotonic() - started
+        return True
 
     def _staging_direct(self, identifier: str) -> bool:
         item = self.items.get(identifier)
@@ -338,11 +479,10 @@ class TierScheduler:
         deadline = time.monotonic() + self.settings.stage_timeout_s
         direct = self._channel_ready() and self.channel.send(dispatched, self.weights or "")
         for identifier in dispatched:
-            item = self.items.move(identifier, S.STAGING, deadline)
-            item.direct = direct
+            self.items.stage(identifier, deadline, direct=direct)
             if not direct:
                 self._to_stage.append(identifier)
-            self._count("stage_orders")
+        self._count("stage_orders", len(dispatched))
 
     def _channel_ready(self) -> bool:
         """True if stage orders can go over the channel now."""
@@ -402,8 +542,7 @@ class TierScheduler:
 
     def _fail(self, identifier: str, now: float) -> None:
         """Compute ``identifier`` and fetch it again at the earliest after ``failed_retry_s``."""
-        item = self.items.move(identifier, S.FAILED, now + self.settings.failed_retry_s)
-        item.retry_after = item.deadline
+        self.items.fail(identifier, now + self.settings.failed_retry_s)
 
     def _give_up(self, identifier: str, now: float, why: str, *, fetch_failed: bool = True) -> None:
         """Stop waiting for ``identifier``: compute it, or fail its requests on a consumer."""
@@ -437,26 +576,50 @@ class TierScheduler:
         elif state in (S.STAGING, S.READY, S.PROMISED):
             self._to_release.append(identifier)
 
+    def _release_unused(self, identifier: str) -> None:
+        """A staged item's deadline passed unused (its request is gone): free its memory."""
+        self.items.move(identifier, S.UNKNOWN)
+        self.prefetch.done(identifier)
+        self.prefetch.take_waiters(identifier)
+        self._to_release.append(identifier)
+
+    def _expire_due(self, now: float) -> None:
+        """Items whose deadline passed: staged ones unused are released, the rest
+        looked at again by the requests waiting on them."""
+        for identifier in self.items.take_due(now):
+            if self.items.state(identifier) is S.READY:
+                self._release_unused(identifier)
+            else:
+                self._woken.add(identifier)
+
     # -- scheduling ----------------------------------------------------------
 
     def has_cache_item(self, identifier: str) -> bool:
         self._count("lookups")
         self._begin_step()
+        state = self.items.state(identifier)
+        if state in _IN_VLLM:
+            self._drop_stale(identifier)
+            state = S.UNKNOWN
         if self.is_consumer:
-            item = self.items.get(identifier)
-            hit = item is not None and item.state in (S.READY, S.PROMISED)
-            if hit and item.state is S.READY:
-                self.items.promise(identifier, item)
+            if state is S.READY:
+                self.items.promise(identifier)
+            hit = state in (S.READY, S.PROMISED)
         else:
             # Encode-only producer: what the tiers hold need not be encoded again.
             hit = (
                 self.weights is not None
-                and self.persistable(identifier)
+                and self.settings.persistable(identifier)
                 and self.index.lookup(identifier) not in (None, PENDING)
             )
         if hit:
             self._count("lookup_hits")
         return hit
+
+    def _drop_stale(self, identifier: str) -> None:
+        """vLLM asks about an item recorded in its encoder cache: it is no longer there."""
+        self.items.move(identifier, S.UNKNOWN)
+        self._count("stale_items")
 
     def update_state_after_alloc(self, request: Any, index: int) -> None:
         feature = request.mm_features[index]
@@ -466,6 +629,10 @@ class TierScheduler:
             self._loads[identifier] = feature.mm_position.get_num_embeds()
             self.prefetch.done(identifier)  # consumed from the workers' staging
             self.prefetch.take_waiters(identifier)
+            self.items.move(identifier, S.LOADED)
+            return
+        if state in _IN_VLLM:
+            self._drop_stale(identifier)
         elif state in _FETCHING:  # computed after all: the prefetch is not wanted
             self.prefetch.done(identifier)
             self.prefetch.take_waiters(identifier)
@@ -474,6 +641,8 @@ class TierScheduler:
 
     def request_finished(self, request_id: str) -> None:
         self.prefetch.forget_request(request_id)
+        self._forget_wait(request_id)
+        self._mm_end.pop(request_id, None)
         self._active.discard(request_id)
         self._failing.discard(request_id)
         if self.claims is not None:  # claimed and never computed: others need not wait
@@ -487,7 +656,7 @@ class TierScheduler:
         if self._channel_ready():  # worker reports of the last step
             self._poll_channel(0.0)
         for identifier in getattr(scheduler_output, "free_encoder_mm_hashes", None) or ():
-            if self.items.state(identifier) is S.RESIDENT:
+            if self.items.state(identifier) in _IN_VLLM:
                 self.items.move(identifier, S.UNKNOWN)
         for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
             self._active.add(new.req_id)
@@ -495,13 +664,12 @@ class TierScheduler:
         self._polled = False
         now = time.monotonic()
         for identifier in self.items.having(S.PROMISED):  # approved, then not scheduled
-            self.items.move(identifier, S.READY, self.items.get(identifier).deadline)
-        for identifier in self.items.having(S.READY):
-            if now >= self.items.get(identifier).deadline:  # staged for a request gone
-                self.items.move(identifier, S.UNKNOWN)
-                self.prefetch.done(identifier)
-                self.prefetch.take_waiters(identifier)
-                self._to_release.append(identifier)
+            deadline = self.items.get(identifier).deadline
+            if now >= deadline:
+                self._release_unused(identifier)
+            else:
+                self.items.move(identifier, S.READY, deadline)
+        self._expire_due(now)
         self._dispatch_prefetches()
         if self.channel is not None:
             self.channel.flush()  # this step's orders, in as few writes as they fit
@@ -509,9 +677,16 @@ class TierScheduler:
         self._loads = {}
         idle = not getattr(scheduler_output, "total_num_scheduled_tokens", 0)
         self._undelivered = idle and not self.deliver_on_idle
-        if not self._undelivered:
+        if self._undelivered:  # their requests give up what they ordered in step metadata
+            for identifier in self.items.having(S.STAGING):
+                if not self.items.get(identifier).direct:
+                    self._woken.add(identifier)
+        else:
             meta.stage, self._to_stage = self._to_stage, []
             meta.release, self._to_release = self._to_release, []
+        if not self._waiting:  # nobody to wake: what moved concerns no request
+            self.items.take_changed()
+            self._woken.clear()
         return meta
 
     # -- after the step ------------------------------------------------------
@@ -531,19 +706,18 @@ class TierScheduler:
                 self.index.note_present(identifier, "worker")
                 if self.claims is not None:
                     self.claims.release(identifier)  # others load it now
-        for identifier in meta.failed:
-            self._note_failed(identifier, now)
-        for identifier, ranks in meta.staged.items():
-            self._note_staged(identifier, ranks, now)
+        if meta.weights == self.weights:  # stagings answered under other weights move nothing
+            for identifier in meta.failed:
+                self._note_failed(identifier, now)
+            for identifier, ranks in meta.staged.items():
+                self._note_staged(identifier, ranks, now)
         for name, value in meta.stats.items():
             self.worker_stats[name] = self.worker_stats.get(name, 0) + value
 
     def _note_staged(self, identifier: str, ranks: int, now: float) -> None:
-        item = self.items.get(identifier)
-        if item is None or item.state is not S.STAGING:
+        if self.items.state(identifier) is not S.STAGING:
             return  # given up meanwhile; its release is already queued
-        item.ranks += ranks
-        if item.ranks >= self.tp_size:
+        if self.items.add_ranks(identifier, ranks) >= self.tp_size:
             self.items.move(identifier, S.READY, now + self.settings.stage_timeout_s)
 
     def _note_failed(self, identifier: str, now: float) -> None:

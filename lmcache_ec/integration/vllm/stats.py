@@ -16,7 +16,8 @@ Worker counters: ``hits_<tier>``, ``misses``, ``bytes_out`` (loaded),
 ``channel_accept_errors``. Scheduler counters: ``scheduler_lookups``,
 ``scheduler_lookup_hits``, ``scheduler_stage_orders``,
 ``scheduler_stage_given_up``, ``scheduler_deferred_steps``,
-``scheduler_channel_breaks``, ``scheduler_channel_bad_frames``.
+``scheduler_channel_breaks``, ``scheduler_channel_bad_frames``,
+``scheduler_encoder_cache_resets``, ``scheduler_stale_items``.
 
 Features off travel the same way, as ``feature_off:<feature>:<reason>``
 deltas (``features_off.py``): +1 when a process (the scheduler, a worker rank)

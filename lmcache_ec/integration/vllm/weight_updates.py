@@ -26,6 +26,13 @@ a change that did reach the encoder is seen either way.
 
 A missing seam (vLLM moved a method) is an error at start-up, not a silent
 loss of weight tracking; ``tests/upstream`` pins each one.
+
+One more seam is on the scheduler's side: ``Scheduler.reset_encoder_cache``
+(the engine's ``reset_encoder_cache``) empties vLLM's encoder cache without
+listing what it freed, so the EC connector's scheduler side is told
+(``encoder_cache_reset``) and fetches those items again. Without it (one
+warning) such items are found stale when vLLM next asks about them, and
+computed once.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ SEAMS: tuple[tuple[str, str, str, str], ...] = (
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "reset_encoder_cache", "runner"),
 )
 _MARK = "__lmcache_ec_seam__"
+SCHEDULER_RESET = ("vllm.v1.core.sched.scheduler", "Scheduler", "reset_encoder_cache")
 
 
 class SeamError(RuntimeError):
@@ -113,3 +121,31 @@ def install() -> None:
             continue  # inherited (wrapped on its base) or already wrapped
         setattr(cls, method, _wrap(current, kind))
         logger.debug("Watching %s.%s.%s for weight changes", module_name, class_name, method)
+
+
+def _tell_scheduler_side(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = method(self, *args, **kwargs)
+        reset = getattr(getattr(self, "ec_connector", None), "encoder_cache_reset", None)
+        if reset is not None:  # None: another EC connector, or none
+            reset()
+        return result
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
+def install_scheduler_reset() -> bool:
+    """Wrap ``Scheduler.reset_encoder_cache`` once per process; False if vLLM has none."""
+    module_name, class_name, method = SCHEDULER_RESET
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError):
+        return False
+    current = cls.__dict__.get(method)
+    if not callable(current):
+        return False
+    if not getattr(current, _MARK, False):
+        setattr(cls, method, _tell_scheduler_side(current))
+    return True
