@@ -24,7 +24,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ import yaml
 
 # Pure parsing and a dataclass: no client library, and remote/ never imports config.
 from .remote.registry import check_url
-from .remote.settings import RemoteSettings, attach
+from .remote.settings import RemoteSettings
 
 ENV_PREFIX = "LMCACHE_EC_"
 CONFIG_FILE_ENV = "LMCACHE_CONFIG_FILE"
@@ -49,7 +49,10 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Option:
+    """One ``ec:`` key: its type, its one default, and how it is checked."""
+
     name: str
+    _: KW_ONLY
     kind: str  # bool | int | float | str | list | dict
     default: Any
     help: str
@@ -70,7 +73,13 @@ def _non_negative(value: Any) -> str | None:
     return None if value >= 0 else "must be >= 0"
 
 
+GB = 1024**3  # bytes in the config's "GB", as LMCache reads its own sizes
 MAX_SIZE_GB = 1024**3  # 1 EiB: beyond any host, and bytes still fit in an int64
+
+
+def gb_to_bytes(size_gb: float) -> int:
+    """A size of the config (GB) in bytes: the one conversion."""
+    return int(size_gb * GB)
 
 
 def _size_gb(value: Any) -> str | None:
@@ -96,242 +105,231 @@ def _addressing_style(value: Any) -> str | None:
     return None if value in ADDRESSING_STYLES else f"must be one of {ADDRESSING_STYLES}"
 
 
-# Settings the tiers read from LMCache's extra_config as ``lmcache_ec.<name>``.
-TIER_SETTINGS = (
-    "local_disk_group_shared",
-    "cpu_huge_pages",
-    "min_residency_s",
-    "node_tier",
-    "max_node_size",
-    "node_dir",
-    "namespace",
-)
-
 SCHEMA: dict[str, Option] = {
     opt.name: opt
     for opt in (
         Option(
             "local_cpu",
-            "bool",
-            True,
-            "Keep entries in the CPU tier. When false the CPU pool only "
+            kind="bool",
+            default=True,
+            help="Keep entries in the CPU tier. When false the CPU pool only "
             "stages disk and remote transfers.",
-            True,
+            lmcache=True,
         ),
         Option(
             "max_local_cpu_size",
-            "float",
-            1.0,
-            "CPU tier capacity in GB (also the largest entry stored, or read from the remote "
+            kind="float",
+            default=1.0,
+            help="CPU tier capacity in GB (also the largest entry stored, or read from the remote "
             "tier: a Redis read takes at most this many bytes). "
             "Memory is not reserved at start: a background thread makes pages resident a "
             "window (128 MB) ahead of use.",
-            True,
-            _size_gb,
+            lmcache=True,
+            check=_size_gb,
         ),
         Option(
             "local_disk",
-            "str",
-            None,
-            "Directory of the disk tier (a path or file:// URL); unset disables the tier.",
-            True,
+            kind="str",
+            default=None,
+            help="Directory of the disk tier (a path or file:// URL); unset disables the tier.",
+            lmcache=True,
         ),
         Option(
             "max_local_disk_size",
-            "float",
-            20.0,
-            "Disk tier capacity in GB; least recently used entries are removed beyond it.",
-            True,
-            _size_gb,
+            kind="float",
+            default=10.0,
+            help="Disk tier capacity in GB; least recently used entries are removed beyond it.",
+            lmcache=True,
+            check=_size_gb,
         ),
         Option(
             "local_disk_group_shared",
-            "bool",
-            False,
-            "Share the disk tier with the members of its directory's group: a directory "
+            kind="bool",
+            default=False,
+            help="Share the disk tier with the members of its directory's group: a directory "
             "this process makes is 2770 (new files keep its group) and entries are 0660. "
             "Off, it is 0700 and entries 0600: stored embeddings can reveal image content.",
-            False,
+            lmcache=False,
         ),
         # -- sharing a directory, and the node tier (tiers/budget.py, tiers/node.py)
         Option(
             "min_residency_s",
-            "float",
-            5.0,
-            "Seconds after its last use during which an entry of the disk or node tier "
+            kind="float",
+            default=5.0,
+            help="Seconds after its last use during which an entry of the disk or node tier "
             "is safe from other processes' evictions: a process over the directory's limit "
             "evicts its own entries first, then others' idle ones, else skips the write.",
-            False,
-            _non_negative,
+            lmcache=False,
+            check=_non_negative,
         ),
         Option(
             "cpu_huge_pages",
-            "bool",
-            False,
-            "Ask Linux for transparent huge pages on the CPU pool (where THP is 'madvise' or "
+            kind="bool",
+            default=False,
+            help="Ask Linux for transparent huge pages on the CPU pool (where THP is 'madvise' or "
             "'always'): copies out of the pool take fewer TLB misses, but a first touch of "
             "pool memory may wait for the kernel to compact memory (ms on a fragmented host).",
-            False,
+            lmcache=False,
         ),
         Option(
             "node_tier",
-            "bool",
-            False,
-            "One host copy per node: entries live in shared memory (node_dir) for every "
+            kind="bool",
+            default=False,
+            help="One host copy per node: entries live in shared memory (node_dir) for every "
             "process of this user and namespace; the CPU pool then only stages transfers.",
-            False,
+            lmcache=False,
         ),
         Option(
             "max_node_size",
-            "float",
-            4.0,
-            "Node tier capacity in GB, shared by every process on the node (LRU); "
+            kind="float",
+            default=4.0,
+            help="Node tier capacity in GB, shared by every process on the node (LRU); "
             "never more than node_dir's file system has free.",
-            False,
-            _size_gb,
+            lmcache=False,
+            check=_size_gb,
         ),
         Option(
             "node_dir",
-            "str",
-            "/dev/shm",
-            "Node-local directory (shared memory) under which this user's private runtime "
+            kind="str",
+            default="/dev/shm",
+            help="Node-local directory (shared memory) under which this user's private runtime "
             "directory is made (mode 0700): the node tier's entries, the size ledgers of the "
             "disk and node tiers, and the vLLM stage channel's sockets when $XDG_RUNTIME_DIR "
             "is unset. Give every process on the node the same.",
-            False,
-            _non_empty,
+            lmcache=False,
+            check=_non_empty,
         ),
         Option(
             "remote_url",
-            "str",
-            None,
-            "Remote tier shared by every instance: redis://[user:password@]host:port[/db], "
+            kind="str",
+            default=None,
+            help="Remote tier shared by every instance: redis://[user:password@]host:port[/db], "
             "rediss://… (TLS), unix:///path.sock, redis-cluster://host1:port1,host2:port2 "
             "(Redis Cluster), redis-sentinel://host1:port1,…/service_name (Sentinel), or "
             "s3://bucket/prefix (any S3-compatible store; see s3_endpoint_url, credentials "
             "from the AWS environment/config chain). "
             "Reads fall through CPU -> disk -> remote; writes reach the remote asynchronously.",
-            True,
-            _remote_url,
+            lmcache=True,
+            check=_remote_url,
         ),
         Option(
             "remote_timeout",
-            "float",
-            2.0,
-            "Upper bound in seconds for every remote operation (connect, lookup, read, "
+            kind="float",
+            default=2.0,
+            help="Upper bound in seconds for every remote operation (connect, lookup, read, "
             "write, delete); a slower or failing call is a miss and marks the remote tier "
             "unavailable until a health probe succeeds. In a Redis Cluster a shard that "
             "fails costs only its own keys. Alias: blocking_timeout_secs.",
-            False,
-            _positive,
+            lmcache=False,
+            check=_positive,
             aliases=("blocking_timeout_secs",),
         ),
         Option(
             "remote_retry_interval",
-            "float",
-            1.0,
-            "Seconds between health probes while the remote tier is unavailable; "
+            kind="float",
+            default=1.0,
+            help="Seconds between health probes while the remote tier is unavailable; "
             "lookups miss and writes stay local meanwhile; when a probe succeeds the "
             "tier reconnects and re-sends what was written locally in the meantime.",
-            False,
-            _positive,
+            lmcache=False,
+            check=_positive,
         ),
         Option(
             "s3_endpoint_url",
-            "str",
-            None,
-            "S3 endpoint for s3:// remote_url, e.g. http://minio:9000; unset uses AWS.",
-            False,
+            kind="str",
+            default=None,
+            help="S3 endpoint for s3:// remote_url, e.g. http://minio:9000; unset uses AWS.",
+            lmcache=False,
         ),
         Option(
             "s3_region",
-            "str",
-            None,
-            "S3 region for s3:// remote_url; unset uses the AWS config chain.",
-            False,
+            kind="str",
+            default=None,
+            help="S3 region for s3:// remote_url; unset uses the AWS config chain.",
+            lmcache=False,
         ),
         Option(
             "s3_addressing_style",
-            "str",
-            None,
-            "S3 addressing: path, virtual or auto; unset means path when "
+            kind="str",
+            default=None,
+            help="S3 addressing: path, virtual or auto; unset means path when "
             "s3_endpoint_url is set, else auto.",
-            False,
-            _addressing_style,
+            lmcache=False,
+            check=_addressing_style,
         ),
         Option(
             "remote_serde",
-            "str",
-            "naive",
-            "LMCache serializer for the remote tier (frames are already bytes: keep naive).",
-            True,
+            kind="str",
+            default="naive",
+            help="LMCache serializer for the remote tier (frames are already bytes: keep naive).",
+            lmcache=True,
         ),
         Option(
             "remote_storage_plugins",
-            "list",
-            None,
-            "LMCache remote storage plugins to load, beside or instead of remote_url.",
-            True,
+            kind="list",
+            default=None,
+            help="LMCache remote storage plugins to load, beside or instead of remote_url.",
+            lmcache=True,
         ),
         Option(
             "extra_config",
-            "dict",
-            None,
-            "LMCache extra_config mapping (plugin settings live here).",
-            True,
+            kind="dict",
+            default=None,
+            help="LMCache extra_config mapping (plugin settings live here).",
+            lmcache=True,
         ),
         Option(
             "cache_policy",
-            "str",
-            "LRU",
-            "Eviction policy of the CPU and disk tiers.",
-            True,
-            _cache_policy,
+            kind="str",
+            default="LRU",
+            help="Eviction policy of the CPU and disk tiers.",
+            lmcache=True,
+            check=_cache_policy,
         ),
         Option(
             "namespace",
-            "str",
-            "default",
-            "Tenant namespace: entries of different namespaces never meet.",
-            False,
-            _non_empty,
+            kind="str",
+            default="default",
+            help="Tenant namespace: entries of different namespaces never meet.",
+            lmcache=False,
+            check=_non_empty,
         ),
         Option(
             "weights_version",
-            "str",
-            "",
-            "Version of the encoder weights, in every key: outputs of other weights never "
+            kind="str",
+            default="",
+            help="Version of the encoder weights, in every key: outputs of other weights never "
             "meet. The vLLM connector adds a fingerprint of the loaded weights itself.",
-            False,
+            lmcache=False,
         ),
         Option(
             "purge_check_s",
-            "float",
-            2.0,
-            "Seconds between checks for a purge (lmcache-ec purge) by another process: a "
+            kind="float",
+            default=2.0,
+            help="Seconds between checks for a purge (lmcache-ec purge) by another process: a "
             "running engine stops serving purged entries from memory within this long after "
             "the purge (plus remote_timeout when the purge reached it only through the "
             "remote tier).",
-            False,
-            _positive,
+            lmcache=False,
+            check=_positive,
         ),
         Option(
             "read_threads",
-            "int",
-            2,
-            "Threads that read one get_many batch below the CPU tier (the caller's "
+            kind="int",
+            default=2,
+            help="Threads that read one get_many batch below the CPU tier (the caller's "
             "included): disk and remote reads run side by side. CPU hits are copied on "
             "the caller's thread; 1 reads every item there.",
-            False,
-            _positive,  # an int: at least 1
+            lmcache=False,
+            check=_positive,  # an int: at least 1
         ),
         Option(
             "close_timeout",
-            "float",
-            30.0,
-            "Seconds close() waits for accepted writes to reach every tier.",
-            False,
-            _non_negative,
+            kind="float",
+            default=30.0,
+            help="Seconds close() waits for accepted writes to reach every tier.",
+            lmcache=False,
+            check=_non_negative,
         ),
     )
 }
@@ -342,13 +340,9 @@ def default_disk_dir() -> str:
 
 
 def embedded_default() -> dict[str, Any]:
-    """The tier used when no config file is given: CPU + disk, no servers."""
-    return {
-        "local_cpu": True,
-        "max_local_cpu_size": 1.0,
-        "local_disk": default_disk_dir(),
-        "max_local_disk_size": 10.0,
-    }
+    """The tier used when no config file is given: the schema's CPU tier plus a
+    disk tier under the user's cache directory (sizes: the schema's defaults)."""
+    return {"local_disk": default_disk_dir()}
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -395,43 +389,115 @@ def _coerce(opt: Option, value: Any, origin: str) -> Any:
     raise AssertionError(opt.kind)
 
 
+# The remote tier's options, as fields of ``RemoteSettings`` (``ECConfig.remote``).
+REMOTE_FIELDS: dict[str, str] = {
+    "remote_url": "url",
+    "remote_timeout": "timeout",
+    "remote_retry_interval": "retry_interval",
+    "s3_endpoint_url": "s3_endpoint_url",
+    "s3_region": "s3_region",
+    "s3_addressing_style": "s3_addressing_style",
+    "remote_serde": "serde",
+    "remote_storage_plugins": "plugins",
+}
+
+_EXTRA_KEY = "lmcache_ec.config"  # where ``to_lmcache`` puts the typed config
+
+
 @dataclass(frozen=True)
 class ECConfig:
-    """Validated settings of the encoder tier, and where they came from."""
+    """Validated settings of the encoder tier, built once by ``load_config``.
 
-    values: Mapping[str, Any]
-    source: str
+    One typed field per ``ec:`` option (the remote tier's are grouped in
+    ``remote``); sizes as configured in GB, and in bytes as ``*_bytes``.
+    """
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    local_cpu: bool
+    max_local_cpu_size: float  # GB
+    cpu_huge_pages: bool
+    local_disk: str | None  # an absolute directory; None: no disk tier
+    max_local_disk_size: float  # GB
+    local_disk_group_shared: bool
+    min_residency_s: float
+    node_tier: bool
+    max_node_size: float  # GB
+    node_dir: str
+    remote: RemoteSettings
+    extra_config: dict[str, Any] | None
+    cache_policy: str
+    namespace: str
+    weights_version: str
+    purge_check_s: float
+    read_threads: int
+    close_timeout: float
+    source: str  # where the settings came from (a path, "config dict", …)
 
-    def lmcache_settings(self) -> dict[str, Any]:
-        return {k: v for k, v in self.values.items() if SCHEMA[k].lmcache}
+    @property
+    def cpu_bytes(self) -> int:
+        return gb_to_bytes(self.max_local_cpu_size)
+
+    @property
+    def disk_bytes(self) -> int:
+        return gb_to_bytes(self.max_local_disk_size)
+
+    @property
+    def node_bytes(self) -> int:
+        return gb_to_bytes(self.max_node_size)
+
+    @property
+    def shared_tier(self) -> bool:
+        """A tier other processes read what this one writes: the disk directory,
+        the node tier (every process of the node) or a remote tier."""
+        return bool(self.local_disk) or self.node_tier or self.remote.configured
+
+    def _option(self, name: str) -> Any:
+        """The value of the ``ec:`` key ``name`` as LMCache takes it (the export)."""
+        if name == "remote_storage_plugins":
+            return list(self.remote.plugins) or None
+        if name in REMOTE_FIELDS:
+            return getattr(self.remote, REMOTE_FIELDS[name])
+        return getattr(self, name)
 
     def to_lmcache(self) -> Any:
         """The ``LMCacheEngineConfig`` LMCache's StorageManager is built from.
 
-        The remote tier's settings ride along typed (``remote.settings.attach``):
-        ``ECRemoteBackend`` reads them, nothing parses them back from strings.
+        This config rides along typed under one ``extra_config`` key: the tiers
+        and the remote backend read it (``from_lmcache``), nothing parses strings.
         """
         from lmcache.v1.config import LMCacheEngineConfig
 
-        settings = {k: v for k, v in self.lmcache_settings().items() if v is not None}
-        if not self.values.get("local_disk"):
+        settings = {
+            name: value
+            for name, opt in SCHEMA.items()
+            if opt.lmcache and (value := self._option(name)) is not None
+        }
+        if not self.local_disk:
             settings.pop("max_local_disk_size", None)
         extra = dict(settings.get("extra_config") or {})
-        # What our directory tiers read beyond LMCache's own settings (LMCache drops unknown keys).
-        extra.update({f"lmcache_ec.{k}": self.values[k] for k in TIER_SETTINGS})
-        attach(extra, self.remote_settings())
+        extra[_EXTRA_KEY] = self
         settings["extra_config"] = extra
         return LMCacheEngineConfig.from_defaults(**settings)
 
-    def remote_settings(self) -> RemoteSettings:
-        """The remote tier's ``RemoteSettings`` (``url`` None when none is set)."""
-        return RemoteSettings.from_values(self.values)
+
+def from_lmcache(lmcache_config: Any) -> ECConfig:
+    """The ``ECConfig`` that ``to_lmcache`` built ``lmcache_config`` from."""
+    found = (getattr(lmcache_config, "extra_config", None) or {}).get(_EXTRA_KEY)
+    if not isinstance(found, ECConfig):
+        raise ValueError("the LMCache config was not built by ECConfig.to_lmcache")
+    return found
+
+
+def _build(resolved: dict[str, Any], source: str) -> ECConfig:
+    """The typed config from resolved, checked option values (one per schema key)."""
+    remote = {REMOTE_FIELDS[name]: resolved.pop(name) for name in REMOTE_FIELDS}
+    for name in ("url", "s3_endpoint_url", "s3_region", "s3_addressing_style"):
+        remote[name] = remote[name] or None  # "" is unset
+    remote["plugins"] = tuple(remote["plugins"] or ())
+    # No frame larger than the CPU pool can be put or promoted: reads take no more.
+    remote["max_frame_bytes"] = gb_to_bytes(resolved["max_local_cpu_size"])
+    if resolved["local_disk"]:
+        resolved["local_disk"] = _disk_path(resolved["local_disk"])
+    return ECConfig(remote=RemoteSettings(**remote), source=source, **resolved)
 
 
 def _read_yaml(path: str) -> Mapping[str, Any]:
@@ -469,7 +535,7 @@ def _ec_section(document: Mapping[str, Any], origin: str) -> dict[str, tuple[Any
 
 
 def load_config(
-    source: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    source: str | os.PathLike[str] | Mapping[str, Any] | ECConfig | None = None,
     *,
     environ: Mapping[str, str] | None = None,
 ) -> ECConfig:
@@ -477,8 +543,11 @@ def load_config(
 
     ``source``: a YAML path; a mapping shaped like the YAML file (with an
     ``ec`` key) or holding the ``ec`` section's keys directly; or ``None`` for
-    ``$LMCACHE_CONFIG_FILE`` and then the embedded default.
+    ``$LMCACHE_CONFIG_FILE`` and then the embedded default; an ``ECConfig``
+    is returned as it is.
     """
+    if isinstance(source, ECConfig):
+        return source
     environ = os.environ if environ is None else environ
     raw: dict[str, tuple[Any, str]]
     if source is None and environ.get(CONFIG_FILE_ENV):
@@ -500,20 +569,18 @@ def load_config(
         if env_name.startswith(ENV_PREFIX):
             raw[env_name[len(ENV_PREFIX) :].lower()] = (env_value, env_name)
 
-    values = {name: opt.default for name, opt in SCHEMA.items()}
+    resolved = {name: opt.default for name, opt in SCHEMA.items()}
     for name, (value, where) in _resolve_aliases(raw).items():
         opt = SCHEMA.get(name)
         if opt is None:
             raise ConfigError(f"{where}: {_unknown_key(name)}")
-        values[name] = _coerce(opt, value, where)
-        if values[name] is not None and opt.check is not None:
-            problem = opt.check(values[name])
+        coerced = _coerce(opt, value, where)
+        if coerced is not None and opt.check is not None:
+            problem = opt.check(coerced)
             if problem:
                 raise ConfigError(f"{where}: '{name}' {problem}")
-
-    if values["local_disk"]:
-        values["local_disk"] = _disk_path(values["local_disk"])
-    return ECConfig(values=values, source=origin)
+        resolved[name] = coerced
+    return _build(resolved, origin)
 
 
 ALIASES: dict[str, str] = {alias: opt.name for opt in SCHEMA.values() for alias in opt.aliases}

@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -100,6 +101,9 @@ class ECCache:
     """The encoder-output tier. Thread-safe; one per process and identity."""
 
     def __init__(self, config: ECConfig, identity: EncoderIdentity) -> None:
+        if config.namespace != identity.namespace:
+            # One namespace: the node tier's directory follows the keys'.
+            config = replace(config, namespace=identity.namespace)
         self.config = config
         self.identity = identity
         self.stats = ECStats()
@@ -118,7 +122,7 @@ class ECCache:
             self.stats.watch_tier(tier.name, tier.snapshot)  # None: the tier keeps none
         self.stats.watch_features(self._storage.features_off)
         self._reader = TierReader(self._storage, self.stats)
-        self._read_pool = ReadPool(int(config.values["read_threads"]))
+        self._read_pool = ReadPool(config.read_threads)
         self._keys: dict[str, ECKey] = {}
         self._replayer = RemoteReplayer(self._storage, _frame_bytes, lambda: self._closed)
         self._replayer.attach()
@@ -139,11 +143,12 @@ class ECCache:
         dtype: torch.dtype | str | None = None,
         weights: str | None = None,
     ) -> ECCache:
-        """Build the tier from a YAML path, a dict, or ``None`` (env, then default).
+        """Build the tier from a YAML path, a dict, an ``ECConfig``, or ``None``
+        (env, then default).
 
         ``dtype`` pins the encoder output dtype into the key (recommended when
-        known); ``namespace`` overrides the config's ``namespace``, ``weights``
-        its ``weights_version``.
+        known); ``namespace`` overrides the config's ``namespace`` (for the keys
+        and the node tier alike), ``weights`` its ``weights_version``.
         """
         config = load_config(source)
         if isinstance(dtype, torch.dtype):

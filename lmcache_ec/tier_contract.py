@@ -14,20 +14,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .config import SCHEMA
-
 if TYPE_CHECKING:
     from lmcache.v1.memory_management import MemoryObj
 
     from .codec import FrameRead
     from .key import ECKey
-
-
-def tier_setting(config: Any, name: str) -> Any:
-    """An lmcache-ec option carried in LMCache's ``extra_config`` (``ECConfig.to_lmcache``),
-    or its default for a config built without it."""
-    value = (getattr(config, "extra_config", None) or {}).get(f"lmcache_ec.{name}")
-    return SCHEMA[name].default if value is None else value
 
 
 class TierKind(enum.Enum):

@@ -109,7 +109,7 @@ def test_to_lmcache_carries_the_tier_settings(tmp_path):
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_example_configs_load(path):
-    assert load_config(path).values
+    assert load_config(path).source == str(path)
 
 
 # -- LMCache keys inside ec: ------------------------------------------------------
@@ -117,20 +117,20 @@ def test_shipped_example_configs_load(path):
 
 def test_lmcache_alias_sets_the_lmcache_ec_key(tmp_path):
     path = write_yaml(tmp_path / "c.yaml", {"ec": {"blocking_timeout_secs": 3}})
-    assert load_config(path).remote_timeout == 3.0
+    assert load_config(path).remote.timeout == 3.0
     # Both spellings agreeing in one source is fine.
     both = {"blocking_timeout_secs": 4, "remote_timeout": 4}
-    assert load_config(write_yaml(tmp_path / "d.yaml", {"ec": both})).remote_timeout == 4.0
+    assert load_config(write_yaml(tmp_path / "d.yaml", {"ec": both})).remote.timeout == 4.0
 
 
 def test_alias_from_the_environment_wins_over_the_file(tmp_path):
     path = write_yaml(tmp_path / "c.yaml", {"ec": {"remote_timeout": 3}})
     config = load_config(path, environ={"LMCACHE_EC_BLOCKING_TIMEOUT_SECS": "0.25"})
-    assert config.remote_timeout == 0.25
+    assert config.remote.timeout == 0.25
     # ... and the lmcache-ec key from the environment wins over the alias in the file.
     path = write_yaml(tmp_path / "d.yaml", {"ec": {"blocking_timeout_secs": 3}})
     config = load_config(path, environ={"LMCACHE_EC_REMOTE_TIMEOUT": "0.5"})
-    assert config.remote_timeout == 0.5
+    assert config.remote.timeout == 0.5
 
 
 def test_alias_and_key_disagreeing_in_one_source_is_an_error(tmp_path):

@@ -109,7 +109,7 @@ def test_thread_counts_below_one_are_refused():
         ReadPool(0)
     with pytest.raises(ConfigError, match="read_threads"):
         load_config({"read_threads": 0})
-    assert load_config({"read_threads": "3"}).values["read_threads"] == 3
+    assert load_config({"read_threads": "3"}).read_threads == 3
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])

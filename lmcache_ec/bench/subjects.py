@@ -44,7 +44,7 @@ def open_ours(config: dict[str, Any], dtype: torch.dtype, namespace: str | None 
 
 def batch_note(ours: Any) -> str:
     """How a ``get_many`` of ``ours`` reads (a row's footnote)."""
-    return f"{ours.config.values['read_threads']} read threads below the CPU tier"
+    return f"{ours.config.read_threads} read threads below the CPU tier"
 
 
 def open_upstream(config: dict[str, Any], dtype: torch.dtype) -> Any:
@@ -84,9 +84,7 @@ def disk_path(ours: Any, mm_hash: str) -> str:
     """The file the disk tier keeps ``mm_hash`` in (named by the disk layout)."""
     from ..tiers.disk_layout import entry_file
 
-    return os.path.join(
-        ours.config.values["local_disk"], entry_file(ours.key(mm_hash).storage_name)
-    )
+    return os.path.join(ours.config.local_disk, entry_file(ours.key(mm_hash).storage_name))
 
 
 def timed_put(cache: Any, mm_hash: str, tensor: torch.Tensor) -> tuple[float, float, bool]:

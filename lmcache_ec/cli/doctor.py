@@ -204,7 +204,7 @@ def _mem_available() -> int | None:
 
 
 def check_cpu(config: ECConfig) -> Check:
-    size = int(config.max_local_cpu_size * 1024**3)
+    size = config.cpu_bytes
     available = _mem_available()
     use = "holds entries" if config.local_cpu else "stages transfers only (local_cpu: false)"
     if available is not None and size > available:
@@ -237,7 +237,7 @@ def check_disk(config: ECConfig) -> list[Check]:
     except OSError as exc:
         return [Check(area, "fail", f"{directory} is not writable: {exc.strerror or exc}")]
     checks = [Check(area, "ok", f"{directory} is writable")]
-    wanted = int(config.max_local_disk_size * 1024**3)
+    wanted = config.disk_bytes
     entries = inventory.scan_disk(directory)
     used = sum(e.size for e in entries)
     free = shutil.disk_usage(directory).free
@@ -316,9 +316,9 @@ def _bounded(fn: Callable[[], Check], seconds: float, area: str) -> Check:
 
 def check_remote(config: ECConfig) -> Check:
     area = "remote tier"
-    if not inventory.remote_configured(config):
-        if config.remote_storage_plugins:
-            plugins = ", ".join(config.remote_storage_plugins)
+    if config.remote.url is None:
+        if config.remote.plugins:
+            plugins = ", ".join(config.remote.plugins)
             return Check(
                 area,
                 "warn",
@@ -326,7 +326,7 @@ def check_remote(config: ECConfig) -> Check:
                 "not checked (doctor, ls and purge inspect remote_url stores)",
             )
         return Check(area, "ok", "not configured")
-    where = config.remote_url or ", ".join(config.remote_storage_plugins or [])
+    where = config.remote.url
 
     def probe() -> Check:
         try:
@@ -349,7 +349,7 @@ def check_remote(config: ECConfig) -> Check:
         shown = f">= {count}" if count >= LIST_LIMIT else str(count)
         return Check(area, "ok", f"{_redact(where)} reachable ({ms:.0f} ms), {shown} entries")
 
-    return _bounded(probe, config.remote_timeout + 5.0, area)
+    return _bounded(probe, config.remote.timeout + 5.0, area)
 
 
 def check_engine(config: ECConfig) -> Check:
@@ -372,7 +372,7 @@ def check_engine(config: ECConfig) -> Check:
             return Check(area, "fail", "a stored probe tensor did not come back intact")
         return Check(area, "ok", f"put/get/remove through tiers {', '.join(cache.tiers)}")
 
-    return _bounded(probe, config.close_timeout + config.remote_timeout + 10, area)
+    return _bounded(probe, config.close_timeout + config.remote.timeout + 10, area)
 
 
 def _probe_identity() -> Any:

@@ -77,14 +77,14 @@ class _Session:
         self.config = config
         self.catalog: Any = None
         self.problems: list[str] = []
-        if "remote" in tiers and inventory.remote_configured(config):
+        if "remote" in tiers and config.remote.url is not None:
             try:
                 self.catalog = inventory.open_remote(config)
             except inventory.RemoteUnavailable as exc:
                 self.problems.append(f"remote tier skipped: {exc}")
-        if tiers == ("disk",) and not config.values.get("local_disk"):
+        if tiers == ("disk",) and not config.local_disk:
             self.problems.append("no disk tier configured (local_disk is unset)")
-        if tiers == ("node",) and not inventory.node_configured(config):
+        if tiers == ("node",) and not config.node_tier:
             self.problems.append("no node tier configured (node_tier is off)")
 
     def close(self) -> None:
@@ -247,10 +247,10 @@ def purge(
         session.close()
     verb = "would delete" if dry_run else "deleted"
     for name in sorted(set(deleted) | set(tiers)):
-        if name in deleted or (name == "disk" and session.config.values.get("local_disk")):
+        if name in deleted or (name == "disk" and session.config.local_disk):
             console.print(f"{name}: {verb} {deleted[name]} entries ({human_bytes(freed[name])})")
     if not dry_run and marked:
-        interval = session.config.values.get("purge_check_s")
+        interval = session.config.purge_check_s
         console.print(
             f"[dim]Purge marker written to {' and '.join(marked)}: running engines sharing "
             f"it stop serving the purged entries within purge_check_s ({interval:g}s).[/]"
@@ -268,21 +268,20 @@ def _mark_purged(
     from ..purge.marker import PurgeMarker, append_disk, append_remote
     from ..tiers.disk_layout import DirectoryModes
 
-    values = session.config.values
+    config = session.config
     if selector.namespace is not None:
         namespaces = {slug(selector.namespace)}
     else:
-        namespaces = {slug(values["namespace"])} | {e.name.split(".")[1] for e in named}
+        namespaces = {slug(config.namespace)} | {e.name.split(".")[1] for e in named}
     try:
         line = PurgeMarker.new(selector).to_line()
     except ValueError as exc:
         session.problems.append(f"cannot write the purge marker: {exc}")
         return []
     marked = []
-    directory = values.get("local_disk")
+    directory = config.local_disk  # resolved by the loader: a plain path
     if "disk" in tiers and directory:
-        directory = directory.removeprefix("file://")
-        modes = DirectoryModes.of(bool(values["local_disk_group_shared"]))
+        modes = DirectoryModes.of(config.local_disk_group_shared)
         try:
             for namespace in sorted(namespaces):
                 append_disk(directory, namespace, line, modes)
@@ -326,35 +325,34 @@ def stats(
         )
     finally:
         session.close()
-    values = session.config.values
-    if inventory.node_configured(session.config):
+    config = session.config
+    if config.node_tier:
         from ..tiers.node import node_dirs, node_root
 
         tiers["node"] = {
             "entries": 0,
             "bytes": 0,
-            "capacity": int(values["max_node_size"] * 1024**3),  # per namespace directory
-            "location": node_root(values["node_dir"]) or values["node_dir"],
+            "capacity": config.node_bytes,  # per namespace directory
+            "location": node_root(config.node_dir) or config.node_dir,
             "writing_bytes": sum(
-                inventory.directory_usage(d)["writing_bytes"] for d in node_dirs(values["node_dir"])
+                inventory.directory_usage(d)["writing_bytes"] for d in node_dirs(config.node_dir)
             ),
         }
-    if values.get("local_disk"):
+    if config.local_disk:
         tiers["disk"] = {
             "entries": 0,
             "bytes": 0,
-            "capacity": int(values["max_local_disk_size"] * 1024**3),
-            "location": values["local_disk"],
+            "capacity": config.disk_bytes,
+            "location": config.local_disk,
             # Writes in progress, any process's: reserved under the limit too.
-            "writing_bytes": inventory.directory_usage(values["local_disk"])["writing_bytes"],
+            "writing_bytes": inventory.directory_usage(config.local_disk)["writing_bytes"],
         }
-    if session.catalog is not None:
+    if session.catalog is not None:  # opened only for a remote_url store
         tiers["remote"] = {
             "entries": 0,
             "bytes": 0,
             "capacity": None,
-            "location": values.get("remote_url")
-            or ",".join(values.get("remote_storage_plugins") or []),
+            "location": config.remote.url,
         }
     for entry in entries:
         tiers[entry.tier]["entries"] += 1

@@ -46,11 +46,11 @@ class PurgeFollower:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._last_failure = ""
-        interval = float(config.values["purge_check_s"])  # schema default applied
+        interval = config.purge_check_s
         disk_dir = storage.disk.directory if storage.disk is not None else None
         self.watch = MarkerWatch(disk_dir, namespace, interval, self._purged)
         self._thread: threading.Thread | None = None
-        if disk_dir is None and not selection.remote_configured(config):
+        if disk_dir is None and config.remote.url is None:
             return
         self._thread = threading.Thread(target=self._loop, name="ec-purge-watch", daemon=True)
         self._thread.start()
@@ -68,7 +68,7 @@ class PurgeFollower:
         try:
             while True:
                 try:
-                    if catalog is None and selection.remote_configured(self._config):
+                    if catalog is None and self._config.remote.url is not None:
                         catalog = selection.open_remote(self._config)  # retried until it opens
                     if catalog is not None:
                         self.watch.check_remote(catalog)

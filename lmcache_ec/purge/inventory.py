@@ -36,7 +36,6 @@ from .selection import (
     filter_headers,
     open_remote,
     read_disk_header,
-    remote_configured,
     scan_disk,
 )
 
@@ -49,11 +48,9 @@ __all__ = [
     "directory_usage",
     "filter_age",
     "filter_headers",
-    "node_configured",
     "open_remote",
     "read_disk_header",
     "read_headers",
-    "remote_configured",
     "scan_cpu",
     "scan_disk",
     "scan_node",
@@ -75,16 +72,12 @@ def directory_usage(directory: str) -> dict[str, int]:
     }
 
 
-def node_configured(config: ECConfig) -> bool:
-    return bool(config.values.get("node_tier"))
-
-
 def scan_node(config: ECConfig, selector: Selector = _EVERYTHING) -> list[Entry]:
     """Entries of this user's node tier on this machine, every namespace."""
     from ..tiers.node import node_dirs
 
     found: list[Entry] = []
-    for directory in node_dirs(config.values["node_dir"]):
+    for directory in node_dirs(config.node_dir):
         found.extend(scan_disk(directory, selector, tier="node"))
     return found
 
@@ -154,10 +147,10 @@ def select(
     """
     tiers = set(tiers)
     found: list[Entry] = []
-    if "node" in tiers and node_configured(config):
+    if "node" in tiers and config.node_tier:
         found.extend(scan_node(config, selector))
-    if "disk" in tiers and config.values.get("local_disk"):
-        found.extend(scan_disk(config.values["local_disk"], selector))
+    if "disk" in tiers and config.local_disk:
+        found.extend(scan_disk(config.local_disk, selector))
     if "remote" in tiers and catalog is not None:
         try:
             found.extend(scan_remote(catalog, selector))

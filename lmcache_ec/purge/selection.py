@@ -140,14 +140,10 @@ def delete_disk(entry: Entry) -> bool:
 # -- remote --------------------------------------------------------------------
 
 
-def remote_configured(config: ECConfig) -> bool:
-    """A remote tier this module can inspect (``remote_url``) is configured."""
-    return bool(config.values.get("remote_url"))
-
-
 def open_remote(config: ECConfig) -> Any | None:
-    """The remote catalog of ``config``, None if no remote tier is configured."""
-    if not remote_configured(config):
+    """The catalog of ``config``'s ``remote_url`` store (the remote tier this
+    module can inspect), None if it has none."""
+    if config.remote.url is None:
         return None
     try:
         from ..remote.catalog import open_catalog

@@ -45,12 +45,13 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
+from ..config import from_lmcache
 from ..tier_contract import TierDefaults, TierKind
 from .health import RecentKeys, RemoteHealth
 from .lmcache_connector import ECStoreConnector
 from .naming import redact, redact_text
 from .registry import open_store
-from .settings import RemoteSettings, attached
+from .settings import RemoteSettings
 from .store import ShardUnavailable
 
 logger = logging.getLogger(__name__)
@@ -487,10 +488,7 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
 
 
 def _settings_of(config: LMCacheEngineConfig) -> RemoteSettings:
-    settings = attached(config)
-    if settings is None:
-        raise ValueError("the LMCache config was not built by ECConfig.to_lmcache")
-    return settings
+    return from_lmcache(config).remote
 
 
 def create_remote_backends(
@@ -508,13 +506,13 @@ def create_remote_backends(
     Empty when no remote is configured. An unreachable store does not fail
     here: the backend starts and reports misses until it reconnects.
     """
-    plugins = list(config.remote_storage_plugins or [])
+    settings = _settings_of(config)
+    plugins = list(settings.plugins)
     primary: str | None = None
-    if not config.remote_url:
+    if settings.url is None:
         if not plugins:
             return {}
         primary = plugins.pop(0)
-    settings = _settings_of(config)
     backends = {
         "RemoteBackend": ECRemoteBackend(
             config, metadata, loop, local_cpu_backend, dst_device, primary, settings

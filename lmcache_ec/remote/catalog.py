@@ -19,14 +19,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import codec
 from .registry import open_store
-from .settings import RemoteSettings
 from .store import RemoteStore
+
+if TYPE_CHECKING:
+    from ..config import ECConfig
 
 logger = logging.getLogger(__name__)
 
@@ -150,15 +152,14 @@ class RemoteCatalog:
         self.close()
 
 
-def open_catalog(config: Any) -> RemoteCatalog | None:
-    """The catalog of an ``ECConfig``'s remote tier, or None when none is configured.
+def open_catalog(config: ECConfig) -> RemoteCatalog | None:
+    """The catalog of ``config``'s ``remote_url`` store, or None when it has none.
 
     Opening does not contact the server; failures show up per call.
     """
-    settings = RemoteSettings.from_values(config.values)
-    if not settings.url:
+    if config.remote.url is None:
         return None
-    return RemoteCatalog(open_store(settings))
+    return RemoteCatalog(open_store(config.remote))
 
 
 __all__ = ["RemoteCatalog", "RemoteCatalogError", "open_catalog"]

@@ -31,12 +31,13 @@ from lmcache.v1.storage_backend import is_cuda_worker
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
+from ..config import from_lmcache
 from ..runtime_dirs import Feature, RuntimeDirUnavailable, feature_off
 from ..tier_contract import Tier, TierDefaults, TierKind
 from ..tiers.frame_directory import FrameDirectoryTier
 from ..tiers.local_cpu import ECLocalCPUBackend
 from ..tiers.local_disk import ECLocalDiskBackend
-from ..tiers.node import ECNodeBackend, node_tier_enabled
+from ..tiers.node import ECNodeBackend
 
 
 class _NoControllerFilter(logging.Filter):
@@ -216,13 +217,14 @@ class ECStorageManager(StorageManager):
     def _create_backends(self) -> dict[str, str]:
         created: dict[str, str] = {}
         dst_device = torch_device_type if is_cuda_worker(self.metadata) else "cpu"
+        settings = from_lmcache(self.config)
         with self.manager_lock:
             cpu = self.storage_backends.get(CPU_BACKEND)
             if cpu is None:
                 cpu = ECLocalCPUBackend(self.config, self.metadata, dst_device)
                 self.storage_backends[CPU_BACKEND] = cpu
                 created[CPU_BACKEND] = type(cpu).__name__
-            if node_tier_enabled(self.config) and NODE_BACKEND not in self.storage_backends:
+            if settings.node_tier and NODE_BACKEND not in self.storage_backends:
                 node = self._node_tier(cpu, dst_device)
                 if node is not None:
                     # One host copy per node (node.py): the shared tier holds
@@ -230,14 +232,13 @@ class ECStorageManager(StorageManager):
                     cpu.use_hot = False
                     self.storage_backends[NODE_BACKEND] = node
                     created[NODE_BACKEND] = type(node).__name__
-            if self.config.local_disk and DISK_BACKEND not in self.storage_backends:
+            if settings.local_disk and DISK_BACKEND not in self.storage_backends:
                 disk = ECLocalDiskBackend(
                     self.config, self.loop, cpu, dst_device, None, self.metadata
                 )
                 self.storage_backends[DISK_BACKEND] = disk
                 created[DISK_BACKEND] = type(disk).__name__
-            remote = self.config.remote_url or self.config.remote_storage_plugins
-            if remote and not any(
+            if settings.remote.configured and not any(
                 name.startswith(REMOTE_BACKEND) for name in self.storage_backends
             ):
                 # Bounded, self-healing remote tiers; upstream then skips its own.

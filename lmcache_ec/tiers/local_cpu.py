@@ -17,7 +17,8 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.cache_policy.lru import LRUCachePolicy
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
-from ..tier_contract import TierDefaults, TierKind, tier_setting
+from ..config import from_lmcache
+from ..tier_contract import TierDefaults, TierKind
 from .allocator import HostPoolAllocator
 
 
@@ -38,10 +39,8 @@ class ECLocalCPUBackend(TierDefaults, LocalCPUBackend):
     memory_allocator: HostPoolAllocator
 
     def initialize_allocator(self, config: Any, metadata: Any = None) -> HostPoolAllocator:
-        return HostPoolAllocator(
-            int(config.max_local_cpu_size * 1024**3),
-            huge_pages=bool(tier_setting(config, "cpu_huge_pages")),
-        )
+        settings = from_lmcache(config)
+        return HostPoolAllocator(settings.cpu_bytes, huge_pages=settings.cpu_huge_pages)
 
     @property
     def holds_entries(self) -> bool:

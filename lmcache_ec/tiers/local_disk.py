@@ -22,8 +22,9 @@ from typing import Any
 
 from lmcache.v1.memory_management import MemoryObj
 
+from ..config import from_lmcache
 from ..key import ECKey
-from ..tier_contract import TierKind, tier_setting
+from ..tier_contract import TierKind
 from .disk_layout import DirectoryModes
 from .frame_directory import FrameDirectoryTier
 from .writer import BackgroundWriter
@@ -44,16 +45,16 @@ class ECLocalDiskBackend(FrameDirectoryTier):
         metadata: Any = None,
     ) -> None:
         self._writer = BackgroundWriter("ec-disk-writer")
-        path = config.local_disk
-        path = path[len("file://") :] if path.startswith("file://") else path
+        settings = from_lmcache(config)
+        assert settings.local_disk is not None  # built only with a disk tier
         super().__init__(
-            path,
-            int(config.max_local_disk_size * 1024**3),
-            float(tier_setting(config, "min_residency_s")),
+            settings.local_disk,
+            settings.disk_bytes,
+            settings.min_residency_s,
             local_cpu_backend,
             dst_device,
-            tier_setting(config, "node_dir"),
-            DirectoryModes.of(bool(tier_setting(config, "local_disk_group_shared"))),
+            settings.node_dir,
+            DirectoryModes.of(settings.local_disk_group_shared),
         )
 
     def _dispatch(

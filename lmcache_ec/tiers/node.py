@@ -45,16 +45,13 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from ..config import from_lmcache
 from ..key import ECKey, slug
 from ..runtime_dirs import find_user_dir, private_dir, user_dir
-from ..tier_contract import TierKind, tier_setting
+from ..tier_contract import TierKind
 from .frame_directory import FrameDirectoryTier
 
 logger = logging.getLogger(__name__)
-
-
-def node_tier_enabled(config: Any) -> bool:
-    return bool(tier_setting(config, "node_tier"))
 
 
 def node_root(node_dir: str) -> str | None:
@@ -137,14 +134,14 @@ class ECNodeBackend(FrameDirectoryTier):
     capped_by_free_space = True  # /dev/shm is shared with vLLM and everyone else
 
     def __init__(self, config: Any, local_cpu_backend: Any, dst_device: str) -> None:
-        node_dir = tier_setting(config, "node_dir")
+        settings = from_lmcache(config)
         super().__init__(
-            node_path(node_dir, tier_setting(config, "namespace")),
-            int(float(tier_setting(config, "max_node_size")) * 1024**3),
-            float(tier_setting(config, "min_residency_s")),
+            node_path(settings.node_dir, settings.namespace),
+            settings.node_bytes,
+            settings.min_residency_s,
             local_cpu_backend,
             dst_device,
-            node_dir,
+            settings.node_dir,
         )
         self._users = NodeUsers(self.path, self._clear)
         if self._users.cleared_at_start:

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -149,9 +150,7 @@ def _reader_of_the_served_entry(purger: str, namespace: str) -> tuple[ECCache, s
         header = catalog.read_header(entry.name)
     assert header is not None
     identity = {k: header[k] for k in ("model", "revision", "fingerprint", "dtype", "weights")}
-    reader = ECCache.from_config(
-        {**config.values, "local_disk": None}, namespace=namespace, **identity
-    )
+    reader = ECCache.from_config(replace(config, local_disk=None), namespace=namespace, **identity)
     assert reader.key(header["mm_hash"]).storage_name == entry.name
     return reader, header["mm_hash"]
 

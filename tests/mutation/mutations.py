@@ -45,6 +45,8 @@ T_CLAIMS = "tests/remote/test_claims.py::"
 CHANNEL = "lmcache_ec/integration/vllm/channel.py"
 STAGE_FRAMES = "lmcache_ec/integration/vllm/stage_frames.py"
 T_CHANNEL = "tests/chaos/test_stage_channel_faults.py"
+CONFIG = "lmcache_ec/config.py"
+T_TYPED = "tests/test_config_typed.py"
 
 
 def _digest_field(field: str, follows: str, extra: tuple[str, ...] = ()) -> Mutation:
@@ -1120,6 +1122,52 @@ MUTATIONS += [
         "                    self._failed(exc)\n",
         "                except Exception:\n                    return\n",
         (f"{T_PURGE}::test_the_watch_thread_survives_any_exception",),
+    ),
+    # -- the typed config: one predicate, one default, one conversion, one namespace
+    Mutation(
+        "shared-tier-leaves-out-the-node-tier",
+        "the node tier is a shared tier: one tensor-parallel rank writes each item to it",
+        CONFIG,
+        "        return bool(self.local_disk) or self.node_tier or self.remote.configured\n",
+        "        return bool(self.local_disk) or self.remote.configured\n",
+        (
+            f"{T_TYPED}::test_every_place_asking_for_a_shared_tier_agrees[node]",
+            "tests/vllm/test_roles.py::"
+            "test_one_tensor_parallel_rank_writes_each_item_to_the_node_tier",
+        ),
+    ),
+    Mutation(
+        "worker-decides-the-shared-tier-itself",
+        "the vLLM worker asks the config's shared-tier predicate, not its own",
+        "lmcache_ec/integration/vllm/worker.py",
+        "        self.shared_tier = cache.config.shared_tier\n",
+        "        self.shared_tier = bool(\n"
+        "            cache.config.local_disk or cache.config.remote.configured)\n",
+        (f"{T_TYPED}::test_every_place_asking_for_a_shared_tier_agrees[node]",),
+    ),
+    Mutation(
+        "embedded-default-restates-a-size",
+        "the embedded default takes every size from the schema (one default per key)",
+        CONFIG,
+        '    return {"local_disk": default_disk_dir()}\n',
+        '    return {"local_disk": default_disk_dir(), "max_local_disk_size": 20.0}\n',
+        (f"{T_TYPED}::test_the_embedded_default_takes_its_sizes_from_the_schema",),
+    ),
+    Mutation(
+        "sizes-in-decimal-gigabytes",
+        "a size of the config in GB is 1024**3 bytes, as LMCache reads its own",
+        CONFIG,
+        "    return int(size_gb * GB)\n",
+        "    return int(size_gb * 1000**3)\n",
+        (f"{T_TYPED}::test_sizes_in_bytes_are_the_configured_gigabytes",),
+    ),
+    Mutation(
+        "namespace-override-misses-the-node-tier",
+        "an engine has one namespace: an override reaches the node tier's directory",
+        "lmcache_ec/engine.py",
+        "            config = replace(config, namespace=identity.namespace)\n",
+        "            pass\n",
+        (f"{T_TYPED}::test_a_namespace_override_is_the_node_tiers_namespace_too",),
     ),
     Mutation(
         "cpu-purge-ignores-weights",

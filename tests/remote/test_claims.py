@@ -22,7 +22,7 @@ TTL = 1.0
 
 
 def open_stores(url: str, endpoint: str | None = None, count: int = 2):
-    settings = load_config(remote_config(url, endpoint=endpoint)).remote_settings()
+    settings = load_config(remote_config(url, endpoint=endpoint)).remote
     return [open_store(settings) for _ in range(count)]
 
 

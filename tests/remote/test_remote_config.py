@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lmcache_ec.config import SCHEMA, ConfigError, load_config
+from lmcache_ec.config import SCHEMA, ConfigError, from_lmcache, load_config
 from lmcache_ec.remote.naming import parse_s3_url
-from lmcache_ec.remote.settings import attached
 
 
 def test_s3_settings_reach_the_remote_tier_typed():
@@ -19,8 +18,8 @@ def test_s3_settings_reach_the_remote_tier_typed():
         }
     )
     lmcache = config.to_lmcache()
-    settings = attached(lmcache)
-    assert settings == config.remote_settings()
+    assert from_lmcache(lmcache) is config  # typed, never parsed back from strings
+    settings = config.remote
     assert settings.url == "s3://my-bucket/shared/encoders/"
     location = parse_s3_url(settings.url)
     assert (location.bucket, location.prefix) == ("my-bucket", "shared/encoders")
@@ -30,7 +29,7 @@ def test_s3_settings_reach_the_remote_tier_typed():
     assert settings.retry_interval == SCHEMA["remote_retry_interval"].default
     # Nothing encoded into strings for a plugin to parse back.
     assert not lmcache.remote_storage_plugins
-    assert [k for k in lmcache.extra_config if "remote" in k] == ["lmcache_ec.remote_settings"]
+    assert [k for k in lmcache.extra_config if k.startswith("lmcache_ec")] == ["lmcache_ec.config"]
 
 
 def test_redis_url_stays_lmcache_remote_url():
@@ -44,8 +43,8 @@ def test_remote_options_from_environment():
         {"remote_url": "redis://h:1"},
         environ={"LMCACHE_EC_REMOTE_TIMEOUT": "0.25", "LMCACHE_EC_S3_REGION": "us-east-2"},
     )
-    assert config.remote_timeout == 0.25
-    assert config.s3_region == "us-east-2"
+    assert config.remote.timeout == 0.25
+    assert config.remote.s3_region == "us-east-2"
 
 
 @pytest.mark.parametrize(

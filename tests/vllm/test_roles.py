@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -81,6 +83,24 @@ def test_one_tensor_parallel_rank_writes_each_item(model_config, extra, disk_dir
             assert bit_equal(rank_cache[images[0]], encoder_output(images[0]))
     finally:
         second.shutdown()
+
+
+def test_one_tensor_parallel_rank_writes_each_item_to_the_node_tier(model_config, v2):
+    """The node tier is shared by the ranks of a node, as the disk tier is: one
+    rank writes each item (``ECConfig.shared_tier``), not every rank a copy."""
+    node_base = tempfile.mkdtemp(prefix="ec-roles-node-", dir="/dev/shm")
+    tier = {"max_local_cpu_size": 0.01, "node_tier": True, "node_dir": node_base}
+    config = make_vllm_config(model_config, "ec_both", {"lmcache_config": tier}, tp_size=2)
+    v2()
+    images = [image_hash(f"tp-node-{n}.png") for n in range(8)]
+    try:
+        engine = Engine(config, tp_size=2)
+        caches = [worker.worker.cache for worker in engine.workers]
+        _serve(engine, images)
+        puts = [cache.stats.puts for cache in caches]
+        assert sum(puts) == len(images) and all(puts)  # each once, spread over ranks
+    finally:
+        shutil.rmtree(node_base, ignore_errors=True)
 
 
 def test_failing_tier_during_load_falls_back_to_the_encoder(model_config, extra, disk_dir, v2):

@@ -104,7 +104,7 @@ def test_kv_and_ec_connectors_share_one_config_and_shut_down_together(
         kv_config = kv_worker._lmcache_engine.config
         assert kv_config.max_local_cpu_size == 0.05
         ec_config = ec_worker.worker.cache.config
-        assert ec_config.values["max_local_cpu_size"] == 0.01
+        assert ec_config.max_local_cpu_size == 0.01
         assert ec_worker.worker.cache.cpu_capacity <= int(0.01 * GB)
 
         # An image goes through the EC tier while the KV connector is loaded.

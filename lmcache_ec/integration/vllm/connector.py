@@ -28,7 +28,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
 )
 
 from ...claims import ClaimAgent, ClaimStore, DirectoryClaims, claims_dir_for
-from ...config import ConfigError, load_config
+from ...config import ConfigError, ECConfig, load_config
 from ...engine import ECCache
 from ...runtime_dirs import Feature, RuntimeDirUnavailable, feature_off, socket_path
 from . import weight_updates
@@ -53,9 +53,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _open_catalog_factory(config: Any) -> Any:
-    """A callable opening the remote catalog, or None when there is no remote tier."""
-    if not config.values.get("remote_url"):
+def _open_catalog_factory(config: ECConfig) -> Any:
+    """A callable opening the remote catalog, or None without a ``remote_url`` store."""
+    if config.remote.url is None:
         return None
 
     def open_catalog() -> Any:
@@ -69,11 +69,11 @@ def _open_catalog_factory(config: Any) -> Any:
     return open_catalog
 
 
-def _claim_store_factory(config: Any) -> Callable[[], ClaimStore | None] | None:
+def _claim_store_factory(config: ECConfig) -> Callable[[], ClaimStore | None] | None:
     """Where instances announce their encodes: the remote store if it offers
     claims, else a directory beside the disk tier's; None: neither."""
     open_remote = _open_catalog_factory(config)
-    disk = config.values.get("local_disk")
+    disk = config.local_disk
     if open_remote is None and not disk:
         return None
 
@@ -154,10 +154,10 @@ class LMCacheECTierConnector(ECConnectorBase):
                 channel, no_channel = None, exc
             index = TierIndex(
                 self.identity,
-                disk_dir=config.values.get("local_disk"),
+                disk_dir=config.local_disk,
                 open_catalog=_open_catalog_factory(config),
                 negative_ttl=self.settings.negative_lookup_ttl_s,
-                purge_check_s=config.values.get("purge_check_s"),
+                purge_check_s=config.purge_check_s,
             )
             open_claims = _claim_store_factory(config) if self.settings.claim_encodes else None
             self.scheduler = TierScheduler(

@@ -19,7 +19,7 @@ Staging reads the tiers with one ``get_many`` per order batch in a
 background thread into worker memory (CPU tensors, ``max_staged_mb``); a
 load only moves a staged tensor into vLLM's encoder cache (``.to(device)``),
 so it cannot miss. Every rank stages on its own; one rank writes each item
-when the tiers are shared (disk or remote), chosen by a hash of the
+when a tier is shared (disk, node or remote), chosen by a hash of the
 identifier so writes spread over ranks; with only a CPU tier every rank
 writes its own.
 """
@@ -98,9 +98,7 @@ class TierWorker:
         self.tp_rank = tp_rank
         self.tp_size = max(1, tp_size)
         self.device = torch.device(device)
-        values = cache.config.values
-        shared = ("local_disk", "remote_url", "remote_storage_plugins")
-        self.shared_tier = any(values.get(name) for name in shared)
+        self.shared_tier = cache.config.shared_tier
         self._lock = threading.Lock()
         self._staged: dict[str, torch.Tensor] = {}
         self._staged_bytes = 0
