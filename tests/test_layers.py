@@ -50,7 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("remote", ("remote", "remote.*")),
     ("storage", ("tiers", "tiers.manager")),
     ("selection", ("selection", "purge_marker")),
-    ("read path", ("promotion", "read_pool", "reads", "replay", "purge_follow")),
+    ("read path", ("promotion", "read_pool", "reads", "replay", "purge_follow", "single_flight")),
     ("engine", ("engine",)),
     ("inventory", ("inventory",)),
     ("integration", ("integration.*",)),
