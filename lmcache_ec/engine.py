@@ -141,6 +141,7 @@ class ECCache:
         self._claims_lock = threading.Lock()
         self._claims: ClaimAgent | None = None  # made on the first get_or_compute
         self._no_claims = claim_store_factory(config) is None  # no tier to share one in
+        self._claim_answer_s = float(config.values.get("remote_timeout") or 1.0)
 
     @classmethod
     def from_config(
@@ -587,7 +588,9 @@ class ECCache:
             answers: list[bool | None] = [True] * len(names)
         else:
             agent.ask_many(list(names.values()), ttl)
-            agent.wait_answers(list(names.values()), wait_s)
+            # A claim is one call to the store: it may take the store's timeout
+            # (the first also opens the store), however short the wait.
+            agent.wait_answers(list(names.values()), max(wait_s, self._claim_answer_s))
             answers = agent.ask_many(list(names.values()), ttl)
         to_compute: list[str] = []
         waiting: list[str] = []
