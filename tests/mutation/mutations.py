@@ -1062,7 +1062,7 @@ MUTATIONS += [
         (
             f"{T_GET_OR_COMPUTE}::test_an_instance_waits_for_anothers_computation_and_loads_it",
             f"{T_REMOTE_GET_OR_COMPUTE}::test_an_instance_loads_what_another_computes[redis]",
-            "tests/vllm/test_claims.py::test_an_image_reaching_two_instances_is_encoded_once",
+            "tests/vllm/test_claims.py::test_an_image_reaching_two_instances_is_encoded_once[redis]",
         ),
     ),
     Mutation(
