@@ -583,7 +583,6 @@ class ECCache:
         rule = ClaimWait(wait_s)
         ttl = max(wait_s, 0.001)
         deadline = time.monotonic() + wait_s
-        held: set[str] = set()  # names whose claim is ours
         if agent is None:
             answers: list[bool | None] = [True] * len(names)
         else:
@@ -598,13 +597,12 @@ class ECCache:
             # Unanswered within the bound: the store is too slow to wait on.
             if won is None or rule.after_claim(won) is Turn.COMPUTE:
                 to_compute.append(mm_hash)
-                held.add(mm_hash)
             else:
                 waiting.append(mm_hash)
         self.stats.add("compute_waits", len(waiting))
         if to_compute and agent is not None and agent.shared:
             # Stored by a holder that released its claim between our lookup and our claim.
-            self._take_landed(to_compute, names, device, agent, results, held)
+            self._take_landed(to_compute, names, device, agent, results)
         looks = 0
         while waiting:
             time.sleep(rule.pause(looks, time.monotonic(), deadline))
@@ -614,8 +612,6 @@ class ECCache:
             now = time.monotonic()
             still: list[str] = []
             for mm_hash, free, tensor in zip(waiting, frees, landed, strict=True):
-                if free:
-                    held.add(mm_hash)
                 turn = rule.turn(now, deadline, free, lambda t=tensor: t is not None)
                 if turn is Turn.LOAD:
                     results[mm_hash] = tensor
@@ -640,14 +636,12 @@ class ECCache:
         device: torch.device,
         agent: ClaimAgent,
         results: dict[str, torch.Tensor],
-        held: set[str],
     ) -> None:
         """Move the entries of ``hashes`` that a tier now holds into ``results``."""
         for mm_hash, tensor in zip(list(hashes), self.get_many(hashes, device), strict=True):
             if tensor is not None:
                 results[mm_hash] = tensor
                 hashes.remove(mm_hash)
-                held.discard(mm_hash)
                 agent.release(names[mm_hash])
 
     def _compute_and_store(
