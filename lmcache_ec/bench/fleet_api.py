@@ -34,12 +34,12 @@ from .fleet import (
     RUN_TIMEOUT,
     FleetSettings,
     Progress,
-    _barrier,
-    _check_stop,
-    _remove_entries,
-    _stop,
-    _stores,
+    barrier,
+    check_stop,
     image_stream,
+    remove_entries,
+    shared_stores,
+    stop_run,
 )
 from .run import machine, run_in_worker
 
@@ -85,7 +85,7 @@ def run_api_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
     try:
         cache.get_or_compute("warm-up", item.clone)  # store clients and claims opened
         waits_before = cache.stats.snapshot()["get_or_compute"]["waits"]
-        start = _barrier(client, job["run"], nodes)
+        start = barrier(client, job["run"], nodes)
         progress(f"node {node}: started ({mode})")
         with ThreadPoolExecutor(THREADS_PER_PROCESS) as pool:
             futures = []
@@ -93,7 +93,7 @@ def run_api_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
                 while (delay := start + at - time.time()) > 0:
                     time.sleep(min(delay, 0.05))
                 futures.append(pool.submit(serve, image))
-            _check_stop(client, job["run"])
+            check_stop(client, job["run"])
             served = [future.result(RUN_TIMEOUT) for future in futures]
         cache.flush(120)
         stats = cache.stats.snapshot()
@@ -189,7 +189,7 @@ def _run(
             results[node] = found[0]
         except Exception as exc:
             results[node] = exc
-            _stop(redis_url, run)
+            stop_run(redis_url, run)
 
     threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(nodes)]
     for thread in threads:
@@ -198,7 +198,7 @@ def _run(
         for thread in threads:
             thread.join()
     except BaseException:
-        _stop(redis_url, run)
+        stop_run(redis_url, run)
         for thread in threads:
             thread.join(30)
         raise
@@ -206,7 +206,7 @@ def _run(
         if shared_dir is not None:
             shutil.rmtree(shared_dir, ignore_errors=True)
     if shared_dir is None:
-        _remove_entries(ec, {r["storage_prefix"] for r in results if isinstance(r, dict)})
+        remove_entries(ec, {r["storage_prefix"] for r in results if isinstance(r, dict)})
     with contextlib.suppress(Exception):
         import redis
 
@@ -230,7 +230,7 @@ def run_fleet_api(
     stream = image_stream(settings)
     runs: list[dict[str, Any]] = []
     # S3 and disk runs still need a Redis: it carries the start barrier.
-    with _stores(settings, progress) as stores:
+    with shared_stores(settings, progress) as stores:
         for nodes in (1, settings.nodes) if settings.baseline else (settings.nodes,):
             for mode in MODES:
                 label = f"{nodes} process{'es' if nodes > 1 else ''}, {mode}"
