@@ -33,7 +33,8 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 logger = logging.getLogger(__name__)
@@ -219,10 +220,15 @@ class ClaimAgent:
     ``ask(name)`` starts a claim and returns None until the store answered,
     then the answer once (True: ours). The store is opened in the thread
     (it may be remote); a store that raises counts as "ours" — encode as
-    without claims.
+    without claims. Claims asked together (``ask_many``, or queued while the
+    thread was busy) go to the store as one batch: one round trip where the
+    store offers ``claim_many`` (Redis). ``release(name, after=...)`` defers a
+    release until ``after()`` holds (the output reached the shared tiers), at
+    most ``within_s``, so that nobody who then claims finds nothing to load.
     """
 
     _MAX_ANSWERS = 4096  # answers nobody collected (requests gone) are dropped oldest first
+    _DEFERRED_POLL_S = 0.002  # how often deferred releases are checked
 
     def __init__(self, open_store: Callable[[], ClaimStore | None], ttl_s: float) -> None:
         self.ttl_s = ttl_s
@@ -230,31 +236,55 @@ class ClaimAgent:
         self._answered = threading.Condition(self._lock)
         self._pending: set[str] = set()
         self._answers: OrderedDict[str, bool] = OrderedDict()
-        self._queue: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Order | None] = queue.SimpleQueue()
+        self._deferred: list[tuple[str, Callable[[], bool], float]] = []  # this thread's only
         self._no_store = False  # no store to share: every claim is ours at once
         self._thread = threading.Thread(
             target=self._loop, args=(open_store,), name="ec-claims", daemon=True
         )
         self._thread.start()
 
-    def ask(self, name: str) -> bool | None:
+    @property
+    def shared(self) -> bool:
+        """False once it is known that no store is shared: every claim is ours."""
+        return not self._no_store
+
+    def ask(self, name: str, ttl_s: float | None = None) -> bool | None:
+        return self.ask_many([name], ttl_s)[0]
+
+    def ask_many(self, names: Sequence[str], ttl_s: float | None = None) -> list[bool | None]:
+        """``ask`` for several names; the new claims among them go out as one batch."""
         if self._no_store:
-            return True
+            return [True] * len(names)
+        answers: list[bool | None] = []
+        new: list[str] = []
         with self._lock:
-            if name in self._answers:
-                return self._answers.pop(name)
-            if name in self._pending:
-                return None
-            self._pending.add(name)
-        self._queue.put(("claim", name))
-        return None
+            for name in names:
+                if name in self._answers:
+                    answers.append(self._answers.pop(name))
+                    continue
+                answers.append(None)
+                if name not in self._pending:
+                    self._pending.add(name)
+                    new.append(name)
+        if new:
+            self._queue.put(_Order("claim", tuple(new), self.ttl_s if ttl_s is None else ttl_s))
+        return answers
 
     def wait_answer(self, name: str, timeout: float) -> None:
-        with self._answered:
-            self._answered.wait_for(lambda: name not in self._pending, timeout)
+        self.wait_answers([name], timeout)
 
-    def release(self, name: str) -> None:
-        self._queue.put(("release", name))
+    def wait_answers(self, names: Sequence[str], timeout: float) -> None:
+        """Wait until the store answered every claim asked of ``names``, at most ``timeout``."""
+        with self._answered:
+            self._answered.wait_for(lambda: self._pending.isdisjoint(names), timeout)
+
+    def release(
+        self, name: str, after: Callable[[], bool] | None = None, within_s: float = 0.0
+    ) -> None:
+        """Withdraw the claim on ``name`` — once ``after()`` holds, if given (at
+        most ``within_s`` later: then it is withdrawn anyway)."""
+        self._queue.put(_Order("release", (name,), within_s, after))
 
     def _loop(self, open_store: Callable[[], ClaimStore | None]) -> None:
         try:
@@ -263,30 +293,113 @@ class ClaimAgent:
             logger.warning("Claim store unavailable; every instance encodes: %s", exc)
             store = None
         self._no_store = store is None
-        while (order := self._queue.get()) is not None:
-            action, name = order
-            won = True
-            try:
-                if store is not None and action == "claim":
-                    won = bool(store.claim(name, self.ttl_s))
-                elif store is not None:
-                    store.release(name)
-            except Exception as exc:  # a store should not raise; encode if it does
-                logger.debug("Claim store failed (%s): %s", action, exc)
-            if action != "claim":
-                continue
-            with self._lock:
-                self._pending.discard(name)
-                self._answers[name] = won
-                if len(self._answers) > self._MAX_ANSWERS:
-                    self._answers.popitem(last=False)
-                self._answered.notify_all()
+        while True:
+            orders = self._next_orders()
+            if orders is None:
+                break
+            for order in orders:
+                self._carry_out(store, order)
+            self._release_ready(store, final=False)
+        self._release_ready(store, final=True)
         close = getattr(store, "close", None)
         if close is not None:
             with contextlib.suppress(Exception):
                 close()
 
+    def _next_orders(self) -> list[_Order] | None:
+        """The orders queued now (at least one, unless a deferred release is due
+        first: then maybe none); None once closed."""
+        try:
+            first = self._queue.get(timeout=self._DEFERRED_POLL_S if self._deferred else None)
+        except queue.Empty:
+            return []
+        if first is None:
+            return None
+        orders = [first]
+        with contextlib.suppress(queue.Empty):
+            while len(orders) < 256:
+                order = self._queue.get_nowait()
+                if order is None:
+                    self._queue.put(None)  # closing: after these
+                    break
+                orders.append(order)
+        # Claims of one TTL queued one after another go to the store as one
+        # batch; the order of claims and releases is kept.
+        merged: list[_Order] = []
+        for order in orders:
+            last = merged[-1] if merged else None
+            if (
+                last is not None
+                and order.action == last.action == "claim"
+                and order.seconds == last.seconds
+            ):
+                merged[-1] = _Order("claim", last.names + order.names, order.seconds)
+            else:
+                merged.append(order)
+        return merged
+
+    def _carry_out(self, store: ClaimStore | None, order: _Order) -> None:
+        if order.action == "release":
+            if order.after is None:
+                self._release(store, order.names[0])
+            else:
+                deadline = time.monotonic() + order.seconds
+                self._deferred.append((order.names[0], order.after, deadline))
+            return
+        won = [True] * len(order.names)
+        if store is not None:
+            try:
+                claim_many = getattr(store, "claim_many", None)
+                if claim_many is not None and len(order.names) > 1:
+                    won = [bool(w) for w in claim_many(list(order.names), order.seconds)]
+                else:
+                    won = [bool(store.claim(name, order.seconds)) for name in order.names]
+            except Exception as exc:  # a store should not raise; encode if it does
+                logger.debug("Claim store failed (claim): %s", exc)
+        with self._lock:
+            for name, answer in zip(order.names, won, strict=True):
+                self._pending.discard(name)
+                self._answers[name] = answer
+            while len(self._answers) > self._MAX_ANSWERS:
+                self._answers.popitem(last=False)
+            self._answered.notify_all()
+
+    def _release_ready(self, store: ClaimStore | None, final: bool) -> None:
+        """Deferred releases whose output landed or whose wait ran out (all, if ``final``)."""
+        if not self._deferred:
+            return
+        now = time.monotonic()
+        waiting = []
+        for name, after, deadline in self._deferred:
+            try:
+                ready = final or now >= deadline or after()
+            except Exception:  # a check that fails: release now
+                ready = True
+            if ready:
+                self._release(store, name)
+            else:
+                waiting.append((name, after, deadline))
+        self._deferred = waiting
+
+    def _release(self, store: ClaimStore | None, name: str) -> None:
+        with self._lock:  # an answer nobody collected says nothing after this
+            self._answers.pop(name, None)
+        if store is None:
+            return
+        try:
+            store.release(name)
+        except Exception as exc:  # it expires anyway
+            logger.debug("Claim store failed (release): %s", exc)
+
     def close(self, timeout: float = 2.0) -> None:
         """Send what is queued (releases included), then stop."""
         self._queue.put(None)
         self._thread.join(timeout)
+
+
+@dataclass(frozen=True)
+class _Order:
+    action: str  # "claim" or "release"
+    names: tuple[str, ...]
+    seconds: float  # claim: the TTL; release: the most it waits for ``after``
+    after: Callable[[], bool] | None = None

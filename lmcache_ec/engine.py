@@ -13,6 +13,10 @@ Contract:
 - The returned tensor is a private copy on the requested device.
 - ``get_many`` reads the items below the CPU tier side by side
   (``read_threads``, ``storage/read_pool.py``); results keep the order asked.
+- ``get_or_compute`` / ``get_or_compute_many``: the stored tensor, or
+  ``compute``'s result stored and returned, computed once per entry in the
+  process and, through claims in a tier the instances share, once across
+  them (``storage/single_flight.py``; guarantees in docs/library.md).
 - A purge by another process (``lmcache-ec purge``) is noticed through its
   namespace's purge log (``purge/marker.py``) within ``purge_check_s``: the CPU tier drops
   the entries the purge selected and the engine forgets what it knew of them
@@ -26,9 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
 from typing import Any
@@ -39,6 +44,7 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.metadata import LMCacheMetadata
 
 from . import codec
+from .claims import ClaimAgent
 from .config import ECConfig, load_config
 from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
 from .metrics import ECStats
@@ -48,10 +54,15 @@ from .storage.read_pool import ReadPool
 from .storage.reads import Prefetched, TierReader, remember_payload
 from .storage.reads import frame_bytes as _frame_bytes
 from .storage.replay import RemoteReplayer
+from .storage.single_flight import ClaimWait, Flight, LocalFlights, Turn, claim_store_factory
 
 logger = logging.getLogger(__name__)
 
 Items = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+Compute = Callable[[], torch.Tensor]
+ComputeMany = Callable[[list[str]], Sequence[torch.Tensor]]
+
+DEFAULT_WAIT_S = 1.0  # get_or_compute: the most a caller waits for another instance
 
 _KEY_MEMO_SIZE = 65536  # keys remembered by mm_hash (cleared when full)
 _KEY_MEMO_MAX_LEN = 512  # longer mm_hashes are hashed on every call
@@ -130,6 +141,11 @@ class ECCache:
             config, identity.namespace, self._storage, self._reader, self.stats
         )
         self._watch = self._purges.watch  # polled on every read and write
+        self._flights = LocalFlights()
+        self._claims_lock = threading.Lock()
+        self._claims: ClaimAgent | None = None  # made on the first get_or_compute
+        self._no_claims = claim_store_factory(config) is None  # no tier to share one in
+        self._claim_answer_s = config.remote.timeout
 
     @classmethod
     def from_config(
@@ -472,6 +488,244 @@ class ECCache:
             results[index] = out
         return results
 
+    # -- get or compute: single flight ---------------------------------------
+
+    def get_or_compute(
+        self,
+        mm_hash: str,
+        compute: Compute,
+        *,
+        device: str | torch.device = "cpu",
+        wait_s: float = DEFAULT_WAIT_S,
+    ) -> torch.Tensor:
+        """The tensor stored under ``mm_hash``, or ``compute()``'s result, stored
+        and returned.
+
+        Callers of this process asking for the same entry at once share one
+        ``compute`` call. Across instances sharing a tier (remote store, or a
+        disk directory), the first to claim the entry computes it; the others
+        wait for its output up to ``wait_s`` (also the claims' lifetime), then
+        compute it themselves. ``compute`` raising releases the claim and raises
+        in this caller only: callers waiting for it ask again (one of them
+        computes). A result that is not a storable tensor of the key's dtype
+        raises ``TypeError``/``ValueError``, and nothing is stored.
+        """
+        return self.get_or_compute_many(
+            [mm_hash], lambda hashes: [compute()], device=device, wait_s=wait_s
+        )[0]
+
+    def get_or_compute_many(
+        self,
+        mm_hashes: Sequence[str],
+        compute: ComputeMany,
+        *,
+        device: str | torch.device = "cpu",
+        wait_s: float = DEFAULT_WAIT_S,
+    ) -> list[torch.Tensor]:
+        """``get_or_compute`` for several entries, in order: one lookup, one batch
+        of claims and one look per pause for all of them; ``compute(hashes)``
+        is called with the hashes this caller computes (at most once per round),
+        and returns their tensors in that order."""
+        self._check_open()
+        if not (isinstance(wait_s, (int, float)) and math.isfinite(wait_s) and wait_s >= 0):
+            raise ValueError(f"wait_s must be a finite number >= 0, got {wait_s!r}")
+        target = _device(device)
+        wanted = list(dict.fromkeys(mm_hashes))
+        found: dict[str, torch.Tensor] = {}
+        while len(found) < len(wanted):
+            leading: dict[str, tuple[str, Flight]] = {}
+            following: dict[str, Flight] = {}
+            for mm_hash in wanted:
+                if mm_hash in found:
+                    continue
+                name = self.key(mm_hash).storage_name
+                flight, leads = self._flights.join(name)
+                if leads:
+                    leading[mm_hash] = (name, flight)
+                else:
+                    following[mm_hash] = flight
+            if leading:
+                found.update(self._lead(leading, compute, target, float(wait_s)))
+            for mm_hash, flight in following.items():
+                flight.done.wait()
+                if flight.result is not None:  # else its leader failed: ask again
+                    found[mm_hash] = flight.result.to(target, copy=True)
+        return [found[mm_hash] for mm_hash in mm_hashes]
+
+    def _lead(
+        self,
+        leading: dict[str, tuple[str, Flight]],
+        compute: ComputeMany,
+        device: torch.device,
+        wait_s: float,
+    ) -> dict[str, torch.Tensor]:
+        """Get or compute the entries this caller leads; their followers get the results."""
+        results: dict[str, torch.Tensor] = {}
+        try:
+            hashes = list(leading)
+            for mm_hash, tensor in zip(hashes, self.get_many(hashes, device), strict=True):
+                if tensor is not None:
+                    results[mm_hash] = tensor
+            missing = {h: leading[h][0] for h in hashes if h not in results}
+            if missing:
+                self._claim_and_compute(missing, compute, device, wait_s, results)
+        finally:
+            for mm_hash, (name, flight) in leading.items():
+                self._flights.land(name, flight, results.get(mm_hash))
+        return results
+
+    def _claim_and_compute(
+        self,
+        names: dict[str, str],
+        compute: ComputeMany,
+        device: torch.device,
+        wait_s: float,
+        results: dict[str, torch.Tensor],
+    ) -> None:
+        """Entries no tier held: claim them; wait for those others hold (the
+        ``ClaimWait`` rule), compute the rest; fill ``results``."""
+        agent = self._claim_agent()
+        rule = ClaimWait(wait_s)
+        ttl = max(wait_s, 0.001)
+        deadline = time.monotonic() + wait_s
+        if agent is None:
+            answers: list[bool | None] = [True] * len(names)
+        else:
+            agent.ask_many(list(names.values()), ttl)
+            # A claim is one call to the store: it may take the store's timeout
+            # (the first also opens the store), however short the wait.
+            agent.wait_answers(list(names.values()), max(wait_s, self._claim_answer_s))
+            answers = agent.ask_many(list(names.values()), ttl)
+        to_compute: list[str] = []
+        waiting: list[str] = []
+        for mm_hash, won in zip(names, answers, strict=True):
+            # Unanswered within the bound: the store is too slow to wait on.
+            if won is None or rule.after_claim(won) is Turn.COMPUTE:
+                to_compute.append(mm_hash)
+            else:
+                waiting.append(mm_hash)
+        self.stats.add("compute_waits", len(waiting))
+        if to_compute and agent is not None and agent.shared:
+            # Stored by a holder that released its claim between our lookup and our claim.
+            self._take_landed(to_compute, names, device, agent, results)
+        looks = 0
+        while waiting:
+            time.sleep(rule.pause(looks, time.monotonic(), deadline))
+            looks += 1
+            frees = agent.ask_many([names[h] for h in waiting], ttl) if agent else []
+            landed = self.get_many(waiting, device)
+            now = time.monotonic()
+            still: list[str] = []
+            for mm_hash, free, tensor in zip(waiting, frees, landed, strict=True):
+                turn = rule.turn(now, deadline, free, lambda t=tensor: t is not None)
+                if turn is Turn.LOAD:
+                    results[mm_hash] = tensor
+                    self.stats.add("compute_waits_loaded")
+                elif turn is Turn.COMPUTE:
+                    to_compute.append(mm_hash)
+                else:
+                    still.append(mm_hash)
+            waiting = still
+        # Claims ours but not to compute (loaded): withdrawn now; any other name
+        # may still get an answer to a claim asked while waiting: withdrawn too.
+        for mm_hash in names:
+            if mm_hash not in to_compute and agent is not None:
+                agent.release(names[mm_hash])
+        if to_compute:
+            self._compute_and_store(to_compute, names, compute, device, wait_s, results)
+
+    def _take_landed(
+        self,
+        hashes: list[str],
+        names: dict[str, str],
+        device: torch.device,
+        agent: ClaimAgent,
+        results: dict[str, torch.Tensor],
+    ) -> None:
+        """Move the entries of ``hashes`` that a tier now holds into ``results``."""
+        for mm_hash, tensor in zip(list(hashes), self.get_many(hashes, device), strict=True):
+            if tensor is not None:
+                results[mm_hash] = tensor
+                hashes.remove(mm_hash)
+                agent.release(names[mm_hash])
+
+    def _compute_and_store(
+        self,
+        hashes: list[str],
+        names: dict[str, str],
+        compute: ComputeMany,
+        device: torch.device,
+        wait_s: float,
+        results: dict[str, torch.Tensor],
+    ) -> None:
+        agent = self._claims
+        try:
+            tensors = self._checked_results(hashes, compute(list(hashes)))
+        except BaseException:
+            if agent is not None:
+                for mm_hash in hashes:
+                    agent.release(names[mm_hash])
+            raise
+        self.stats.add("computes", len(hashes))
+        for mm_hash, tensor in zip(hashes, tensors, strict=True):
+            try:
+                stored = self.put(mm_hash, tensor)
+            except Exception as exc:  # closed meanwhile: the caller still gets its tensor
+                logger.warning("get_or_compute: %.40s not stored: %s", mm_hash, exc)
+                stored = False
+            if agent is not None:
+                key = self.key(mm_hash)
+                # Withdrawn once the output reached the shared tiers: whoever
+                # claims it next finds it there instead of computing it again.
+                agent.release(
+                    names[mm_hash],
+                    after=(lambda k=key: not self._writing_below(k)) if stored else None,
+                    within_s=wait_s,
+                )
+            results[mm_hash] = tensor if tensor.device == device else tensor.to(device)
+
+    def _checked_results(self, hashes: list[str], tensors: Any) -> list[torch.Tensor]:
+        """``compute``'s results, every one storable, or a clear error (nothing stored)."""
+        try:
+            if not isinstance(tensors, Sequence) or isinstance(tensors, (str, bytes)):
+                raise TypeError(
+                    f"compute must return a sequence of tensors, got {type(tensors).__name__}"
+                )
+            if len(tensors) != len(hashes):
+                raise ValueError(
+                    f"compute returned {len(tensors)} tensors for {len(hashes)} entries"
+                )
+            for mm_hash, tensor in zip(hashes, tensors, strict=True):
+                try:
+                    validate_tensor(tensor, self.identity.dtype)
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"compute's result for {mm_hash!r:.60}: {exc}") from None
+                header = codec.encode_header(self.key(mm_hash), tensor)
+                self._check_fits(codec.frame_size(header, tensor))
+        except (TypeError, ValueError) as exc:
+            self.stats.add("compute_rejected")
+            logger.warning("get_or_compute: result refused, nothing stored: %s", exc)
+            raise
+        return list(tensors)
+
+    def _writing_below(self, key: ECKey) -> bool:
+        """Whether a tier below the CPU tier is still writing ``key``."""
+        for tier in self._storage.every_tier():
+            pending = getattr(tier, "exists_in_put_tasks", None)
+            if tier is not self._cpu and pending is not None and pending(key):
+                return True
+        return False
+
+    def _claim_agent(self) -> ClaimAgent | None:
+        """This cache's claims (made on first use); None without a tier to share them in."""
+        if self._no_claims:
+            return None
+        with self._claims_lock:
+            if self._claims is None:
+                self._check_open()
+                self._claims = ClaimAgent(claim_store_factory(self.config), DEFAULT_WAIT_S)
+            return self._claims
+
     # -- lifecycle -----------------------------------------------------------
 
     def pending_writes(self) -> int:
@@ -496,6 +750,8 @@ class ECCache:
                 return
             self._closed = True
         self._purges.stop()
+        with self._claims_lock:
+            claims = self._claims
         if not self.flush():
             logger.warning(
                 "close(): %d writes still pending after %.0fs",
@@ -508,6 +764,8 @@ class ECCache:
         closer.join(timeout=max(self.config.close_timeout, 1.0))
         if closer.is_alive():
             logger.warning("close(): storage backends did not stop in time; leaving them")
+        if claims is not None:  # after the flush: claims still held are withdrawn now
+            claims.close()
 
     def _close_storage(self) -> None:
         self._purges.join(self.config.close_timeout)
@@ -540,4 +798,4 @@ class ECCache:
         return f"ECCache(model={self.identity.model!r}, tiers={self.tiers})"
 
 
-__all__ = ["DTYPE_NAMES", "ECCache", "validate_tensor"]
+__all__ = ["DEFAULT_WAIT_S", "DTYPE_NAMES", "ECCache", "validate_tensor"]

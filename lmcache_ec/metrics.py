@@ -70,6 +70,12 @@ class ECStats:
         self.put_rejected = 0  # put returned False: CPU pool full, or the node write failed
         self.integrity_failures = 0
         self.purges_seen = 0  # purge generations (lmcache-ec purge) acted on
+        # get_or_compute: entries computed here, waits for another instance's
+        # computation (and those that ended in a load), results refused
+        self.computes = 0
+        self.compute_waits = 0
+        self.compute_waits_loaded = 0
+        self.compute_rejected = 0
         self.bytes_in = 0  # accepted by put
         self.bytes_out = 0  # returned by get
         self.get_seconds = 0.0
@@ -142,6 +148,12 @@ class ECStats:
                 "put_rejected": self.put_rejected,
                 "integrity_failures": self.integrity_failures,
                 "purges_seen": self.purges_seen,
+                "get_or_compute": {
+                    "computes": self.computes,
+                    "waits": self.compute_waits,
+                    "waits_loaded": self.compute_waits_loaded,
+                    "rejected": self.compute_rejected,
+                },
                 "tier_errors": {tier: n for tier, n in tier_errors.items() if n},
                 "tiers": tiers,
                 "features_off": off,

@@ -128,7 +128,7 @@ def run_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
     ]
     client = redis.Redis.from_url(job["barrier_url"])
     try:
-        start = _barrier(client, job["run"], nodes)
+        start = barrier(client, job["run"], nodes)
         progress(f"node {node}: started")
         arrived: list[str] = []
         reported = 0
@@ -140,7 +140,7 @@ def run_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
                 raise RuntimeError(f"node {node}: requests did not finish in {RUN_TIMEOUT:.0f} s")
             if time.monotonic() - checked > 0.5:  # the parent was interrupted, or a node failed
                 checked = time.monotonic()
-                _check_stop(client, job["run"])
+                check_stop(client, job["run"])
             now = time.time() - start
             while pending and pending[0][1] <= now:
                 j, _, image = pending.pop(0)
@@ -182,7 +182,7 @@ def run_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
             client.close()
 
 
-def _barrier(client: Any, run: str, nodes: int) -> float:
+def barrier(client: Any, run: str, nodes: int) -> float:
     """Wait for every process of the run; the shared start time (epoch seconds)."""
     ready = client.incr(f"{run}:ready")
     client.expire(f"{run}:ready", int(BARRIER_TIMEOUT + RUN_TIMEOUT))
@@ -192,19 +192,19 @@ def _barrier(client: Any, run: str, nodes: int) -> float:
     while (start := client.get(f"{run}:start")) is None:
         if time.monotonic() > deadline:
             raise RuntimeError("the other fleet processes did not start")
-        _check_stop(client, run)
+        check_stop(client, run)
         time.sleep(0.01)
     start_at = float(start)
     time.sleep(max(0.0, start_at - time.time()))
     return start_at
 
 
-def _check_stop(client: Any, run: str) -> None:
+def check_stop(client: Any, run: str) -> None:
     if client.exists(f"{run}:stop"):
         raise RuntimeError("stopped: the run was interrupted or another process failed")
 
 
-def _stop(redis_url: str, run: str) -> None:
+def stop_run(redis_url: str, run: str) -> None:
     """Tell every process of ``run`` to stop (they poll for it twice a second)."""
     import redis
 
@@ -216,7 +216,7 @@ def _stop(redis_url: str, run: str) -> None:
 
 
 @contextlib.contextmanager
-def _stores(settings: FleetSettings, progress: Progress) -> Iterator[tuple[str, dict, dict]]:
+def shared_stores(settings: FleetSettings, progress: Progress) -> Iterator[tuple[str, dict, dict]]:
     """(Redis URL, the ``ec:`` remote keys, env for the processes)."""
     from . import servers
 
@@ -309,7 +309,7 @@ def _run(
             results[node] = found[0]
         except Exception as exc:
             results[node] = exc
-            _stop(redis_url, run)  # the others would wait for it at the barrier
+            stop_run(redis_url, run)  # the others would wait for it at the barrier
 
     threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(nodes)]
     for thread in threads:
@@ -318,7 +318,7 @@ def _run(
         for thread in threads:
             thread.join()
     except BaseException:  # interrupted (Ctrl-C, SIGTERM): no process is left running
-        _stop(redis_url, run)
+        stop_run(redis_url, run)
         for thread in threads:
             thread.join(30)
         raise
@@ -327,7 +327,7 @@ def _run(
         node_users.leave()
     if node_dir:
         shutil.rmtree(node_dir, ignore_errors=True)
-    _remove_entries(ec, {r["storage_prefix"] for r in results if isinstance(r, dict)})
+    remove_entries(ec, {r["storage_prefix"] for r in results if isinstance(r, dict)})
     with contextlib.suppress(Exception):
         import redis
 
@@ -350,7 +350,7 @@ def _node_bytes(node_dir: str) -> int:
     return sum(directory_usage(d)["bytes"] for d in node_dirs(node_dir))
 
 
-def _remove_entries(ec: dict[str, Any], prefixes: set[str]) -> None:
+def remove_entries(ec: dict[str, Any], prefixes: set[str]) -> None:
     """Delete what a run stored in the shared store (a fresh namespace per run)."""
     from ..config import load_config
     from ..remote.catalog import open_catalog
@@ -437,7 +437,7 @@ def run_fleet(
             raise ValueError("this connector has no claim_encodes setting")
         modes.append(("claims on", on))
     runs: list[dict[str, Any]] = []
-    with _stores(settings, progress) as stores:
+    with shared_stores(settings, progress) as stores:
         if settings.baseline:
             runs.append(_run("one process", 1, off, stream, settings, stores, progress))
         for label, claims in modes:

@@ -80,6 +80,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             from .fleet import run_node
 
             rows = [run_node(job, progress)]
+        elif kind == "fleet-api-node":
+            from .fleet_api import run_api_node
+
+            rows = [run_api_node(job, progress)]
         elif kind == "startup":
             from .startup import run_startup
 

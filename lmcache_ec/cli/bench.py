@@ -392,7 +392,17 @@ def fleet(
     encode_ms: Annotated[float, typer.Option(min=0.0, help="Encoder time per image.")] = 30.0,
     forward_ms: Annotated[float, typer.Option(min=0.0, help="Forward pass per step.")] = 2.0,
     shape: Annotated[str, typer.Option(help="Encoder output ROWSxCOLS (bfloat16).")] = "256x2560",
-    store: Annotated[str, typer.Option(help="Shared remote tier: redis or s3.")] = "redis",
+    store: Annotated[
+        str, typer.Option(help="Shared tier: redis or s3; with --api also disk (one directory).")
+    ] = "redis",
+    api: Annotated[
+        bool,
+        typer.Option(
+            "--api",
+            help="Plain processes through the library API instead of vLLM engines: "
+            "get/put beside get_or_compute, on one process and on the fleet.",
+        ),
+    ] = False,
     claims: Annotated[
         str,
         typer.Option(
@@ -431,8 +441,8 @@ def fleet(
     from ..bench.fleet import FleetSettings, claims_supported, run_fleet
     from ..bench.servers import MissingDependency
 
-    if store not in ("redis", "s3"):
-        fail(f"unknown store {store!r}; choose redis or s3", 2)
+    if store not in ("redis", "s3", "disk") or (store == "disk" and not api):
+        fail(f"unknown store {store!r}; choose redis or s3 (or disk, with --api)", 2)
     if claims not in ("auto", "off", "on"):
         fail(f"--claims must be auto, off or on, not {claims!r}", 2)
     if claims == "on" and not claims_supported():
@@ -457,17 +467,49 @@ def fleet(
         seed=seed,
         node_tier=node_tier,
     )
+    if api:
+        from ..bench.fleet_api import run_fleet_api
+
+        runner = run_fleet_api
+    else:
+        runner = run_fleet
     try:
         result = run_with_status(
             "lmcache-ec bench fleet",
-            lambda progress, command: run_fleet(settings, progress, command),
+            lambda progress, command: runner(settings, progress, command),
         )
     except MissingDependency as exc:
         fail(str(exc), 2)
     except RuntimeError as exc:  # a process failed: its last error line, not a traceback
         fail(str(exc))
-    print_fleet(result)
+    if api:
+        print_fleet_api(result)
+    else:
+        print_fleet(result)
     _write_json(json_path, result)
+
+
+def print_fleet_api(result: dict[str, Any]) -> None:
+    settings = result["settings"]
+    table = Table(
+        title=f"fleet through the library API: {settings['requests']} requests over "
+        f"{settings['images']} images (Zipf {settings['zipf']}), shared {settings['store']}"
+    )
+    columns = ("run", "encodes", "per image", "hit rate", "vs 1 process", "waits", "waiter p50/p99")
+    for column in columns:
+        table.add_column(column)
+    for run in result["runs"]:
+        vs, waited = run["hit_rate_vs_one_process"], run["waiter_ms"]
+        table.add_row(
+            run["label"],
+            f"{run['encodes']} / {run['unique_images']}",
+            f"{run['encodes_per_unique']:.2f}",
+            f"{run['hit_rate']:.1%}",
+            "-" if vs is None else f"{vs:.2f}x",
+            str(run["waits"]),
+            "-" if waited["p50"] is None else f"{waited['p50']:.1f} / {waited['p99']:.1f} ms",
+        )
+    console.print(table)
 
 
 def print_fleet(result: dict[str, Any]) -> None:

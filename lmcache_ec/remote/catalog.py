@@ -105,6 +105,18 @@ class RemoteCatalog:
             logger.debug("Remote claim(%s) failed: %s", name, exc)
             return True
 
+    def claim_many(self, names: list[str], ttl_s: float) -> list[bool]:
+        """``claim`` for several names: one round trip where the store offers it
+        (Redis), else one call each. True for each the store could not answer."""
+        claim_many = getattr(self.store, "claim_many", None)
+        if claim_many is None:
+            return [self.claim(name, ttl_s) for name in names]
+        try:
+            return list(claim_many(names, ttl_s))
+        except Exception as exc:
+            logger.debug("Remote claim of %d names failed: %s", len(names), exc)
+            return [True] * len(names)
+
     def release(self, name: str) -> None:
         """Withdraw the claim ``name``; errors are logged (it expires anyway)."""
         try:

@@ -457,8 +457,31 @@ def test_bench_fleet_node_tier_holds_one_host_copy_per_image(tmp_path, invoke, r
         assert unique * 8 * 16 * 2 < memory["node_tier_bytes"] <= unique * run["frame_bytes"]
 
 
+def test_bench_fleet_api_tiny_run_is_consistent(tmp_path, invoke, redis_url):
+    """Two library processes on one shared disk directory, both ways: every request
+    is an encode or a hit, every image is encoded somewhere, waits are counted."""
+    path = tmp_path / "fleet-api.json"
+    args = ["--nodes", "2", "--requests", "12", "--images", "4", "--shape", "8x16"]
+    out = invoke(
+        "bench", "fleet", "--api", "--store", "disk", *args, "--encode-ms", "5",
+        "--no-baseline", "--redis-url", redis_url, "--json", str(path),
+    )  # fmt: skip
+    assert "through the library API" in out.output
+    result = json.loads(path.read_text())
+    assert [run["label"] for run in result["runs"]] == [
+        "2 processes, get/put",
+        "2 processes, get_or_compute",
+    ]
+    for run in result["runs"]:
+        assert run["requests"] == 12 and run["hits"] + run["encodes"] == 12
+        assert run["unique_images"] <= run["encodes"] <= 12
+        assert (run["waits"] == 0) == (run["waiter_ms"]["p50"] is None)
+
+
 def test_bench_fleet_rejects_unknown_store(invoke):
     assert "unknown store" in invoke("bench", "fleet", "--store", "tape", expect=2).output
+    # One disk directory is a shared tier for the library processes only.
+    assert "unknown store" in invoke("bench", "fleet", "--store", "disk", expect=2).output
 
 
 def test_benchmarks_reach_private_state_only_through_seams():

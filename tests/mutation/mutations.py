@@ -47,6 +47,10 @@ STAGE_FRAMES = "lmcache_ec/integration/vllm/stage_frames.py"
 T_CHANNEL = "tests/chaos/test_stage_channel_faults.py"
 CONFIG = "lmcache_ec/config.py"
 T_TYPED = "tests/test_config_typed.py"
+ENGINE = "lmcache_ec/engine.py"
+SINGLE_FLIGHT = "lmcache_ec/storage/single_flight.py"
+T_GET_OR_COMPUTE = "tests/test_get_or_compute.py"
+T_REMOTE_GET_OR_COMPUTE = "tests/remote/test_get_or_compute.py"
 
 
 def _digest_field(field: str, follows: str, extra: tuple[str, ...] = ()) -> Mutation:
@@ -1113,6 +1117,75 @@ MUTATIONS += [
         "os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC",
         "os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC",
         (f"{T_PURGE}::test_only_a_regular_file_is_read_as_the_disk_log[fifo]",),
+    ),
+    # -- get_or_compute: one computation per entry, in a process and across instances
+    Mutation(
+        "single-flight-every-caller-leads",
+        "threads of one process asking for one new entry share one computation",
+        SINGLE_FLIGHT,
+        "            if flight is not None:\n                return flight, False\n",
+        "            if False:\n                return flight, False\n",
+        (f"{T_GET_OR_COMPUTE}::test_threads_asking_for_one_new_key_share_one_compute",),
+    ),
+    Mutation(
+        "single-flight-followers-share-a-tensor",
+        "every caller of get_or_compute receives its own tensor",
+        ENGINE,
+        "found[mm_hash] = flight.result.to(target, copy=True)",
+        "found[mm_hash] = flight.result",
+        (f"{T_GET_OR_COMPUTE}::test_threads_asking_for_one_new_key_share_one_compute",),
+    ),
+    Mutation(
+        "claim-lost-computes-anyway",
+        "an instance that meets another's claim waits for its output (library and connector)",
+        SINGLE_FLIGHT,
+        "return Turn.COMPUTE if won else Turn.WAIT",
+        "return Turn.COMPUTE",
+        (
+            f"{T_GET_OR_COMPUTE}::test_an_instance_waits_for_anothers_computation_and_loads_it",
+            f"{T_REMOTE_GET_OR_COMPUTE}::test_an_instance_loads_what_another_computes[redis]",
+            "tests/vllm/test_claims.py::test_an_image_reaching_two_instances_is_encoded_once[redis]",
+        ),
+    ),
+    Mutation(
+        "claim-wait-unbounded",
+        "a dead claim holder delays others at most the bound",
+        SINGLE_FLIGHT,
+        "        if claim_free or now >= deadline:\n",
+        "        if claim_free:\n",
+        (
+            f"{T_GET_OR_COMPUTE}::test_a_killed_holder_delays_others_at_most_the_bound",
+            f"{T_REMOTE_GET_OR_COMPUTE}::test_a_killed_holder_delays_others_at_most_the_bound[redis]",
+        ),
+    ),
+    Mutation(
+        "failed-compute-keeps-its-claim",
+        "a compute that raises (or returns a refused result) withdraws its claim",
+        ENGINE,
+        "            if agent is not None:\n                for mm_hash in hashes:\n",
+        "            if False:\n                for mm_hash in hashes:\n",
+        (
+            f"{T_GET_OR_COMPUTE}::test_a_hostile_result_is_a_clear_error_and_nothing_is_stored[wrong-dtype]",
+        ),
+    ),
+    Mutation(
+        "waiter-never-claims-again",
+        "a waiter whose claim store goes down computes (bounded), not waits out the bound",
+        ENGINE,
+        "frees = agent.ask_many([names[h] for h in waiting], ttl) if agent else []",
+        "frees = [None] * len(waiting)",
+        (f"{T_REMOTE_GET_OR_COMPUTE}::test_a_store_going_down_mid_wait_falls_back_to_computing",),
+    ),
+    Mutation(
+        "hostile-result-not-checked",
+        "a result of the wrong dtype is a clear error and nothing is stored",
+        ENGINE,
+        "                    validate_tensor(tensor, self.identity.dtype)\n                except",
+        "                    pass\n                except",
+        (
+            f"{T_GET_OR_COMPUTE}::test_a_hostile_result_is_a_clear_error_and_nothing_is_stored[wrong-dtype]",
+            f"{T_GET_OR_COMPUTE}::test_a_batch_with_a_hostile_member_stores_none_of_it",
+        ),
     ),
     Mutation(
         "purge-watch-stops-on-an-error",

@@ -27,10 +27,11 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorWorkerMetadata,
 )
 
-from ...claims import ClaimAgent, ClaimStore, DirectoryClaims, claims_dir_for
+from ...claims import ClaimAgent
 from ...config import ConfigError, ECConfig, load_config
 from ...engine import ECCache
 from ...runtime_dirs import Feature, RuntimeDirUnavailable, feature_off, socket_path
+from ...storage.single_flight import claim_store_factory
 from . import weight_updates
 from .channel import StageListener
 from .connector_options import ConnectorSettings
@@ -67,26 +68,6 @@ def _open_catalog_factory(config: ECConfig) -> Any:
         return _open(config)
 
     return open_catalog
-
-
-def _claim_store_factory(config: ECConfig) -> Callable[[], ClaimStore | None] | None:
-    """Where instances announce their encodes: the remote store if it offers
-    claims, else a directory beside the disk tier's; None: neither."""
-    open_remote = _open_catalog_factory(config)
-    disk = config.local_disk
-    if open_remote is None and not disk:
-        return None
-
-    def open_store() -> ClaimStore | None:
-        if open_remote is not None:
-            catalog = open_remote()
-            if isinstance(catalog, ClaimStore):
-                return catalog
-            if catalog is not None:
-                catalog.close()
-        return DirectoryClaims(claims_dir_for(disk)) if disk else None
-
-    return open_store
 
 
 def _parallel_position() -> tuple[int, int, int]:
@@ -159,7 +140,7 @@ class LMCacheECTierConnector(ECConnectorBase):
                 negative_ttl=self.settings.negative_lookup_ttl_s,
                 purge_check_s=config.purge_check_s,
             )
-            open_claims = _claim_store_factory(config) if self.settings.claim_encodes else None
+            open_claims = claim_store_factory(config) if self.settings.claim_encodes else None
             self.scheduler = TierScheduler(
                 self.settings,
                 index,

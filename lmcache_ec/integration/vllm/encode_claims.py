@@ -6,6 +6,11 @@ a live claim, it is encoding the item, and the request is deferred until the
 output lands (then prefetched) or ``claim_wait_s`` passes (then encoded
 here). Claims are withdrawn when the output is saved or the request ends
 unencoded, and expire on their own.
+
+Claims are made by the ``ClaimAgent`` and the next move is chosen by the
+``ClaimWait`` rule of ``lmcache_ec.storage.single_flight``, which ``ECCache.get_or_compute``
+follows too; here the rule is applied once per step, and a waiting item does
+not claim again (it loads the output, or computes once the bound passed).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...claims import ClaimAgent
+from ...storage.single_flight import ClaimWait, Turn
 from .connector_options import ConnectorSettings
 from .index import PENDING, TierIndex
 from .items import ItemState, ItemTable
@@ -40,6 +46,7 @@ class EncodeClaims:
         self.step = step
         self._count = count
         self._held: dict[str, str] = {}  # identifier -> request it was claimed for
+        self.rule = ClaimWait(settings.claim_wait_s)
 
     def decide(self, identifier: str, now: float, request_id: str) -> bool | None:
         """For an item no tier holds: True to encode it here, False while another
@@ -49,12 +56,16 @@ class EncodeClaims:
         if state is S.CLAIMED:
             return True
         if state is S.AWAITING:
-            if now >= self.items.get(identifier).deadline:
-                return True  # waited long enough: encode it here
-            if self.index.lookup(identifier, fresh=True) in (None, PENDING):
-                return False
-            self._count("claim_waits_answered")
-            return None
+            turn = self.rule.turn(
+                now,
+                self.items.get(identifier).deadline,
+                None,
+                lambda: self.index.lookup(identifier, fresh=True) not in (None, PENDING),
+            )
+            if turn is Turn.LOAD:
+                self._count("claim_waits_answered")
+                return None
+            return turn is Turn.COMPUTE  # COMPUTE: waited long enough, encode it here
         name = self.index.storage_name(identifier)
         if state is not S.CLAIMING:
             self.items.move(identifier, S.CLAIMING, now + self.settings.claim_wait_s)
@@ -66,7 +77,7 @@ class EncodeClaims:
             won = self.agent.ask(name)
         if won is None:
             return now >= self.items.get(identifier).deadline
-        if won:
+        if self.rule.after_claim(won) is Turn.COMPUTE:
             self.items.move(identifier, S.CLAIMED)
             self._held[identifier] = request_id
             if len(self._held) > _MAX_HELD:  # saves dropped: those expire

@@ -1,0 +1,253 @@
+"""``lmcache-ec bench fleet --api``: the fleet's image stream through the library API.
+
+The stream of ``fleet.py`` (Zipf over ``images``, one request every
+``interval_ms``, dealt round-robin) served by N plain processes, each an
+``ECCache`` with its own CPU tier on one shared tier: Redis, S3 (moto by
+default) or a disk directory all of them mount (``store="disk"``). A request
+runs on a thread of its process (up to 8 at once) in one of two ways:
+
+- ``get/put``: ``get``; on a miss a ``encode_ms`` sleep (the encoder), then ``put``;
+- ``get_or_compute``: the same encoder as ``compute`` (single flight).
+
+Reported per run: ``encodes`` (encoder runs) and ``encodes_per_unique``,
+``hit_rate`` (requests not encoded for), and for ``get_or_compute`` the waits
+for another instance's encode (``ECCache.stats``): ``waits`` counts them, and
+``waiter_ms`` the p50/p99 of the time those requests took — taken as the
+slowest requests not encoded for, as many as waited (a hit returns in well
+under a millisecond, a waiter after the other instance's encode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .fleet import (
+    BARRIER_TIMEOUT,
+    RUN_TIMEOUT,
+    FleetSettings,
+    Progress,
+    barrier,
+    check_stop,
+    image_stream,
+    remove_entries,
+    shared_stores,
+    stop_run,
+)
+from .run import machine, run_in_worker
+
+MODES = ("get/put", "get_or_compute")
+THREADS_PER_PROCESS = 8
+
+
+def run_api_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """One process of the fleet: its share of the stream, on the shared clock."""
+    import redis
+    import torch
+
+    from ..engine import ECCache
+
+    node, nodes, mode = int(job["node"]), int(job["nodes"]), job["mode"]
+    rows, cols = job["shape"]
+    item = torch.randn(rows, cols, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    encode_s = job["encode_ms"] / 1000
+    mine = [
+        (j * job["interval_ms"] / 1000, image)
+        for j, image in enumerate(job["stream"])
+        if j % nodes == node
+    ]
+    computed = threading.local()
+
+    def encode() -> torch.Tensor:
+        computed.value = True
+        time.sleep(encode_s)
+        return item.clone()
+
+    def serve(image: str) -> tuple[float, bool]:
+        """(seconds, encoded here) of one request."""
+        computed.value = False
+        started = time.perf_counter()
+        if mode == "get_or_compute":
+            cache.get_or_compute(image, encode, wait_s=job["wait_s"])
+        elif cache.get(image) is None:
+            cache.put(image, encode())
+        return time.perf_counter() - started, computed.value
+
+    client = redis.Redis.from_url(job["barrier_url"])
+    cache = ECCache.from_config(job["ec"], model="bench/fleet-api", dtype=torch.bfloat16)
+    try:
+        cache.get_or_compute("warm-up", item.clone)  # store clients and claims opened
+        waits_before = cache.stats.snapshot()["get_or_compute"]["waits"]
+        start = barrier(client, job["run"], nodes)
+        progress(f"node {node}: started ({mode})")
+        with ThreadPoolExecutor(THREADS_PER_PROCESS) as pool:
+            futures = []
+            for at, image in mine:
+                while (delay := start + at - time.time()) > 0:
+                    time.sleep(min(delay, 0.05))
+                futures.append(pool.submit(serve, image))
+            check_stop(client, job["run"])
+            served = [future.result(RUN_TIMEOUT) for future in futures]
+        cache.flush(120)
+        stats = cache.stats.snapshot()
+        return {
+            "node": node,
+            "requests": len(mine),
+            "encodes": sum(encoded for _, encoded in served),
+            "seconds_not_encoded": [s for s, encoded in served if not encoded],
+            "waits": stats["get_or_compute"]["waits"] - waits_before,
+            "storage_prefix": cache.identity.storage_prefix,
+        }
+    finally:
+        cache.close()
+        with contextlib.suppress(Exception):
+            client.close()
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def summarise_api(label: str, per_node: list[dict[str, Any]], stream: list[str]) -> dict:
+    requests = sum(n["requests"] for n in per_node)
+    unique = len(set(stream))
+    encodes = sum(n["encodes"] for n in per_node)
+    waits = sum(n["waits"] for n in per_node)
+    slowest = sorted((s for n in per_node for s in n["seconds_not_encoded"]), reverse=True)
+    waiters = [s * 1000 for s in slowest[:waits]]
+    return {
+        "label": label,
+        "nodes": len(per_node),
+        "requests": requests,
+        "unique_images": unique,
+        "encodes": encodes,
+        "encodes_per_unique": encodes / unique if unique else None,
+        "hits": requests - encodes,
+        "hit_rate": (requests - encodes) / requests if requests else None,
+        "waits": waits,
+        "waiter_ms": {"p50": _percentile(waiters, 50), "p99": _percentile(waiters, 99)},
+    }
+
+
+def _run(
+    label: str,
+    nodes: int,
+    mode: str,
+    stream: list[str],
+    settings: FleetSettings,
+    stores: tuple[str, dict, dict],
+    progress: Progress,
+) -> dict[str, Any]:
+    redis_url, remote, env = stores
+    run = f"fleet-api-{uuid.uuid4().hex[:10]}"
+    frame_guess = settings.shape[0] * settings.shape[1] * 2
+    ec: dict[str, Any] = {
+        "max_local_cpu_size": max(0.1, 2 * settings.images * frame_guess / 1024**3),
+        "remote_timeout": 30.0,
+        "namespace": run,  # a fresh namespace: nothing carries over between runs
+    }
+    shared_dir = None
+    if settings.store == "disk":
+        shared_dir = tempfile.mkdtemp(prefix=f"{run}-")
+        ec.update(local_disk=f"{shared_dir}/disk", max_local_disk_size=ec["max_local_cpu_size"])
+    else:
+        ec.update(remote)
+    job = {
+        "job": "fleet-api-node",
+        "run": run,
+        "nodes": nodes,
+        "mode": mode,
+        "stream": stream,
+        "ec": ec,
+        "shape": list(settings.shape),
+        "interval_ms": settings.interval_ms,
+        "encode_ms": settings.encode_ms,
+        "wait_s": settings.claim_wait_s,
+        "barrier_url": redis_url,
+    }
+    results: list[Any] = [None] * nodes
+
+    def one(node: int) -> None:
+        try:
+            found = run_in_worker(
+                {**job, "node": node},
+                env,
+                RUN_TIMEOUT + BARRIER_TIMEOUT,
+                lambda t: progress(f"{label}: {t}"),
+            )
+            results[node] = found[0]
+        except Exception as exc:
+            results[node] = exc
+            stop_run(redis_url, run)
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(nodes)]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        stop_run(redis_url, run)
+        for thread in threads:
+            thread.join(30)
+        raise
+    finally:
+        if shared_dir is not None:
+            shutil.rmtree(shared_dir, ignore_errors=True)
+    if shared_dir is None:
+        remove_entries(ec, {r["storage_prefix"] for r in results if isinstance(r, dict)})
+    with contextlib.suppress(Exception):
+        import redis
+
+        with redis.Redis.from_url(redis_url) as client:
+            client.delete(f"{run}:ready", f"{run}:start", f"{run}:stop")
+    failed = sorted(
+        (r for r in results if isinstance(r, Exception)), key=lambda e: "stopped:" in str(e)
+    )
+    if failed:
+        raise RuntimeError(f"{label}: {failed[0]}")
+    return summarise_api(label, results, stream)
+
+
+def run_fleet_api(
+    settings: FleetSettings, progress: Progress = lambda _: None, command: str = ""
+) -> dict[str, Any]:
+    """The stream through get/put and get_or_compute, on one process and on the fleet."""
+    started = time.perf_counter()
+    if settings.nodes < 1 or settings.requests < 1 or settings.images < 1:
+        raise ValueError("nodes, requests and images must be >= 1")
+    stream = image_stream(settings)
+    runs: list[dict[str, Any]] = []
+    # S3 and disk runs still need a Redis: it carries the start barrier.
+    with shared_stores(settings, progress) as stores:
+        for nodes in (1, settings.nodes) if settings.baseline else (settings.nodes,):
+            for mode in MODES:
+                label = f"{nodes} process{'es' if nodes > 1 else ''}, {mode}"
+                runs.append(_run(label, nodes, mode, stream, settings, stores, progress))
+    single = next((r for r in runs if r["nodes"] == 1 and r["label"].endswith(MODES[1])), None)
+    for run in runs:
+        run["hit_rate_vs_one_process"] = (
+            run["hit_rate"] / single["hit_rate"] if single and single["hit_rate"] else None
+        )
+    return {
+        "schema": "lmcache-ec-bench-fleet-api/1",
+        "command": command,
+        "machine": machine(),
+        "settings": {
+            **{k: v for k, v in vars(settings).items() if k != "shape"},
+            "shape": list(settings.shape),
+        },
+        "runs": runs,
+        "elapsed_s": round(time.perf_counter() - started, 1),
+    }

@@ -1,0 +1,285 @@
+"""ECCache.get_or_compute: one computation per entry, in a process and across instances.
+
+Instances here share a disk directory (claims beside it, ``DirectoryClaims``);
+two caches of one process on one directory are two instances (each has its
+own claim owner). A dead holder is a real process, killed holding its claim.
+The remote stores (Redis, S3) are in tests/remote/test_get_or_compute.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from lmcache_ec import ECCache
+from lmcache_ec.claims import DirectoryClaims, claims_dir_for
+from tests.conftest import bit_equal, make_tensor
+
+SHAPE = (16, 64)
+DTYPE = torch.bfloat16
+NEVER_S = 600.0  # a bound no test reaches: finishing proves it was not waited out
+JOIN_S = 60.0  # a thread still running after this is stuck
+
+
+def open_cache(config: dict) -> ECCache:
+    return ECCache.from_config(config, model="test/get-or-compute", dtype=DTYPE)
+
+
+@pytest.fixture
+def two(local_config):
+    """Two instances sharing one disk directory."""
+    with open_cache(local_config) as first, open_cache(local_config) as second:
+        yield first, second
+
+
+class Computation:
+    """A ``compute`` that counts its calls, and can be held until released."""
+
+    def __init__(self, seed: int = 0, hold: bool = False) -> None:
+        self.calls = 0
+        self.started = threading.Event()
+        self.go = threading.Event()
+        if not hold:
+            self.go.set()
+        self.seed = seed
+        self._lock = threading.Lock()
+
+    def __call__(self) -> torch.Tensor:
+        with self._lock:
+            self.calls += 1
+        self.started.set()
+        assert self.go.wait(JOIN_S)
+        return make_tensor(SHAPE, DTYPE, self.seed)
+
+
+def in_thread(call) -> tuple[threading.Thread, list]:
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def waiting_on_another(cache: ECCache, count: int = 1) -> bool:
+    """Whether ``cache`` met another instance's claim ``count`` times (within JOIN_S)."""
+    deadline = time.monotonic() + JOIN_S
+    while cache.stats.snapshot()["get_or_compute"]["waits"] < count:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def finished(thread: threading.Thread) -> bool:
+    thread.join(JOIN_S)
+    return not thread.is_alive()
+
+
+def test_threads_asking_for_one_new_key_share_one_compute(cache):
+    compute = Computation(hold=True)
+    barrier = threading.Barrier(8)
+
+    def ask():
+        barrier.wait()
+        return cache.get_or_compute("new-image", compute)
+
+    threads = [in_thread(ask) for _ in range(8)]
+    assert compute.started.wait(JOIN_S)
+    time.sleep(0.2)  # the others, past the barrier too, ask while it computes
+    compute.go.set()
+    results = [out for thread, out in threads if finished(thread) for out in out]
+    assert compute.calls == 1
+    expected = make_tensor(SHAPE, DTYPE, 0)
+    assert len(results) == 8 and all(bit_equal(r, expected) for r in results)
+    assert len({r.data_ptr() for r in results}) == 8  # each caller its own tensor
+    assert bit_equal(cache.get("new-image"), expected)
+    assert cache.stats.snapshot()["get_or_compute"]["computes"] == 1
+
+
+def test_a_stored_entry_is_returned_without_computing(cache):
+    stored = make_tensor(SHAPE, DTYPE, 3)
+    assert cache.put("present", stored)
+    compute = Computation()
+    assert bit_equal(cache.get_or_compute("present", compute), stored)
+    assert compute.calls == 0
+
+
+def test_an_instance_waits_for_anothers_computation_and_loads_it(two):
+    first, second = two
+    holding = Computation(seed=1, hold=True)
+    holder, held_out = in_thread(lambda: first.get_or_compute("shared", holding, wait_s=NEVER_S))
+    assert holding.started.wait(JOIN_S)  # first holds the claim, computing
+    waiting = Computation(seed=2)
+    waiter, waited_out = in_thread(lambda: second.get_or_compute("shared", waiting, wait_s=NEVER_S))
+    assert waiting_on_another(second)
+    holding.go.set()
+    assert finished(holder) and finished(waiter)
+    assert waiting.calls == 0  # loaded the holder's output
+    assert bit_equal(waited_out[0], held_out[0])
+    assert bit_equal(waited_out[0], make_tensor(SHAPE, DTYPE, 1))
+    stats = second.stats.snapshot()["get_or_compute"]
+    assert (stats["waits"], stats["waits_loaded"], stats["computes"]) == (1, 1, 0)
+
+
+_HOLD_A_CLAIM = """
+import sys, time
+from lmcache_ec.claims import DirectoryClaims
+assert DirectoryClaims(sys.argv[1]).claim(sys.argv[2], 600)
+print("claimed", flush=True)
+time.sleep(600)
+"""
+
+
+def claimed_by_a_killed_process(claims_dir: str, name: str) -> None:
+    """A process claims ``name`` for 600 s and is killed holding it."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_A_CLAIM, claims_dir, name],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "claimed"
+    finally:
+        holder.kill()
+        holder.wait(30)
+        holder.stdout.close()
+
+
+def test_a_killed_holder_delays_others_at_most_the_bound(cache, disk_dir):
+    name = cache.key("orphaned").storage_name
+    claimed_by_a_killed_process(claims_dir_for(str(disk_dir)), name)
+    compute = Computation(seed=4)
+    thread, out = in_thread(lambda: cache.get_or_compute("orphaned", compute, wait_s=0.3))
+    assert finished(thread)
+    assert compute.calls == 1 and bit_equal(out[0], make_tensor(SHAPE, DTYPE, 4))
+    stats = cache.stats.snapshot()["get_or_compute"]
+    assert (stats["waits"], stats["waits_loaded"]) == (1, 0)
+
+
+def test_a_compute_that_raises_raises_in_its_caller_only_and_releases_its_claim(two, disk_dir):
+    first, second = two
+
+    class Broken(RuntimeError):
+        pass
+
+    failing = Computation(hold=True)
+    failing_seed = failing.__call__
+
+    def fail() -> torch.Tensor:
+        failing_seed()
+        raise Broken("encoder failed")
+
+    # One in-process follower of the failing leader, one instance waiting on its claim.
+    holder, held_out = in_thread(lambda: first.get_or_compute("fragile", fail, wait_s=NEVER_S))
+    assert failing.started.wait(JOIN_S)
+    follower_compute = Computation(seed=5)
+    follower, follower_out = in_thread(
+        lambda: first.get_or_compute("fragile", follower_compute, wait_s=NEVER_S)
+    )
+    other_compute = Computation(seed=6)
+    other, other_out = in_thread(
+        lambda: second.get_or_compute("fragile", other_compute, wait_s=NEVER_S)
+    )
+    assert waiting_on_another(second)
+    time.sleep(0.1)  # the follower, started first, has joined the flight too
+    failing.go.set()
+    assert finished(holder) and finished(follower) and finished(other)
+    assert isinstance(held_out[0], Broken)
+    # The waiters asked again: one computed, the other loaded its result.
+    assert follower_compute.calls + other_compute.calls == 1
+    assert isinstance(follower_out[0], torch.Tensor) and isinstance(other_out[0], torch.Tensor)
+    assert bit_equal(follower_out[0], other_out[0])
+    name = first.key("fragile").storage_name
+    first.close()
+    second.close()  # claims still held are withdrawn at close
+    assert DirectoryClaims(claims_dir_for(str(disk_dir))).claim(name, 60)
+
+
+@pytest.mark.parametrize(
+    "result, error, words",
+    [
+        ("not a tensor", TypeError, "torch.Tensor"),
+        (make_tensor(SHAPE, torch.float32), ValueError, "dtype float32"),
+        (make_tensor(SHAPE, DTYPE).flatten(), ValueError, "2-D"),
+        (torch.empty(0, 64, dtype=DTYPE), ValueError, "non-empty"),
+    ],
+    ids=["non-tensor", "wrong-dtype", "wrong-rank", "empty"],
+)
+def test_a_hostile_result_is_a_clear_error_and_nothing_is_stored(two, result, error, words):
+    first, second = two
+    with pytest.raises(error, match=words):
+        first.get_or_compute("hostile", lambda: result, wait_s=NEVER_S)
+    assert first.contains("hostile") is None and second.contains("hostile") is None
+    assert first.stats.snapshot()["get_or_compute"]["rejected"] == 1
+    # Its claim was withdrawn: another instance computes at once.
+    good = Computation(seed=7)
+    thread, out = in_thread(lambda: second.get_or_compute("hostile", good, wait_s=NEVER_S))
+    assert finished(thread) and good.calls == 1
+    assert bit_equal(out[0], make_tensor(SHAPE, DTYPE, 7))
+
+
+def test_a_batch_with_a_hostile_member_stores_none_of_it(two):
+    cache = two[0]
+    with pytest.raises(ValueError, match="dtype float32"):
+        cache.get_or_compute_many(
+            ["fine", "bad"],
+            lambda hashes: [make_tensor(SHAPE, DTYPE), make_tensor(SHAPE, torch.float32)],
+        )
+    with pytest.raises(ValueError, match="returned 1 tensors for 2"):
+        cache.get_or_compute_many(["fine", "bad"], lambda hashes: [make_tensor(SHAPE, DTYPE)])
+    assert cache.contains("fine") is None and cache.contains("bad") is None
+
+
+def test_the_batched_form_computes_only_what_no_tier_holds_in_one_call(cache):
+    assert cache.put("b", make_tensor(SHAPE, DTYPE, 20))
+    calls: list[list[str]] = []
+
+    def compute(hashes: list[str]) -> list[torch.Tensor]:
+        calls.append(hashes)
+        return [make_tensor(SHAPE, DTYPE, 30 + ord(h)) for h in hashes]
+
+    out = cache.get_or_compute_many(["a", "b", "c", "a"], compute)
+    assert calls == [["a", "c"]]
+    expected = [30 + ord("a"), 20, 30 + ord("c"), 30 + ord("a")]
+    assert all(
+        bit_equal(t, make_tensor(SHAPE, DTYPE, s)) for t, s in zip(out, expected, strict=True)
+    )
+    assert cache.get_or_compute_many(["c", "a"], compute)[0] is not None and len(calls) == 1
+
+
+def test_the_batched_form_waits_for_what_another_instance_holds(two):
+    first, second = two
+    holding = Computation(seed=40, hold=True)
+    holder, _ = in_thread(lambda: first.get_or_compute("x", holding, wait_s=NEVER_S))
+    assert holding.started.wait(JOIN_S)
+    calls: list[list[str]] = []
+
+    def compute(hashes: list[str]) -> list[torch.Tensor]:
+        calls.append(hashes)
+        return [make_tensor(SHAPE, DTYPE, 41) for _ in hashes]
+
+    batch, out = in_thread(lambda: second.get_or_compute_many(["x", "y"], compute, wait_s=NEVER_S))
+    assert waiting_on_another(second)
+    holding.go.set()
+    assert finished(holder) and finished(batch)
+    assert calls == [["y"]]  # "x" loaded from the instance that claimed it
+    assert bit_equal(out[0][0], make_tensor(SHAPE, DTYPE, 40))
+    assert bit_equal(out[0][1], make_tensor(SHAPE, DTYPE, 41))
+
+
+def test_bad_arguments_are_refused(cache):
+    with pytest.raises(ValueError, match="wait_s"):
+        cache.get_or_compute("k", lambda: make_tensor(SHAPE, DTYPE), wait_s=-1)
+    with pytest.raises(TypeError, match="sequence of tensors"):
+        cache.get_or_compute_many(["k"], lambda hashes: make_tensor(SHAPE, DTYPE))
