@@ -333,6 +333,16 @@ SCHEMA: dict[str, Option] = {
             False,
             _non_negative,
         ),
+        Option(
+            "timeline_path",
+            "str",
+            None,
+            "vLLM connector: append each multimodal request's timeline (arrival, first "
+            "schedule, lookup, stage order, staged, scheduled with its load, load done) to "
+            "this file as JSON lines, for lmcache-ec bench serve or a latency question; "
+            "unset: nothing is recorded.",
+            False,
+        ),
     )
 }
 

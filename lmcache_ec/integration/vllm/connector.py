@@ -41,6 +41,7 @@ from .settings import ConnectorSettings
 from .stage_client import StageClient
 from .stage_messages import WeightsAnnouncement
 from .stats import ECTierConnectorStats, ECTierPromMetrics
+from .timeline import SchedulerTimeline, WorkerTimeline
 from .weights import tp_gather, weights_fingerprint
 from .worker import TierWorker
 
@@ -180,6 +181,8 @@ class LMCacheECTierConnector(ECConnectorBase):
             )
             if no_channel is not None:
                 self.scheduler.channel_unavailable(no_channel, self._without_channel())
+            if config.values.get("timeline_path"):
+                self.scheduler.timeline = SchedulerTimeline(config.values["timeline_path"])
         else:
             if fingerprint:
                 try:
@@ -199,6 +202,8 @@ class LMCacheECTierConnector(ECConnectorBase):
                 device=getattr(vllm_config.device_config, "device", None) or "cpu",
                 weights_known=not fingerprint,
             )
+            if config.values.get("timeline_path"):
+                self.worker.timeline = WorkerTimeline(config.values["timeline_path"], tp_rank)
             if pp_rank == 0:  # only the first pipeline stage runs the encoder
                 try:
                     self._listener = StageListener(
@@ -313,6 +318,8 @@ class LMCacheECTierConnector(ECConnectorBase):
     def ensure_cache_available(self, request: Request, num_computed_tokens: int) -> bool:
         """Scheduler: False while the request waits for items being staged."""
         assert self.scheduler is not None
+        if self.scheduler.timeline is not None:
+            self.scheduler.timeline.seen(request.request_id)
         return self.scheduler.ensure_cache_available(request, num_computed_tokens)
 
     def take_unavailable_requests(self) -> set[str]:
@@ -324,6 +331,8 @@ class LMCacheECTierConnector(ECConnectorBase):
         """Scheduler: forget the request's prefetch waits."""
         if self.scheduler is not None:
             self.scheduler.request_finished(request.request_id)
+            if self.scheduler.timeline is not None:
+                self.scheduler.timeline.finished(request)
         return False, None
 
     def has_cache_item(self, identifier: str) -> bool:
@@ -391,3 +400,5 @@ class LMCacheECTierConnector(ECConnectorBase):
             self.scheduler.index.close()
             if self.scheduler.channel is not None:
                 self.scheduler.channel.close()
+            if self.scheduler.timeline is not None:
+                self.scheduler.timeline.close()

@@ -48,6 +48,7 @@ from .settings import ConnectorSettings
 from .stage_client import StageClient
 from .stage_messages import StageAnswer, WeightsAnnouncement, WorkerReport
 from .step_wait import StepWait
+from .timeline import SchedulerTimeline
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,11 @@ class TierScheduler:
         self._off: dict[str, str] = {}  # features off on this side: name -> reason
         self._off_changes = OffChanges()
         self._unreachable_told = False
+        self.timeline: SchedulerTimeline | None = None  # ec.timeline_path
+
+    def _mark(self, identifier: str, event: str) -> None:
+        if self.timeline is not None:
+            self.timeline.item(identifier, event)
 
     def _count(self, name: str, amount: float = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + amount
@@ -249,6 +255,8 @@ class TierScheduler:
                 )
         elif self.items.state(identifier) is S.LOOKING_UP:
             self.items.move(identifier, S.UNKNOWN)
+        if tier != PENDING:
+            self._mark(identifier, "lookup")
         return tier
 
     def _start_prefetch(
@@ -342,6 +350,7 @@ class TierScheduler:
             item.direct = direct
             if not direct:
                 self._to_stage.append(identifier)
+            self._mark(identifier, "stage_sent")
             self._count("stage_orders")
 
     def _channel_ready(self) -> bool:
@@ -464,6 +473,7 @@ class TierScheduler:
         state = self.items.state(identifier)
         if self.is_consumer and state is S.PROMISED:
             self._loads[identifier] = feature.mm_position.get_num_embeds()
+            self._mark(identifier, "scheduled")
             self.prefetch.done(identifier)  # consumed from the workers' staging
             self.prefetch.take_waiters(identifier)
         elif state in _FETCHING:  # computed after all: the prefetch is not wanted
@@ -545,6 +555,7 @@ class TierScheduler:
         item.ranks += ranks
         if item.ranks >= self.tp_size:
             self.items.move(identifier, S.READY, now + self.settings.stage_timeout_s)
+            self._mark(identifier, "staged")
 
     def _note_failed(self, identifier: str, now: float) -> None:
         self.index.forget(identifier)

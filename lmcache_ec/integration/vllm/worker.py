@@ -46,6 +46,7 @@ from .features_off import OffChanges
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .saver import SaveQueue
 from .settings import ConnectorSettings
+from .timeline import WorkerTimeline
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ class TierWorker:
         self._stager = threading.Thread(target=self._stage_loop, name="ec-stage", daemon=True)
         self._stager.start()
         self._saver = SaveQueue(self._put, self._save_done, settings.max_pending_saves)
+        self.timeline: WorkerTimeline | None = None  # ec.timeline_path
 
     def feature_off(self, feature: Feature, reason: Reason) -> None:
         """Report ``feature`` off (with the cache's own, ``features_off``)."""
@@ -198,6 +200,8 @@ class TierWorker:
             # current stream, ahead of the encoder-output consumers.
             encoder_cache[identifier] = tensor.to(self.device, non_blocking=True)
             placed += 1
+            if self.timeline is not None:
+                self.timeline.item(identifier, "loaded")
         if missing:
             # Unreachable while staging holds its invariant; one batch read as
             # a last resort, and vLLM reports anything still missing.
@@ -316,7 +320,11 @@ class TierWorker:
             self._counters["stage_seconds"] = (
                 self._counters.get("stage_seconds", 0) + time.perf_counter() - started
             )
+        read_at = time.time()
         self._answer(link, staged, failed, weights)
+        if self.timeline is not None:  # after the answer: off the hit's path
+            for identifier in staged:
+                self.timeline.item(identifier, "read", read_at)
 
     # -- saves ---------------------------------------------------------------
 
@@ -403,3 +411,5 @@ class TierWorker:
         self._stage_queue.put(None)
         self._stager.join(timeout)
         self.cache.close()
+        if self.timeline is not None:
+            self.timeline.close()
