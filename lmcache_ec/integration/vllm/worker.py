@@ -291,6 +291,26 @@ class TierWorker:
         while (orders := self._next_orders()) is not None:
             for order in orders:
                 self._stage_one(*order)
+            if self._stage_queue.empty():
+                self._promote_before_the_step()
+
+    def _promote_before_the_step(self) -> None:
+        """Copy this batch's disk hits into the CPU tier now, right after the answer.
+
+        The cache's own thread would promote them once reads have been quiet
+        for a while, which is in the middle of the step that loads them: its
+        Python competes with that step's forward pass for the interpreter (and,
+        on a CPU host, for the core), so the load that the staging made free
+        costs its request several ms anyway. Between the answer and that step
+        the scheduler is still scheduling: the promotion costs nobody.
+        """
+        try:
+            promoted = self.cache.promote_now()
+        except Exception as exc:  # a promotion only ever costs speed
+            logger.debug("Promotion after staging failed: %s", exc)
+            return
+        if promoted:
+            self._count("promoted_after_staging", promoted)
 
     def _stage_one(
         self, batch: list[str], link: StageLink | None, generation: int, weights: str | None
