@@ -1052,7 +1052,7 @@ MUTATIONS += [
 ]
 
 # Latency: the per-request timeline, promotions off the loading step, paired verdicts.
-T_TIMELINE = "tests/vllm/test_timeline.py::"
+T_HIT_PATH = "tests/vllm/test_hit_path.py::"
 T_SERVE_STATS = "tests/cli/test_bench_serve_stats.py::"
 MUTATIONS += [
     Mutation(
@@ -1061,7 +1061,15 @@ MUTATIONS += [
         "lmcache_ec/integration/vllm/worker.py",
         "                self._promote_before_the_step()\n",
         "                pass\n",
-        (f"{T_TIMELINE}test_a_staged_disk_hit_is_promoted_right_after_its_answer",),
+        (f"{T_HIT_PATH}test_a_staged_disk_hit_is_promoted_right_after_its_answer",),
+    ),
+    Mutation(
+        "worker-keeps-the-default-switch-interval",
+        "a loading worker's threads take the GIL from vLLM's spinning loop within 0.5 ms",
+        "lmcache_ec/integration/vllm/worker.py",
+        "            sys.setswitchinterval(STAGING_SWITCH_INTERVAL_S)\n",
+        "            pass\n",
+        (f"{T_HIT_PATH}test_a_loading_worker_switches_threads_often_and_restores_it[True]",),
     ),
     Mutation(
         "timeline-without-staged",
@@ -1070,8 +1078,8 @@ MUTATIONS += [
         '            self._mark(identifier, "staged")\n',
         "",
         (
-            f"{T_TIMELINE}test_a_lone_hit_records_its_way_in_order[v1]",
-            f"{T_TIMELINE}test_a_lone_hit_records_its_way_in_order[v2]",
+            f"{T_HIT_PATH}test_a_lone_hit_records_its_way_in_order[v1]",
+            f"{T_HIT_PATH}test_a_lone_hit_records_its_way_in_order[v2]",
         ),
     ),
     Mutation(

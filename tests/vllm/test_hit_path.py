@@ -1,9 +1,13 @@
-"""The per-request timeline (``ec.timeline_path``) through vLLM's real Scheduler, and
-when a staged disk hit is promoted into the CPU tier (right after its answer)."""
+"""A hit's way through the worker: the per-request timeline (``ec.timeline_path``)
+through vLLM's real Scheduler, when a staged disk hit is promoted into the CPU
+tier (right after its answer), and the interpreter's switch interval a
+loading worker runs with (so its staging threads are not starved of the GIL
+by vLLM's spinning worker loop)."""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import pytest
@@ -11,7 +15,7 @@ import torch
 
 from lmcache_ec import ECCache
 from lmcache_ec.integration.vllm.settings import ConnectorSettings
-from lmcache_ec.integration.vllm.worker import TierWorker
+from lmcache_ec.integration.vllm.worker import STAGING_SWITCH_INTERVAL_S, TierWorker
 
 from .harness import Engine, image_hash, make_vllm_config
 
@@ -95,3 +99,24 @@ def test_a_staged_disk_hit_is_promoted_right_after_its_answer(tmp_path):
             assert {cache.contains(identifier) for identifier in identifiers} == {"cpu"}
         finally:
             worker.close()
+
+
+@pytest.mark.parametrize("consumer", [True, False])
+def test_a_loading_worker_switches_threads_often_and_restores_it(consumer):
+    before = sys.getswitchinterval()
+    assert before > STAGING_SWITCH_INTERVAL_S  # Python's default, 5 ms
+    cache = ECCache.from_config({"local_cpu": True, "max_local_cpu_size": 0.01}, model="org/gil")
+    worker = TierWorker(
+        cache,
+        ConnectorSettings(),
+        persistable=lambda identifier: True,
+        is_producer=True,
+        is_consumer=consumer,
+    )
+    try:
+        # An encode-only worker stages nothing: it leaves the interpreter alone.
+        expected = STAGING_SWITCH_INTERVAL_S if consumer else before
+        assert sys.getswitchinterval() == pytest.approx(expected)
+    finally:
+        worker.close()
+    assert sys.getswitchinterval() == pytest.approx(before)
