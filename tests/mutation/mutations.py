@@ -1064,12 +1064,12 @@ MUTATIONS += [
         (f"{T_HIT_PATH}test_a_staged_disk_hit_is_promoted_right_after_its_answer",),
     ),
     Mutation(
-        "worker-keeps-the-default-switch-interval",
-        "a loading worker's threads take the GIL from vLLM's spinning loop within 0.5 ms",
-        "lmcache_ec/integration/vllm/worker.py",
-        "            sys.setswitchinterval(STAGING_SWITCH_INTERVAL_S)\n",
+        "loading-instance-keeps-the-default-switch-interval",
+        "a loading instance's threads take the GIL from vLLM's spinning waits within 0.5 ms",
+        "lmcache_ec/integration/vllm/connector.py",
+        "            self._switch_interval.lower()\n",
         "            pass\n",
-        (f"{T_HIT_PATH}test_a_loading_worker_switches_threads_often_and_restores_it[True]",),
+        (f"{T_HIT_PATH}test_a_loading_instance_switches_threads_often_and_restores_it[ec_both]",),
     ),
     Mutation(
         "timeline-without-staged",

@@ -15,7 +15,8 @@ import torch
 
 from lmcache_ec import ECCache
 from lmcache_ec.integration.vllm.settings import ConnectorSettings
-from lmcache_ec.integration.vllm.worker import STAGING_SWITCH_INTERVAL_S, TierWorker
+from lmcache_ec.integration.vllm.switch_interval import LOADING_SWITCH_INTERVAL_S
+from lmcache_ec.integration.vllm.worker import TierWorker
 
 from .harness import Engine, image_hash, make_vllm_config
 
@@ -101,22 +102,16 @@ def test_a_staged_disk_hit_is_promoted_right_after_its_answer(tmp_path):
             worker.close()
 
 
-@pytest.mark.parametrize("consumer", [True, False])
-def test_a_loading_worker_switches_threads_often_and_restores_it(consumer):
+@pytest.mark.parametrize("role", ["ec_both", "ec_producer"])
+def test_a_loading_instance_switches_threads_often_and_restores_it(model_config, extra, role):
+    """Scheduler and worker both: their threads wake up inside vLLM's spinning waits."""
     before = sys.getswitchinterval()
-    assert before > STAGING_SWITCH_INTERVAL_S  # Python's default, 5 ms
-    cache = ECCache.from_config({"local_cpu": True, "max_local_cpu_size": 0.01}, model="org/gil")
-    worker = TierWorker(
-        cache,
-        ConnectorSettings(),
-        persistable=lambda identifier: True,
-        is_producer=True,
-        is_consumer=consumer,
-    )
+    assert before > LOADING_SWITCH_INTERVAL_S  # Python's default, 5 ms
+    engine = Engine(make_vllm_config(model_config, role, extra))
     try:
-        # An encode-only worker stages nothing: it leaves the interpreter alone.
-        expected = STAGING_SWITCH_INTERVAL_S if consumer else before
+        # An encode-only instance loads nothing: it leaves the interpreter alone.
+        expected = LOADING_SWITCH_INTERVAL_S if role == "ec_both" else before
         assert sys.getswitchinterval() == pytest.approx(expected)
     finally:
-        worker.close()
+        engine.shutdown()
     assert sys.getswitchinterval() == pytest.approx(before)

@@ -41,6 +41,7 @@ from .settings import ConnectorSettings
 from .stage_client import StageClient
 from .stage_messages import WeightsAnnouncement
 from .stats import ECTierConnectorStats, ECTierPromMetrics
+from .switch_interval import SwitchInterval
 from .timeline import SchedulerTimeline, WorkerTimeline
 from .weights import tp_gather, weights_fingerprint
 from .worker import TierWorker
@@ -144,6 +145,10 @@ class LMCacheECTierConnector(ECConnectorBase):
         )
         self.scheduler: TierScheduler | None = None
         self.worker: TierWorker | None = None
+        # A loading instance's threads must get the GIL from vLLM's spinning waits.
+        self._switch_interval = SwitchInterval()
+        if self.is_consumer:
+            self._switch_interval.lower()
         self._listener: StageListener | None = None
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         fingerprint = self.settings.weights_fingerprint
@@ -391,6 +396,7 @@ class LMCacheECTierConnector(ECConnectorBase):
         return ECTierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
+        self._switch_interval.restore()
         if self._listener is not None:
             self._listener.close()
         if self.worker is not None:

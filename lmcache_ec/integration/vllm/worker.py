@@ -30,7 +30,6 @@ import dataclasses
 import hashlib
 import logging
 import queue
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -52,15 +51,6 @@ from .timeline import WorkerTimeline
 logger = logging.getLogger(__name__)
 
 _RECENT_MAX = 100_000  # identifiers remembered as already stored
-# The interpreter's switch interval in a loading worker (Python's default: 5 ms).
-# Between steps vLLM's worker spins on its input queue in Python for a second
-# (shm_broadcast's SpinCondition), holding the GIL but for a sched_yield now
-# and then; a thread of ours that wakes up (the stage channel's, the staging
-# reader's, after every socket or file read) gets it back only when that
-# thread is forced to switch: up to the interval, each time. A staging takes
-# several such turns, so a hit's order -> answer cost 1-7 ms of waiting for
-# the GIL where the reads took 0.3 ms.
-STAGING_SWITCH_INTERVAL_S = 0.0005
 
 
 def writer_rank(identifier: str, tp_size: int) -> int:
@@ -133,10 +123,6 @@ class TierWorker:
         self._stager.start()
         self._saver = SaveQueue(self._put, self._save_done, settings.max_pending_saves)
         self.timeline: WorkerTimeline | None = None  # ec.timeline_path
-        self._switch_interval: float | None = None  # the interpreter's, to restore on close
-        if is_consumer and sys.getswitchinterval() > STAGING_SWITCH_INTERVAL_S:
-            self._switch_interval = sys.getswitchinterval()
-            sys.setswitchinterval(STAGING_SWITCH_INTERVAL_S)
 
     def feature_off(self, feature: Feature, reason: Reason) -> None:
         """Report ``feature`` off (with the cache's own, ``features_off``)."""
@@ -447,6 +433,3 @@ class TierWorker:
         self.cache.close()
         if self.timeline is not None:
             self.timeline.close()
-        if self._switch_interval is not None:
-            sys.setswitchinterval(self._switch_interval)
-            self._switch_interval = None
