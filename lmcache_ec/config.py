@@ -331,6 +331,16 @@ SCHEMA: dict[str, Option] = {
             lmcache=False,
             check=_non_negative,
         ),
+        Option(
+            "timeline_path",
+            kind="str",
+            default=None,
+            help="vLLM connector: append each multimodal request's timeline (arrival, first "
+            "schedule, lookup, stage order, staged, scheduled with its load, load done) to "
+            "this file as JSON lines, for lmcache-ec bench serve or a latency question; "
+            "unset: nothing is recorded.",
+            lmcache=False,
+        ),
     )
 }
 
@@ -430,6 +440,7 @@ class ECConfig:
     purge_check_s: float
     read_threads: int
     close_timeout: float
+    timeline_path: str | None  # the vLLM connector's per-request timeline; None: off
     source: str  # where the settings came from (a path, "config dict", …)
 
     @property

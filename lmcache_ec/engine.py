@@ -728,6 +728,13 @@ class ECCache:
 
     # -- lifecycle -----------------------------------------------------------
 
+    def promote_now(self) -> int:
+        """Promote the disk and remote hits still queued for the CPU tier now, in
+        the calling thread, rather than in the next quiet moment the background
+        thread finds; the number promoted. For a caller that knows a moment
+        when the work costs nobody (see ``Promoter.run_pending``)."""
+        return self._reader.promote_now()
+
     def pending_writes(self) -> int:
         """Accepted writes not yet on every tier (disk and remote uploads, promotions)."""
         return self._reader.pending() + sum(

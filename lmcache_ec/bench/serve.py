@@ -39,8 +39,17 @@ from typing import Any
 
 import numpy as np
 
+from .paired import Verdict, ratio_interval, verdict
+from .serve_timeline import (
+    TimelineFile,
+    intervals,
+    read_timeline,
+    request_events,
+    summarize_intervals,
+)
 from .vllm_server import (
     CPU_ARGS,
+    ChatResult,
     VLLMServer,
     chat_with_image,
     ec_transfer_config,
@@ -66,7 +75,9 @@ ENGINE_ARGS = (
     str(BATCHED_TOKENS),
 )
 PROMPT = "describe the image"
-FLOOR_MAX = 1.2  # target: hit TTFT / floor
+FLOOR_MAX = 1.1  # target: hit TTFT / floor
+EXAMPLE_MAX = 1.0  # target: hit TTFT / ECExampleConnector's
+TIMED_EXAMPLE_MODULE = "lmcache_ec.bench.timed_example"
 
 
 @dataclass
@@ -84,6 +95,7 @@ class ServeSettings:
     directory: str | None = None
     keep: bool = False
     ready_timeout: float = 420.0
+    timeline: bool = True  # servers record per-request timelines (ec.timeline_path)
 
     @classmethod
     def quick_defaults(cls, **overrides: Any) -> ServeSettings:
@@ -133,19 +145,27 @@ class Workload:
         return out
 
 
-def ec_config(subject: str, store: Path, redis_url: str | None) -> dict[str, Any] | None:
+def ec_config(
+    subject: str, store: Path, redis_url: str | None, timeline: Path | None = None
+) -> dict[str, Any] | None:
+    """The subject's ``--ec-transfer-config``; ``timeline``: where it writes its
+    per-request timeline (``ec.timeline_path``; the example through
+    ``TimedExampleConnector``, which only records)."""
+    recorded = {} if timeline is None else {"timeline_path": str(timeline)}
     if subject == "none":
         return None
     if subject == "example":
         return {
-            "ec_connector": "ECExampleConnector",
+            "ec_connector": "TimedExampleConnector" if timeline else "ECExampleConnector",
+            **({"ec_connector_module_path": TIMED_EXAMPLE_MODULE} if timeline else {}),
             "ec_role": "ec_both",
-            "ec_connector_extra_config": {"shared_storage_path": str(store)},
+            "ec_connector_extra_config": {"shared_storage_path": str(store), **recorded},
         }
     if subject == "lmcache-disk":
         tiers = {"local_cpu": True, "max_local_cpu_size": 0.25, "local_disk": str(store)}
-        return ec_transfer_config("ec_both", {**tiers, "max_local_disk_size": 1.0})
-    return ec_transfer_config("ec_both", {"local_cpu": False, "remote_url": redis_url})
+        return ec_transfer_config("ec_both", {**tiers, "max_local_disk_size": 1.0, **recorded})
+    tiers = {"local_cpu": False, "remote_url": redis_url}
+    return ec_transfer_config("ec_both", {**tiers, **recorded})
 
 
 def counters(server: VLLMServer) -> dict[str, float]:
@@ -176,18 +196,42 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 @dataclass
+class Sample:
+    """One image request: what was asked, when, and its paired text-only floor."""
+
+    image: int
+    repeat: bool
+    ttft: float
+    request_id: str | None = None
+    sent_at: float = 0.0
+    first_token_at: float = 0.0
+    floor: float | None = None  # TTFT of the text prompt sent right after it, same server
+
+
+@dataclass
 class Block:
     """One (subject, pattern, mode): what was sent and what came back."""
 
     subject: str
     pattern: str
     mode: str
-    ttft: list[float] = field(default_factory=list)
-    hit_ttft: list[float] = field(default_factory=list)  # requests for a repeat image
-    miss_ttft: list[float] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)  # in send order, the same on every server
     floor_ttft: list[float] = field(default_factory=list)
-    busy_s: float = 0.0  # lone: summed request times; concurrent: batch wall time
+    busy_s: float = 0.0  # lone: summed request times; concurrent: summed round wall times
     counters: dict[str, float] = field(default_factory=dict)
+    timeline: dict[str, dict[str, float]] = field(default_factory=dict)  # interval -> p50/p99
+
+    @property
+    def ttft(self) -> list[float]:
+        return [s.ttft for s in self.samples]
+
+    @property
+    def hit_ttft(self) -> list[float]:  # requests for a repeat image
+        return [s.ttft for s in self.samples if s.repeat]
+
+    @property
+    def miss_ttft(self) -> list[float]:
+        return [s.ttft for s in self.samples if not s.repeat]
 
 
 class Fleet:
@@ -197,17 +241,22 @@ class Fleet:
         self.floor_prompt = floor
         self.start_s: dict[str, float] = {}
 
+    def timeline_path(self, name: str) -> Path:
+        return self.root / "timelines" / f"{name}.jsonl"
+
     def start(self, names: dict[str, str], progress: Callable[[str], None]) -> None:
         """Start ``{server name: subject}`` together; a failure stops them all."""
         env = {name: None for name in os.environ if name.startswith("LMCACHE_EC_")}
         env["XDG_CACHE_HOME"] = str(self.root / "xdg")
+        (self.root / "timelines").mkdir(parents=True, exist_ok=True)
         fresh = {}
         for name, subject in names.items():
             store = self.root / f"store-{subject}"
+            timeline = self.timeline_path(name) if self.settings.timeline else None
             fresh[name] = VLLMServer(
                 self.model,
                 self.root / "logs" / f"{name}.log",
-                ec_config=ec_config(subject, store, self.settings.redis_url),
+                ec_config=ec_config(subject, store, self.settings.redis_url, timeline),
                 extra_args=ENGINE_ARGS,
                 env=env,
                 ready_timeout=self.settings.ready_timeout,
@@ -231,13 +280,12 @@ class Fleet:
     def text(self, server: VLLMServer, prompt: str) -> float:
         return chat_with_image(server.base_url, server.served_model, None, prompt, 2).ttft_s
 
-    def ask(self, server: VLLMServer, image: int | None) -> tuple[float, float]:
+    def ask(self, server: VLLMServer, image: int | None) -> ChatResult:
         png = None if image is None else make_png(image)
         prompt = PROMPT if image is not None else self.floor_prompt
-        result = chat_with_image(
+        return chat_with_image(
             server.base_url, server.served_model, png, prompt, self.settings.max_tokens
         )
-        return result.ttft_s, result.total_s
 
     def run_block(
         self,
@@ -247,45 +295,62 @@ class Fleet:
         ids: list[int],
         repeat: list[bool],
     ) -> list[Block]:
-        """The same images on every server of ``names`` ({server: subject});
+        """The same images on every server of ``names`` ({server: subject}),
+        interleaved: each request (lone) or each round of ``in_flight`` requests
+        (concurrent) goes to every server back to back, in a rotating order, so
+        the samples of two subjects pair up. A repeat is followed, on the same
+        server, by a text-only request of the same length (its paired floor);
         ``pattern``: the rows' pattern, or one per server."""
         patterns = pattern if isinstance(pattern, dict) else dict.fromkeys(names, pattern)
         blocks = {n: Block(s, patterns[n], mode) for n, s in names.items()}
         before = {n: counters(self.servers[n]) for n in names}
         order = list(names)
-        floors = max(2, len(ids) // 2)
-        if mode == "lone":
-            for i, image in enumerate(ids):
-                order = order[1:] + order[:1]  # nobody always goes first
-                for name in order:
-                    ttft, total = self.ask(self.servers[name], image)
-                    self._record(blocks[name], ttft, repeat[i])
-                    blocks[name].busy_s += total
-                    if i % 2 == 1 and len(blocks[name].floor_ttft) < floors:
-                        blocks[name].floor_ttft.append(self.ask(self.servers[name], None)[0])
-        else:
-            for name in order[len(ids) % len(order) :] + order[: len(ids) % len(order)]:
+        size = 1 if mode == "lone" else self.settings.in_flight
+        rounds = [list(range(i, min(i + size, len(ids)))) for i in range(0, len(ids), size)]
+        for number, indices in enumerate(rounds):
+            order = order[1:] + order[:1]  # nobody always goes first
+            # Every repeat gets its floor; rows without repeats, every other round.
+            floors = any(repeat[i] for i in indices) or number % 2 == 1
+            for name in order:
                 server, block = self.servers[name], blocks[name]
                 begin = time.perf_counter()
-                results = self._concurrent(server, ids)
-                block.busy_s = time.perf_counter() - begin
-                for (ttft, _), hit in zip(results, repeat, strict=True):
-                    self._record(block, ttft, hit)
-                texts = [None] * max(self.settings.in_flight, floors)
-                block.floor_ttft = [t for t, _ in self._concurrent(server, texts)]
+                results = self._requests(server, [ids[i] for i in indices])
+                wall = time.perf_counter() - begin
+                block.busy_s += results[0].total_s if mode == "lone" else wall
+                samples = [
+                    Sample(ids[i], repeat[i], r.ttft_s, r.request_id, r.sent_at, r.first_token_at)
+                    for i, r in zip(indices, results, strict=True)
+                ]
+                if floors:
+                    texts = self._requests(server, [None] * len(indices))
+                    for sample, text in zip(samples, texts, strict=True):
+                        sample.floor = text.ttft_s
+                        block.floor_ttft.append(text.ttft_s)
+                block.samples += samples
         for name, block in blocks.items():
             sent = len(ids) + len(block.floor_ttft)
             block.counters = settled(self.servers[name], before[name], sent)
+            if self.settings.timeline:
+                block.timeline = hit_timeline(block, read_timeline(self.timeline_path(name)))
         return list(blocks.values())
 
-    def _concurrent(self, server: VLLMServer, images: list[int | None]) -> list[tuple]:
-        with ThreadPoolExecutor(self.settings.in_flight) as pool:
+    def _requests(self, server: VLLMServer, images: list[int | None]) -> list[ChatResult]:
+        if len(images) == 1:
+            return [self.ask(server, images[0])]
+        with ThreadPoolExecutor(len(images)) as pool:
             return list(pool.map(lambda image: self.ask(server, image), images))
 
-    @staticmethod
-    def _record(block: Block, ttft: float, repeat: bool) -> None:
-        block.ttft.append(ttft)
-        (block.hit_ttft if repeat else block.miss_ttft).append(ttft)
+
+def hit_timeline(block: Block, timeline: TimelineFile) -> dict[str, dict[str, float]]:
+    """Median and p99 of each interval of the block's hits (its repeats; every
+    request in a block without repeats)."""
+    chosen = [s for s in block.samples if s.repeat] or block.samples
+    return summarize_intervals(
+        [
+            intervals(request_events(timeline, s.request_id, s.sent_at, s.first_token_at))
+            for s in chosen
+        ]
+    )
 
 
 def floor_prompt(server: VLLMServer) -> str:
@@ -341,6 +406,11 @@ def summarize(block: Block, floor: float | None, miss_ref: float | None) -> dict
         ),
         "counters": {k: round(v, 6) for k, v in block.counters.items()},
         "ttft_ms": [round(t * 1000, 2) for t in block.ttft],
+        "timeline": block.timeline,
+        "samples": [
+            {"image": s.image, "repeat": s.repeat, "ttft_s": s.ttft, "floor_s": s.floor}
+            for s in block.samples
+        ],
     }
     return row
 
@@ -349,37 +419,62 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 2)
 
 
+def target(text: str, limit: float, subject: list[float], reference: list[float]) -> dict:
+    """A paired-ratio target: the ratio, its 95 % interval and the verdict."""
+    interval = ratio_interval(subject, reference)
+    found = verdict(interval, limit)
+    return {
+        "text": text,
+        "limit": limit,
+        "value": None if interval is None else round(interval.ratio, 3),
+        "low": None if interval is None else round(interval.low, 3),
+        "high": None if interval is None else round(interval.high, 3),
+        "n": len(subject),
+        "verdict": found.value,
+        "pass": {Verdict.PASS: True, Verdict.FAIL: False}.get(found),
+    }
+
+
 def add_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mark lmcache-ec rows with hits: hit ≤ 1.2x floor, hit ≤ ECExampleConnector's."""
+    """Mark lmcache-ec rows with hits: hit ≤ 1.1x its paired text floor, hit ≤
+    ECExampleConnector's for the same image sent back to back (paired ratios)."""
     example = {(r["pattern"], r["mode"]): r for r in rows if r["subject"] == "example"}
     results = []
     for row in rows:
         row["targets"] = []
         if row["subject"] not in LMCACHE or not row["repeats"]:
             continue
-        ratio = row["hit_over_floor"]
+        floored = [s for s in row["samples"] if s["repeat"] and s["floor_s"]]
         row["targets"].append(
-            {
-                "text": f"hit TTFT ≤ {FLOOR_MAX}x text floor",
-                "value": ratio,
-                "pass": None if ratio is None else ratio <= FLOOR_MAX,
-            }
+            target(
+                f"hit TTFT ≤ {FLOOR_MAX}x text floor",
+                FLOOR_MAX,
+                [s["ttft_s"] for s in floored],
+                [s["floor_s"] for s in floored],
+            )
         )
         pattern = row["pattern"] if row["pattern"] != "2nd instance" else "cold restart"
         other = example.get((pattern, row["mode"]))
-        versus = None
-        if other and other["hit_ttft_p50_ms"] and row["hit_ttft_p50_ms"]:
-            versus = round(row["hit_ttft_p50_ms"] / other["hit_ttft_p50_ms"], 3)
-        row["vs_example"] = versus
-        row["targets"].append(
-            {
-                "text": "hit TTFT ≤ ECExampleConnector's",
-                "value": versus,
-                "pass": None if versus is None else versus <= 1.0,
-            }
+        pairs = []
+        if other is not None:  # the same image, sent to both back to back
+            pairs = [
+                (mine["ttft_s"], theirs["ttft_s"])
+                for mine, theirs in zip(row["samples"], other["samples"], strict=False)
+                if mine["repeat"] and theirs["repeat"] and mine["image"] == theirs["image"]
+            ]
+        versus = target(
+            "hit TTFT ≤ ECExampleConnector's",
+            EXAMPLE_MAX,
+            [a for a, _ in pairs],
+            [b for _, b in pairs],
         )
-        for target in row["targets"]:
-            results.append({"subject": row["subject"], "pattern": row["pattern"], **target})
+        row["vs_example"] = versus["value"] if other is not None else None
+        if other is not None:
+            row["targets"].append(versus)
+        for found in row["targets"]:
+            results.append(
+                {"subject": row["subject"], "pattern": row["pattern"], "mode": row["mode"], **found}
+            )
     return results
 
 

@@ -8,14 +8,49 @@ from __future__ import annotations
 from typing import Any
 
 from .serve import SUBJECTS
+from .serve_timeline import EVENTS
 
 
 def verdict_text(row: dict[str, Any]) -> str:
-    marks = {True: "PASS", False: "FAIL", None: "n/a"}
-    return "; ".join(
-        f"{marks[t['pass']]} {t['value'] if t['value'] is not None else '-'}x: {t['text']}"
-        for t in row.get("targets", [])
-    )
+    """Each target: verdict, paired ratio and its 95 % interval, pairs."""
+    texts = []
+    for t in row.get("targets", []):
+        if t["value"] is None:
+            texts.append(f"{t['verdict'].upper()} (no pairs): {t['text']}")
+        else:
+            texts.append(
+                f"{t['verdict'].upper()} {t['value']}x [{t['low']}, {t['high']}] "
+                f"n={t['n']}: {t['text']}"
+            )
+    return "; ".join(texts)
+
+
+def timeline_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The intervals any row has, in event order."""
+    names = {name for row in rows for name in row.get("timeline") or {}}
+    order = {name: i for i, name in enumerate(EVENTS)}
+    return sorted(names, key=lambda n: tuple(order[e] for e in n.split("→")))
+
+
+def timeline_cells(row: dict[str, Any], columns: list[str]) -> list[str]:
+    cells = [row["label"], row["pattern"], row["mode"]]
+    for name in columns:
+        found = (row.get("timeline") or {}).get(name)
+        cells.append("-" if found is None else f"{found['p50_ms']:.1f} / {found['p99_ms']:.1f}")
+    return cells
+
+
+def timeline_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows with a timeline of their hits (rows with repeats, of subjects that record)."""
+    return [r for r in result["rows"] if r.get("timeline") and r["repeats"]]
+
+
+TIMELINE_NOTE = (
+    "per-hit timeline: median / p99 ms of each interval over the row's repeat requests; "
+    "sent and first_token from the client, arrival from vLLM's request, the rest from the "
+    "connector (lmcache-ec: ec.timeline_path; ECExampleConnector: the same hooks in a "
+    "subclass that only records). An interval joins consecutive events a subject has."
+)
 
 
 COLUMNS = (
@@ -55,10 +90,16 @@ def table_cells(row: dict[str, Any]) -> list[str]:
 NOTES = (
     "TTFT: streamed, temperature 0, request sent -> first token; p50/p99 over the row's requests.",
     "hit p50: requests for an image sent before; floor: p50 of a text-only prompt of the same "
-    "token count, interleaved with the image requests on the subject's servers, same mode.",
+    "token count, sent right after each repeat (and every other round without one) on the "
+    "same server, same mode.",
+    "targets: the paired ratio (geometric mean over pairs) with its 95 % t-interval on the log "
+    "scale; hit/floor pairs a hit with the floor sent right after it, vs ECExampleConnector "
+    "pairs the same image sent to both back to back; PASS/FAIL only when the whole interval "
+    "is on one side of the target, else INCONCLUSIVE.",
     "hits: lmcache-ec's loads counter (vllm:lmcache_ec_loads_total); * ECExampleConnector has "
     "no counter: every repeat assumed a hit.",
-    "req/s: lone = requests / summed request time; concurrent = requests / batch wall time.",
+    "req/s: lone = requests / summed request time; concurrent = requests / summed round "
+    "wall time (a round: in_flight requests at once, to one server).",
     "enc s saved: (miss TTFT p50 at reuse 0 % - hit TTFT p50) x hits, same subject and mode.",
     "cold restart: a fresh server on the first one's store; 2nd instance: a second lmcache-ec "
     "server on the same Redis while the first runs (compared with ECExampleConnector's cold "
@@ -74,14 +115,26 @@ def markdown(result: dict[str, Any]) -> str:
     lines.append("")
     lines += [f"- {note}" for note in NOTES]
     lines.append(f"- {summary_line(result)}")
+    timed = timeline_rows(result)
+    if timed:
+        columns = timeline_columns(timed)
+        headers = ["subject", "pattern", "mode", *columns]
+        lines += [
+            "",
+            "| " + " | ".join(headers) + " |",
+            "|" + "|".join("---" for _ in headers) + "|",
+        ]
+        lines += ["| " + " | ".join(timeline_cells(row, columns)) + " |" for row in timed]
+        lines += ["", f"- {TIMELINE_NOTE}"]
     return "\n".join(lines) + "\n"
 
 
 def summary_line(result: dict[str, Any]) -> str:
-    verdicts = [t["pass"] for t in result["targets"]]
+    verdicts = [t["verdict"] for t in result["targets"]]
     return (
-        f"targets: {verdicts.count(True)} pass, {verdicts.count(False)} fail, "
-        f"{verdicts.count(None)} n/a — {result['elapsed_s']} s on {result['machine']['cpus']} CPUs"
+        f"targets: {verdicts.count('pass')} pass, {verdicts.count('fail')} fail, "
+        f"{verdicts.count('inconclusive')} inconclusive (95 % interval of the paired ratio "
+        f"contains the target) — {result['elapsed_s']} s on {result['machine']['cpus']} CPUs"
     )
 
 
@@ -106,6 +159,18 @@ def print_table(result: dict[str, Any], console: Any) -> None:
     for note in NOTES:
         console.print(f"- {note}", markup=False)
     console.print(summary_line(result))
+    timed = timeline_rows(result)
+    if timed:
+        columns = timeline_columns(timed)
+        table = Table(title="per-hit timeline, ms (median / p99)", title_justify="left")
+        for header in ("subject", "pattern", "mode", *columns):
+            table.add_column(
+                header, justify="left" if header in ("subject", "pattern", "mode") else "right"
+            )
+        for row in timed:
+            table.add_row(*timeline_cells(row, columns))
+        console.print(table)
+        console.print(f"- {TIMELINE_NOTE}", markup=False)
 
 
 def draw_chart(result: dict[str, Any], path: str) -> str:

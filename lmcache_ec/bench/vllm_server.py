@@ -270,6 +270,9 @@ class ChatResult:
     ttft_s: float  # request sent -> first streamed token
     total_s: float
     finish_reason: str | None
+    request_id: str | None = None  # the server's id of the completion
+    sent_at: float = 0.0  # wall clock (time.time()): request sent
+    first_token_at: float = 0.0  # wall clock: first streamed token
 
 
 def png_data_url(png: bytes) -> str:
@@ -305,6 +308,7 @@ def chat_with_image(
     stream_args = _chat_args(model, png, prompt, max_tokens, top_logprobs, ignore_eos)
     client = _client(base_url, timeout)
     result = ChatResult([], [], [], "", 0.0, 0.0, None)
+    result.sent_at = time.time()
     begin = time.perf_counter()
     stream = client.chat.completions.create(**stream_args)
     try:
@@ -315,6 +319,8 @@ def chat_with_image(
             entries = (choice.logprobs.content or []) if choice.logprobs else []
             if entries and not result.tokens:
                 result.ttft_s = time.perf_counter() - begin
+                result.first_token_at = result.sent_at + result.ttft_s
+                result.request_id = chunk.id
             for entry in entries:
                 result.tokens.append(entry.token)
                 result.logprobs.append(entry.logprob)

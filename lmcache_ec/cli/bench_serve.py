@@ -59,6 +59,10 @@ def serve(
     ] = None,
     keep: Annotated[bool, typer.Option(help="Keep the stores and server logs.")] = False,
     seed: Annotated[int, typer.Option(help="Workload seed (image choice).")] = 0,
+    timeline: Annotated[
+        bool,
+        typer.Option(help="Servers record per-request timelines; the per-hit table shows them."),
+    ] = True,
 ) -> None:
     """Real `vllm serve` with no connector, ECExampleConnector and lmcache-ec (disk, Redis):
     TTFT of a multimodal chat workload at 0/50/80/100 % reuse, a cold restart and a second
@@ -94,6 +98,7 @@ def serve(
         "redis_url": redis_url,
         "directory": directory,
         "keep": keep,
+        "timeline": timeline,
     }
     given = {k: v for k, v in options.items() if v is not None}
     settings = (

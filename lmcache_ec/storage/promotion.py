@@ -20,6 +20,8 @@ Guarantees, so that a promotion is invisible except for speed:
   promotion that was still queued.
 - ``pending()`` counts queued and running promotions; ``ECCache.flush`` waits
   for them like for any other background write.
+- ``run_pending()`` promotes what is queued at once, in the calling thread,
+  for a caller that knows its quiet moment (``ECCache.promote_now``).
 - Promotions are optional: beyond ``limit`` queued, or after ``close``, new
   ones are skipped (the entry stays where it was found, still readable).
 """
@@ -104,6 +106,24 @@ class Promoter:
 
     def pending(self) -> int:
         return len(self._queue) + len(self._running)
+
+    def run_pending(self) -> int:
+        """Promote every queued key now, in the calling thread; how many were run.
+
+        For a caller that knows a quiet moment before the timer would find
+        one: a vLLM worker right after answering a stage order, before the
+        step that loads it (a promotion run by the timer would land in that
+        step and compete with its forward pass for the interpreter).
+        """
+        done = 0
+        while True:
+            with self._cond:
+                if self._closed or not self._queue:
+                    return done
+                key, (_, args) = self._queue.popitem(last=False)
+                self._running.add(key)
+            self._execute(key, args)
+            done += 1
 
     def close(self, timeout: float = 5.0) -> None:
         """Skip queued promotions and stop the thread (bounded by ``timeout``)."""

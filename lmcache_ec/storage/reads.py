@@ -111,6 +111,10 @@ class TierReader:
         """Background promotions queued or running."""
         return self._promoter.pending()
 
+    def promote_now(self) -> int:
+        """Run the queued promotions in the calling thread (see ``Promoter.run_pending``)."""
+        return self._promoter.run_pending()
+
     def close(self, timeout: float) -> None:
         self._promoter.close(timeout)
 

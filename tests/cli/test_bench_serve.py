@@ -52,7 +52,16 @@ def test_bench_serve_smallest_run(invoke, tmp_path):
         assert warm["encodes"] == 0, warm["counters"]
         assert warm["hit_ttft_p50_ms"] > 0 and warm["encoder_s_saved"] > 0
         assert warm["hit_ttft_p50_ms"] < cold["miss_ttft_p50_ms"]
-        assert {t["text"] for t in warm["targets"]} >= {"hit TTFT ≤ 1.2x text floor"}
+        floor = next(t for t in warm["targets"] if t["text"] == "hit TTFT ≤ 1.1x text floor")
+        # Every hit is paired with the text prompt sent right after it, on its server.
+        assert floor["n"] == 4 and all(s["floor_s"] > 0 for s in warm["samples"])
+        assert floor["low"] <= floor["value"] <= floor["high"]
+        assert floor["verdict"] in ("pass", "fail", "inconclusive")
+        # The per-hit timeline: the server's events joined with the client's.
+        timeline = warm["timeline"]
+        for interval in ("sent→arrival", "seen→lookup", "stage_sent→read", "loaded→first_token"):
+            assert timeline[interval]["n"] == 4, (interval, timeline)
+            assert 0 <= timeline[interval]["p50_ms"] <= timeline[interval]["p99_ms"], interval
         assert rows[("none", "reuse 100 %", mode)]["hits"] == 0
     assert data["targets"] and all(t["pass"] in (True, False, None) for t in data["targets"])
     assert "| subject |" in (tmp_path / "serve.md").read_text()

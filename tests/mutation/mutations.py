@@ -1252,6 +1252,66 @@ MUTATIONS += [
     ),
 ]
 
+# Latency: the per-request timeline, promotions off the loading step, paired verdicts.
+T_HIT_PATH = "tests/vllm/test_hit_path.py::"
+T_SERVE_STATS = "tests/cli/test_bench_serve_stats.py::"
+MUTATIONS += [
+    Mutation(
+        "promotion-left-to-the-timer",
+        "a staged disk hit is promoted right after its answer, not in the step that loads it",
+        "lmcache_ec/integration/vllm/worker.py",
+        "                self._promote_before_the_step()\n",
+        "                pass\n",
+        (f"{T_HIT_PATH}test_a_staged_disk_hit_is_promoted_right_after_its_answer",),
+    ),
+    Mutation(
+        "loading-instance-keeps-the-default-switch-interval",
+        "a loading instance's threads take the GIL from vLLM's spinning waits within 0.5 ms",
+        "lmcache_ec/integration/vllm/connector.py",
+        "            self._switch_interval.lower()\n",
+        "            pass\n",
+        (f"{T_HIT_PATH}test_a_loading_instance_switches_threads_often_and_restores_it[ec_both]",),
+    ),
+    Mutation(
+        "timeline-without-staged",
+        "a hit's timeline records when every rank's staging answer was applied",
+        SCHEDULER,
+        '            self._mark(identifier, "staged")\n',
+        "",
+        (
+            f"{T_HIT_PATH}test_a_lone_hit_records_its_way_in_order[v1]",
+            f"{T_HIT_PATH}test_a_lone_hit_records_its_way_in_order[v2]",
+        ),
+    ),
+    Mutation(
+        "timeline-intervals-from-the-start",
+        "a timeline interval runs between consecutive events, not from the first",
+        "lmcache_ec/bench/serve_timeline.py",
+        'return {f"{a}→{b}": events[b] - events[a] for a, b in itertools.pairwise(present)}',
+        'return {f"{a}→{b}": events[b] - events["sent"] for a, b in itertools.pairwise(present)}',
+        (f"{T_SERVE_STATS}test_timeline_lines_from_both_sides_join_into_intervals",),
+    ),
+    Mutation(
+        "ratio-interval-wrong-degrees-of-freedom",
+        "the ratio's interval uses Student's t at n - 1 degrees of freedom",
+        "lmcache_ec/bench/paired.py",
+        "t_quantile(0.5 + confidence / 2, n - 1)",
+        "t_quantile(0.5 + confidence / 2, n)",
+        (f"{T_SERVE_STATS}test_ratio_interval_on_known_pairs",),
+    ),
+    Mutation(
+        "straddling-interval-gets-a-verdict",
+        "a verdict is given only when the interval is on one side of the target",
+        "lmcache_ec/bench/paired.py",
+        "        return Verdict.FAIL\n    return Verdict.INCONCLUSIVE\n",
+        "        return Verdict.FAIL\n    return Verdict.FAIL\n",
+        (
+            f"{T_SERVE_STATS}test_verdict_only_when_the_interval_is_on_one_side",
+            f"{T_SERVE_STATS}test_targets_inconclusive_when_the_interval_holds_the_target",
+        ),
+    ),
+]
+
 # Applied before the list: a deliberately broken copy. If these tests pass, the
 # test run did not import the copy and nothing else the runner reports means anything.
 CANARY = Mutation(

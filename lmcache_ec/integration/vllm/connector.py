@@ -42,6 +42,8 @@ from .scheduler import TierScheduler
 from .stage_client import StageClient
 from .stage_messages import WeightsAnnouncement
 from .stats import ECTierConnectorStats, ECTierPromMetrics
+from .switch_interval import SwitchInterval
+from .timeline import SchedulerTimeline, WorkerTimeline
 from .weights import tp_gather, weights_fingerprint
 from .worker import TierWorker
 
@@ -124,6 +126,10 @@ class LMCacheECTierConnector(ECConnectorBase):
         )
         self.scheduler: TierScheduler | None = None
         self.worker: TierWorker | None = None
+        # A loading instance's threads must get the GIL from vLLM's spinning waits.
+        self._switch_interval = SwitchInterval()
+        if self.is_consumer:
+            self._switch_interval.lower()
         self._listener: StageListener | None = None
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         fingerprint = self.settings.weights_fingerprint
@@ -166,6 +172,8 @@ class LMCacheECTierConnector(ECConnectorBase):
                     "vLLM has no Scheduler.reset_encoder_cache to watch: after an encoder "
                     "cache reset, an item asked for again is computed once before it loads"
                 )
+            if config.timeline_path:
+                self.scheduler.timeline = SchedulerTimeline(config.timeline_path)
         else:
             if fingerprint:
                 try:
@@ -185,6 +193,8 @@ class LMCacheECTierConnector(ECConnectorBase):
                 device=getattr(vllm_config.device_config, "device", None) or "cpu",
                 weights_known=not fingerprint,
             )
+            if config.timeline_path:
+                self.worker.timeline = WorkerTimeline(config.timeline_path, tp_rank)
             if pp_rank == 0:  # only the first pipeline stage runs the encoder
                 try:
                     self._listener = StageListener(
@@ -296,6 +306,8 @@ class LMCacheECTierConnector(ECConnectorBase):
     def ensure_cache_available(self, request: Request, num_computed_tokens: int) -> bool:
         """Scheduler: False while the request waits for items being staged."""
         assert self.scheduler is not None
+        if self.scheduler.timeline is not None:
+            self.scheduler.timeline.seen(request.request_id)
         return self.scheduler.ensure_cache_available(request, num_computed_tokens)
 
     def take_unavailable_requests(self) -> set[str]:
@@ -307,6 +319,8 @@ class LMCacheECTierConnector(ECConnectorBase):
         """Scheduler: forget the request's prefetch waits."""
         if self.scheduler is not None:
             self.scheduler.request_finished(request.request_id)
+            if self.scheduler.timeline is not None:
+                self.scheduler.timeline.finished(request)
         return False, None
 
     def has_cache_item(self, identifier: str) -> bool:
@@ -370,6 +384,7 @@ class LMCacheECTierConnector(ECConnectorBase):
         return ECTierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
+        self._switch_interval.restore()
         if self._listener is not None:
             self._listener.close()
         if self.worker is not None:
@@ -379,3 +394,5 @@ class LMCacheECTierConnector(ECConnectorBase):
             self.scheduler.index.close()
             if self.scheduler.channel is not None:
                 self.scheduler.channel.close()
+            if self.scheduler.timeline is not None:
+                self.scheduler.timeline.close()

@@ -64,6 +64,7 @@ from .prefetch import PrefetchQueue
 from .stage_client import StageClient
 from .stage_messages import StageAnswer, WeightsAnnouncement, WorkerReport
 from .step_wait import StepWait
+from .timeline import SchedulerTimeline
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +180,11 @@ class TierScheduler:
         self._off: dict[str, str] = {}  # features off on this side: name -> reason
         self._off_changes = OffChanges()
         self._unreachable_told = False
+        self.timeline: SchedulerTimeline | None = None  # ec.timeline_path
+
+    def _mark(self, identifier: str, event: str) -> None:
+        if self.timeline is not None:
+            self.timeline.item(identifier, event)
 
     def _count(self, name: str, amount: float = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + amount
@@ -389,6 +395,8 @@ class TierScheduler:
             self.items.move(identifier, S.LOOKING_UP, now + self.settings.remote_lookup_timeout_s)
         elif tier != PENDING and looking:
             self.items.move(identifier, S.UNKNOWN)
+        if tier != PENDING:
+            self._mark(identifier, "lookup")
         return tier
 
     def _start_prefetch(
@@ -482,6 +490,7 @@ class TierScheduler:
             self.items.stage(identifier, deadline, direct=direct)
             if not direct:
                 self._to_stage.append(identifier)
+            self._mark(identifier, "stage_sent")
         self._count("stage_orders", len(dispatched))
 
     def _channel_ready(self) -> bool:
@@ -627,6 +636,7 @@ class TierScheduler:
         state = self.items.state(identifier)
         if self.is_consumer and state is S.PROMISED:
             self._loads[identifier] = feature.mm_position.get_num_embeds()
+            self._mark(identifier, "scheduled")
             self.prefetch.done(identifier)  # consumed from the workers' staging
             self.prefetch.take_waiters(identifier)
             self.items.move(identifier, S.LOADED)
@@ -719,6 +729,7 @@ class TierScheduler:
             return  # given up meanwhile; its release is already queued
         if self.items.add_ranks(identifier, ranks) >= self.tp_size:
             self.items.move(identifier, S.READY, now + self.settings.stage_timeout_s)
+            self._mark(identifier, "staged")
 
     def _note_failed(self, identifier: str, now: float) -> None:
         self.index.forget(identifier)

@@ -46,6 +46,7 @@ from .connector_options import ConnectorSettings
 from .features_off import OffChanges
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .saver import SaveQueue
+from .timeline import WorkerTimeline
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class TierWorker:
         self._stager = threading.Thread(target=self._stage_loop, name="ec-stage", daemon=True)
         self._stager.start()
         self._saver = SaveQueue(self._put, self._save_done, settings.max_pending_saves)
+        self.timeline: WorkerTimeline | None = None  # ec.timeline_path
 
     def feature_off(self, feature: Feature, reason: Reason) -> None:
         """Report ``feature`` off (with the cache's own, ``features_off``)."""
@@ -196,6 +198,8 @@ class TierWorker:
             # current stream, ahead of the encoder-output consumers.
             encoder_cache[identifier] = tensor.to(self.device, non_blocking=True)
             placed += 1
+            if self.timeline is not None:
+                self.timeline.item(identifier, "loaded")
         if missing:
             # Unreachable while staging holds its invariant; one batch read as
             # a last resort, and vLLM reports anything still missing.
@@ -285,6 +289,26 @@ class TierWorker:
         while (orders := self._next_orders()) is not None:
             for order in orders:
                 self._stage_one(*order)
+            if self._stage_queue.empty():
+                self._promote_before_the_step()
+
+    def _promote_before_the_step(self) -> None:
+        """Copy this batch's disk hits into the CPU tier now, right after the answer.
+
+        The cache's own thread would promote them once reads have been quiet
+        for a while, which is in the middle of the step that loads them: its
+        Python competes with that step's forward pass for the interpreter (and,
+        on a CPU host, for the core), so the load that the staging made free
+        costs its request several ms anyway. Between the answer and that step
+        the scheduler is still scheduling: the promotion costs nobody.
+        """
+        try:
+            promoted = self.cache.promote_now()
+        except Exception as exc:  # a promotion only ever costs speed
+            logger.debug("Promotion after staging failed: %s", exc)
+            return
+        if promoted:
+            self._count("promoted_after_staging", promoted)
 
     def _stage_one(
         self, batch: list[str], link: StageLink | None, generation: int, weights: str | None
@@ -314,7 +338,11 @@ class TierWorker:
             self._counters["stage_seconds"] = (
                 self._counters.get("stage_seconds", 0) + time.perf_counter() - started
             )
+        read_at = time.time()
         self._answer(link, staged, failed, weights)
+        if self.timeline is not None:  # after the answer: off the hit's path
+            for identifier in staged:
+                self.timeline.item(identifier, "read", read_at)
 
     # -- saves ---------------------------------------------------------------
 
@@ -401,3 +429,5 @@ class TierWorker:
         self._stage_queue.put(None)
         self._stager.join(timeout)
         self.cache.close()
+        if self.timeline is not None:
+            self.timeline.close()
