@@ -79,6 +79,41 @@ def cache(local_config):
         yield engine
 
 
+@pytest.fixture(params=["redis", "s3"])
+def remote(request) -> dict:
+    """``remote_config`` kwargs (tests/remote/conftest.py) for a fresh, empty Redis or S3 remote."""
+    if request.param == "redis":
+        return {"url": request.getfixturevalue("redis_url")}
+    bucket = request.getfixturevalue("s3_bucket")
+    server = request.getfixturevalue("s3_server")
+    return {"url": f"s3://{bucket}/ec-test", "endpoint": server.endpoint}
+
+
+@pytest.fixture(scope="session")
+def model_config():
+    """vLLM's ModelConfig of the tiny BLIP-2 (tests/vllm/cpu_env.py sets vLLM's
+    environment first), with the connector registered as vLLM's plugin loader does."""
+    from vllm.config import ModelConfig
+
+    from lmcache_ec.integration.vllm.plugin import register
+    from tests.vllm.cpu_env import MODEL_DIR
+
+    register()
+    return ModelConfig(model=MODEL_DIR, tokenizer=MODEL_DIR, max_model_len=256, dtype="bfloat16")
+
+
+@pytest.fixture
+def extra(disk_dir):
+    """ec_connector_extra_config of a small CPU + disk tier shared by two engines."""
+    return {
+        "lmcache_config": {
+            "max_local_cpu_size": 0.01,
+            "local_disk": str(disk_dir),
+            "max_local_disk_size": 0.1,
+        }
+    }
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Real-server tests last: their session-wide ``vllm serve`` processes then never
     run beside the timing-sensitive fault tests."""

@@ -239,6 +239,13 @@ def test_cpu_pool_is_not_touched_at_start():
 SMALL_CPU = {"local_cpu": True, "max_local_cpu_size": 0.02}
 
 
+@pytest.fixture
+def cpu_cache():
+    """A cache with a small CPU tier only."""
+    with ECCache.from_config(SMALL_CPU, model="org/cpu") as cache:
+        yield cache
+
+
 def _cpu_entry(cache: ECCache, seed: int) -> tuple[torch.Tensor, object]:
     """A tensor put under "img", and the CPU-pool buffer holding it."""
     tensor = make_tensor((16, 64), torch.float16, seed=seed)
@@ -251,20 +258,19 @@ def _in_pool(cache: ECCache, tensor: torch.Tensor) -> bool:
     return pool.data_ptr() <= tensor.data_ptr() < pool.data_ptr() + pool.numel()
 
 
-def test_borrow_is_a_view_of_the_pool_held_inside_the_block():
-    with ECCache.from_config(SMALL_CPU, model="org/borrow") as cache:
-        tensor, memory_obj = _cpu_entry(cache, seed=7)
-        held = memory_obj.get_ref_count()
-        with CopyCounter() as counter, cache.borrow("img") as view:
-            assert view is not None and torch.equal(view, tensor)
-            assert _in_pool(cache, view)  # no copy: the pool itself
-            assert memory_obj.get_ref_count() == held + 1  # not evicted or reused meanwhile
-        assert counter.copies == []
-        assert memory_obj.get_ref_count() == held
-        with cache.borrow("absent") as missing:
-            assert missing is None
-        snapshot = cache.stats.snapshot()
-        assert snapshot["hits"] == {"cpu": 1} and snapshot["misses"] == 1
+def test_borrow_is_a_view_of_the_pool_held_inside_the_block(cpu_cache):
+    tensor, memory_obj = _cpu_entry(cpu_cache, seed=7)
+    held = memory_obj.get_ref_count()
+    with CopyCounter() as counter, cpu_cache.borrow("img") as view:
+        assert view is not None and torch.equal(view, tensor)
+        assert _in_pool(cpu_cache, view)  # no copy: the pool itself
+        assert memory_obj.get_ref_count() == held + 1  # not evicted or reused meanwhile
+    assert counter.copies == []
+    assert memory_obj.get_ref_count() == held
+    with cpu_cache.borrow("absent") as missing:
+        assert missing is None
+    snapshot = cpu_cache.stats.snapshot()
+    assert snapshot["hits"] == {"cpu": 1} and snapshot["misses"] == 1
 
 
 class _DuringCopy(CopyCounter):
@@ -281,32 +287,30 @@ class _DuringCopy(CopyCounter):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
-def test_cpu_get_is_one_copy_of_a_held_buffer_counted_as_a_read():
-    with ECCache.from_config(SMALL_CPU, model="org/cpu-get") as cache:
-        tensor, memory_obj = _cpu_entry(cache, seed=9)
-        held = memory_obj.get_ref_count()
-        reads = cache._reader._promoter.reads_in_progress
-        with _DuringCopy(lambda: (memory_obj.get_ref_count(), reads())) as copies:
-            out = cache.get("img")
-        assert copies.copies == ["aten.clone.default"]
-        # During the copy the buffer is held (never evicted or reused) and
-        # background promotions see a read in progress.
-        assert copies.seen == [(held + 1, 1)]
-        assert memory_obj.get_ref_count() == held and reads() == 0
-        assert not _in_pool(cache, out)  # private memory
-        assert bit_equal(out, tensor)
-        out.fill_(0)  # the caller's own: the entry is unchanged
-        assert bit_equal(cache.get("img"), tensor)
-        assert cache.stats.snapshot()["hits"] == {"cpu": 2}
+def test_cpu_get_is_one_copy_of_a_held_buffer_counted_as_a_read(cpu_cache):
+    tensor, memory_obj = _cpu_entry(cpu_cache, seed=9)
+    held = memory_obj.get_ref_count()
+    reads = cpu_cache._reader._promoter.reads_in_progress
+    with _DuringCopy(lambda: (memory_obj.get_ref_count(), reads())) as copies:
+        out = cpu_cache.get("img")
+    assert copies.copies == ["aten.clone.default"]
+    # During the copy the buffer is held (never evicted or reused) and
+    # background promotions see a read in progress.
+    assert copies.seen == [(held + 1, 1)]
+    assert memory_obj.get_ref_count() == held and reads() == 0
+    assert not _in_pool(cpu_cache, out)  # private memory
+    assert bit_equal(out, tensor)
+    out.fill_(0)  # the caller's own: the entry is unchanged
+    assert bit_equal(cpu_cache.get("img"), tensor)
+    assert cpu_cache.stats.snapshot()["hits"] == {"cpu": 2}
 
 
-def test_borrow_releases_the_pool_buffer_when_the_block_raises():
-    with ECCache.from_config(SMALL_CPU, model="org/borrow") as cache:
-        _, memory_obj = _cpu_entry(cache, seed=8)
-        held = memory_obj.get_ref_count()
-        with pytest.raises(KeyError), cache.borrow("img"):
-            raise KeyError("consumer failed")
-        assert memory_obj.get_ref_count() == held
+def test_borrow_releases_the_pool_buffer_when_the_block_raises(cpu_cache):
+    _, memory_obj = _cpu_entry(cpu_cache, seed=8)
+    held = memory_obj.get_ref_count()
+    with pytest.raises(KeyError), cpu_cache.borrow("img"):
+        raise KeyError("consumer failed")
+    assert memory_obj.get_ref_count() == held
 
 
 def test_borrow_from_disk_is_the_tensor_read_for_the_call(tmp_path):

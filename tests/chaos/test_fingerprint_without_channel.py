@@ -13,7 +13,7 @@ vLLM's real Scheduler, the harness's V1 call pattern, real tiers.
 from __future__ import annotations
 
 # isort: off
-from tests.vllm import conftest as vllm_env  # vLLM's CPU environment, set before vllm loads
+from tests.vllm import cpu_env as vllm_env  # vLLM's CPU environment, set before vllm loads
 
 # isort: on
 import logging

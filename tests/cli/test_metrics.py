@@ -53,35 +53,33 @@ def _check(samples: dict, bytes_in: int) -> None:
     assert samples[("lmcache_ec_get_latency_seconds_sum", ())] > 0
 
 
-def test_registry_counters_match_workload(local_config):
+def test_registry_counters_match_workload(cache):
     registry = CollectorRegistry()
-    with ECCache.from_config(local_config, model="test/model") as cache:
-        register(cache, registry)
-        bytes_in = _workload(cache)
-        from prometheus_client import generate_latest
+    register(cache, registry)
+    bytes_in = _workload(cache)
+    from prometheus_client import generate_latest
 
-        _check(_samples(generate_latest(registry).decode()), bytes_in)
+    _check(_samples(generate_latest(registry).decode()), bytes_in)
 
 
-def test_integrity_failure_is_counted(local_config, disk_dir):
+def test_integrity_failure_is_counted(cache, disk_dir):
     registry = CollectorRegistry()
-    with ECCache.from_config(local_config, model="test/model") as cache:
-        register(cache, registry)
-        cache.put("x", torch.ones(4, 8))
-        cache.flush()
-        cache._cpu.remove(cache.key("x"), force=True)
-        (path,) = disk_dir.glob("*.pt")
-        data = bytearray(path.read_bytes())
-        data[-1] ^= 0xFF
-        path.write_bytes(bytes(data))
-        assert cache.get("x") is None
-        assert (
-            registry.get_sample_value(
-                "lmcache_ec_integrity_failures_total",
-                {"model": "test/model", "namespace": "default"},
-            )
-            == 1
+    register(cache, registry)
+    cache.put("x", torch.ones(4, 8))
+    cache.flush()
+    cache._cpu.remove(cache.key("x"), force=True)
+    (path,) = disk_dir.glob("*.pt")
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert cache.get("x") is None
+    assert (
+        registry.get_sample_value(
+            "lmcache_ec_integrity_failures_total",
+            {"model": "test/model", "namespace": "default"},
         )
+        == 1
+    )
 
 
 def test_http_endpoint_and_stats_command(local_config, config_file, invoke_json):

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.faults.fs import FullDisk, ReadOnlyDir
-from tests.remote.conftest import remote  # noqa: F401  (fixture: fresh Redis or S3)
 
 _ROWS = pytest.StashKey[list[dict]]()
 _OUT = pytest.StashKey[Path]()

@@ -27,7 +27,7 @@ CODEC = "lmcache_ec/codec.py"
 T_KEY = "tests/test_key.py"
 T_ENGINE = "tests/test_engine.py"
 T_CODEC = "tests/test_codec.py"
-T_DISK = "tests/test_disk_tier.py"
+T_DISK = "tests/tiers/test_disk_tier.py"
 T_CORRUPTION = "tests/faults/test_corruption.py"
 T_OUTAGES = "tests/faults/test_remote_outages.py"
 SCHEDULER = "lmcache_ec/integration/vllm/scheduler.py"
@@ -160,7 +160,7 @@ MUTATIONS: list[Mutation] = [
         "        self.remove_everywhere(key)\n        raise _Dropped from None",
         "        raise _Dropped from None",
         (
-            "tests/test_reads.py::test_truncated_disk_entry_is_a_counted_miss_and_removed",
+            "tests/storage/test_reads.py::test_truncated_disk_entry_is_a_counted_miss_and_removed",
             f"{T_CORRUPTION}::test_damaged_file_is_a_miss_and_is_removed[flip-payload]",
             f"{T_CORRUPTION}::test_damaged_remote_entry_is_a_miss_and_is_removed[redis-flip-payload]",
         ),
@@ -224,7 +224,7 @@ MUTATIONS: list[Mutation] = [
             "tests/chaos/test_node_truncation.py::test_the_reader_survives_every_truncation",
             "tests/chaos/test_node_truncation.py::"
             "test_a_result_stays_valid_after_its_entry_is_truncated",
-            "tests/test_node_tier.py::test_reads_are_private_copies",
+            "tests/tiers/test_node_tier.py::test_reads_are_private_copies",
         ),
     ),
     Mutation(
@@ -235,7 +235,7 @@ MUTATIONS: list[Mutation] = [
         "            self._drop(key, tier, exc)\n",
         "",
         (
-            "tests/test_node_tier.py::"
+            "tests/tiers/test_node_tier.py::"
             "test_padded_entry_is_a_miss_removed_without_reading_its_padding",
         ),
     ),
@@ -271,8 +271,8 @@ MUTATIONS: list[Mutation] = [
         "            return self._clear() if self._alone() else 0",
         "            return 0",
         (
-            "tests/test_node_tier.py::test_the_last_user_to_leave_clears_the_node_tier",
-            "tests/test_node_tier.py::test_four_ranks_hold_each_image_once",
+            "tests/tiers/test_node_tier.py::test_the_last_user_to_leave_clears_the_node_tier",
+            "tests/tiers/test_node_tier.py::test_four_ranks_hold_each_image_once",
         ),
     ),
     Mutation(
@@ -281,7 +281,7 @@ MUTATIONS: list[Mutation] = [
         "lmcache_ec/tiers/node.py",
         "            self.cleared_at_start = self._clear() if self._alone() else 0",
         "            self.cleared_at_start = 0 if self._alone() else 0",
-        ("tests/test_node_tier.py::test_entries_nobody_uses_are_removed_by_the_next_user",),
+        ("tests/tiers/test_node_tier.py::test_entries_nobody_uses_are_removed_by_the_next_user",),
     ),
     Mutation(
         "node-users-not-counted",
@@ -289,7 +289,7 @@ MUTATIONS: list[Mutation] = [
         "lmcache_ec/tiers/node.py",
         "            fcntl.flock(self._fd, fcntl.LOCK_SH)",
         "            fcntl.flock(self._fd, fcntl.LOCK_UN)",
-        ("tests/test_node_tier.py::test_the_last_user_to_leave_clears_the_node_tier",),
+        ("tests/tiers/test_node_tier.py::test_the_last_user_to_leave_clears_the_node_tier",),
     ),
     # -- input validation
     Mutation(
@@ -332,7 +332,7 @@ MUTATIONS: list[Mutation] = [
         "hit = self.index.lookup(identifier) not in (None, PENDING)",
         # vLLM's own flow asks has_cache_item only once ensure_cache_available has
         # waited for staging (tests/vllm/test_prefetch.py), so ask it directly.
-        ("tests/test_scheduler_promise.py::test_consumer_promises_only_staged_items",),
+        ("tests/vllm/test_scheduler_promise.py::test_consumer_promises_only_staged_items",),
     ),
     # -- weights: nothing staged under old weights is loaded after an update
     Mutation(
@@ -865,7 +865,7 @@ MUTATIONS += [
         "frame = np.empty(size, dtype=np.uint8)",
         (
             f"{T_PADDING}::test_padded_disk_entry_is_a_counted_miss_and_its_tail_is_never_read",
-            "tests/test_node_tier.py::"
+            "tests/tiers/test_node_tier.py::"
             "test_padded_entry_is_a_miss_removed_without_reading_its_padding",
         ),
     ),
@@ -962,8 +962,8 @@ MUTATIONS += [
 ]
 
 # -- the disk budget: the ledger equals the bytes on disk, a scan never forgets a write
-T_BUDGET = "tests/test_disk_budget.py"
-T_LAYOUT = "tests/test_disk_layout.py"
+T_BUDGET = "tests/tiers/test_disk_budget.py"
+T_LAYOUT = "tests/tiers/test_disk_layout.py"
 MUTATIONS += [
     Mutation(
         "ledger-keeps-removed-bytes",
@@ -1013,12 +1013,14 @@ MUTATIONS += [
         "lmcache_ec/storage/reads.py",
         "self._write_above(key, memory_obj, above, since)",
         "self._write_above(key, memory_obj, above)",
-        ("tests/test_reads.py::test_a_promotion_that_lands_after_newer_puts_ranks_behind_them",),
+        (
+            "tests/storage/test_reads.py::test_a_promotion_that_lands_after_newer_puts_ranks_behind_them",
+        ),
     ),
 ]
 
 # -- purges: none lost, records untrusted, each scoped to its own namespace
-T_PURGE = "tests/test_purge_log.py"
+T_PURGE = "tests/purge/test_purge_log.py"
 MARKER = "lmcache_ec/purge/marker.py"
 MUTATIONS += [
     Mutation(

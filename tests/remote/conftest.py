@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import pytest
-
 from lmcache_ec.remote.redis_store import PACKER
 
 TIMEOUT = 0.5  # remote_timeout of the outage tests, which bound calls by it
@@ -36,16 +34,6 @@ def remote_config(url: str, *, endpoint: str | None = None, **extra) -> dict:
 def outage_config(url: str, *, endpoint: str | None = None, **extra) -> dict:
     """``remote_config`` with the short ``TIMEOUT``, for tests that bound outages."""
     return remote_config(url, endpoint=endpoint, **{"remote_timeout": TIMEOUT, **extra})
-
-
-@pytest.fixture(params=["redis", "s3"])
-def remote(request) -> dict:
-    """``remote_config`` kwargs for a fresh, empty Redis or S3 remote."""
-    if request.param == "redis":
-        return {"url": request.getfixturevalue("redis_url")}
-    bucket = request.getfixturevalue("s3_bucket")
-    server = request.getfixturevalue("s3_server")
-    return {"url": f"s3://{bucket}/ec-test", "endpoint": server.endpoint}
 
 
 @contextlib.contextmanager

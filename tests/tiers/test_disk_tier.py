@@ -17,7 +17,7 @@ from lmcache_ec import ECCache
 from lmcache_ec.tiers.disk_layout import TEMP_PREFIX
 from tests.conftest import bit_equal, make_tensor
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 WRITER = textwrap.dedent(
     """

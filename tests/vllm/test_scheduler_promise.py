@@ -12,11 +12,10 @@ from __future__ import annotations
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
 from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
 
-from tests.vllm.conftest import _registered, extra, model_config  # noqa: F401  (fixtures)
 from tests.vllm.harness import Engine, image_hash, lone_request, make_vllm_config
 
 
-def test_consumer_promises_only_staged_items(model_config, extra):  # noqa: F811
+def test_consumer_promises_only_staged_items(model_config, extra):
     image = image_hash("stored-not-staged.png")
     # No workers announce a weights fingerprint to this lone scheduler side.
     extra = {**extra, "weights_fingerprint": False}

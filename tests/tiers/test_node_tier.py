@@ -21,7 +21,7 @@ from lmcache_ec.tiers.disk_layout import TEMP_PREFIX, DirectoryLayout
 from lmcache_ec.tiers.node import node_path
 from tests.conftest import bit_equal, make_tensor
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHAPE = (256, 1024)  # bfloat16: 512 KB payload
 IMAGES = 6
 RANKS = 4

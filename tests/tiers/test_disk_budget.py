@@ -21,7 +21,7 @@ from lmcache_ec.tiers.budget import DirectoryBudget
 from lmcache_ec.tiers.disk_layout import TEMP_PREFIX, DirectoryLayout
 from tests.conftest import bit_equal, make_tensor
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHAPE = (128, 1024)  # float16: 256 KB payload
 FRAME = SHAPE[0] * SHAPE[1] * 2 + 4096  # a generous upper bound of one frame
 

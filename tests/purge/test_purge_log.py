@@ -40,7 +40,7 @@ from lmcache_ec.purge.marker import (
 )
 from lmcache_ec.remote.catalog import open_catalog
 from tests.conftest import bit_equal, make_tensor
-from tests.remote.conftest import remote, remote_config  # noqa: F401  (fixture)
+from tests.remote.conftest import remote_config
 
 MODEL = "org/purged"
 INTERVAL = 0.2  # purge_check_s of the engines here
@@ -83,7 +83,7 @@ def test_appends_made_at_once_are_all_kept_on_disk(tmp_path):
     assert os.stat(disk_path(str(tmp_path), "a")).st_mode & 0o777 == 0o600
 
 
-def test_appends_made_at_once_are_all_kept_remotely(remote):  # noqa: F811
+def test_appends_made_at_once_are_all_kept_remotely(remote):
     lines = [_line(model=f"m{i}") for i in range(16)]
     config = load_config(remote_config(**remote))
     catalogs = [open_catalog(config) for _ in range(4)]
@@ -303,7 +303,7 @@ def test_the_watch_thread_survives_any_exception(disk_dir, redis_url):
 
 def test_two_tenants_purging_within_one_interval_are_both_applied(
     tmp_path,
-    remote,  # noqa: F811
+    remote,
 ):
     """Tenants a and b purge at once (a twice), all between two looks of the
     running engines at their logs; each applies its own namespace's purges,

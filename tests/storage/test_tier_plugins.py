@@ -16,8 +16,7 @@ from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache_ec import ECCache
 from lmcache_ec.storage.manager import PluginTier
 from lmcache_ec.tier_contract import Tier, TierKind
-
-from .conftest import make_tensor
+from tests.conftest import make_tensor
 
 PLUGIN = "dictstore"
 

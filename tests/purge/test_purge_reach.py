@@ -39,7 +39,7 @@ from lmcache_ec.purge.marker import (
 )
 from lmcache_ec.remote.catalog import open_catalog
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).parent / "lmcache-ec")
 INTERVAL = 0.5  # purge_check_s of the serving engine
 REMOTE_TIMEOUT = 1.0
@@ -238,7 +238,7 @@ def test_purge_through_redis_reaches_an_engine_node_tier(tmp_path, redis_url, se
 def test_two_tenants_purging_at_once_through_redis(tmp_path, redis_url, server_factory):
     """Tenants a and b run ``lmcache-ec purge`` at the same moment: each running
     engine stops serving its own tenant's entries (that no other namespace's go
-    is tests/test_purge_log.py's, with engines in one process)."""
+    is tests/purge/test_purge_log.py's, with engines in one process)."""
     common = {
         "local_cpu": True,
         "max_local_cpu_size": 0.05,
