@@ -296,6 +296,23 @@ def _run(
         "forward_ms": settings.forward_ms,
         "barrier_url": redis_url,
     }
+    results = run_nodes(label, job, nodes, env, progress)
+    node_bytes = _node_bytes(node_dir) if node_dir else None
+    if node_users is not None:
+        node_users.leave()
+    if node_dir:
+        shutil.rmtree(node_dir, ignore_errors=True)
+    remove_entries(ec, {r["storage_prefix"] for r in results if isinstance(r, dict)})
+    raise_first_failure(label, results)
+    return summarise(label, results, stream, settings.shape, node_bytes)
+
+
+def run_nodes(
+    label: str, job: dict[str, Any], nodes: int, env: dict, progress: Progress
+) -> list[Any]:
+    """Run ``job`` in ``nodes`` worker processes that start together at the run's
+    barrier (Redis ``job["barrier_url"]``); each node's result or exception."""
+    redis_url, run = job["barrier_url"], job["run"]
     results: list[Any] = [None] * nodes
 
     def one(node: int) -> None:
@@ -322,24 +339,22 @@ def _run(
         for thread in threads:
             thread.join(30)
         raise
-    node_bytes = _node_bytes(node_dir) if node_dir else None
-    if node_users is not None:
-        node_users.leave()
-    if node_dir:
-        shutil.rmtree(node_dir, ignore_errors=True)
-    remove_entries(ec, {r["storage_prefix"] for r in results if isinstance(r, dict)})
-    with contextlib.suppress(Exception):
-        import redis
+    finally:
+        with contextlib.suppress(Exception):
+            import redis
 
-        with redis.Redis.from_url(redis_url) as client:
-            client.delete(f"{run}:ready", f"{run}:start", f"{run}:stop")
-    # The cause first: the others then stopped because of it.
+            with redis.Redis.from_url(redis_url) as client:
+                client.delete(f"{run}:ready", f"{run}:start", f"{run}:stop")
+    return results
+
+
+def raise_first_failure(label: str, results: list[Any]) -> None:
+    """The first node's exception, the cause first: the others then stopped because of it."""
     failed = sorted(
         (r for r in results if isinstance(r, Exception)), key=lambda e: "stopped:" in str(e)
     )
     if failed:
         raise RuntimeError(f"{label}: {failed[0]}")
-    return summarise(label, results, stream, settings.shape, node_bytes)
 
 
 def _node_bytes(node_dir: str) -> int:

@@ -30,18 +30,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .fleet import (
-    BARRIER_TIMEOUT,
     RUN_TIMEOUT,
     FleetSettings,
     Progress,
     barrier,
     check_stop,
     image_stream,
+    raise_first_failure,
     remove_entries,
+    run_nodes,
     shared_stores,
-    stop_run,
 )
-from .run import machine, run_in_worker
+from .run import machine
 
 MODES = ("get/put", "get_or_compute")
 THREADS_PER_PROCESS = 8
@@ -176,47 +176,14 @@ def _run(
         "wait_s": settings.claim_wait_s,
         "barrier_url": redis_url,
     }
-    results: list[Any] = [None] * nodes
-
-    def one(node: int) -> None:
-        try:
-            found = run_in_worker(
-                {**job, "node": node},
-                env,
-                RUN_TIMEOUT + BARRIER_TIMEOUT,
-                lambda t: progress(f"{label}: {t}"),
-            )
-            results[node] = found[0]
-        except Exception as exc:
-            results[node] = exc
-            stop_run(redis_url, run)
-
-    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(nodes)]
-    for thread in threads:
-        thread.start()
     try:
-        for thread in threads:
-            thread.join()
-    except BaseException:
-        stop_run(redis_url, run)
-        for thread in threads:
-            thread.join(30)
-        raise
+        results = run_nodes(label, job, nodes, env, progress)
     finally:
         if shared_dir is not None:
             shutil.rmtree(shared_dir, ignore_errors=True)
     if shared_dir is None:
         remove_entries(ec, {r["storage_prefix"] for r in results if isinstance(r, dict)})
-    with contextlib.suppress(Exception):
-        import redis
-
-        with redis.Redis.from_url(redis_url) as client:
-            client.delete(f"{run}:ready", f"{run}:start", f"{run}:stop")
-    failed = sorted(
-        (r for r in results if isinstance(r, Exception)), key=lambda e: "stopped:" in str(e)
-    )
-    if failed:
-        raise RuntimeError(f"{label}: {failed[0]}")
+    raise_first_failure(label, results)
     return summarise_api(label, results, stream)
 
 
