@@ -113,6 +113,7 @@ def test_stats_flow_into_vllm_logging_and_prometheus(model_config):
         "load_seconds": 0.002,
         "channel_bad_frames": 1,
         "scheduler_channel_breaks": 1,
+        "purges_seen": 1,
     }
     logging_ = ECConnectorLogging(config.ec_transfer_config)
     logging_.observe(data)
@@ -126,7 +127,7 @@ def test_stats_flow_into_vllm_logging_and_prometheus(model_config):
     labels = {"model_name": "m", "engine": "0"}
     assert REGISTRY.get_sample_value("vllm:lmcache_ec_bytes_loaded_total", labels) == 1024
     assert REGISTRY.get_sample_value("vllm:lmcache_ec_hits_total", {**labels, "tier": "disk"}) == 2
-    channel = ("channel_bad_frames", "scheduler_channel_breaks")
+    channel = ("channel_bad_frames", "scheduler_channel_breaks", "purges_seen")
     for name in channel:
         assert REGISTRY.get_sample_value(f"vllm:lmcache_ec_{name}_total", labels) == 1
     # Features off arrive as changes; the gauge is their running sum: the

@@ -82,6 +82,10 @@ _COUNTERS: dict[str, tuple[str, str]] = {
     "saves_dropped": ("saves_dropped", "Saves dropped because the write queue was full"),
     "save_handoff_seconds": ("save_handoff_seconds", "Seconds spent inside save_caches"),
     "write_seconds": ("put_seconds", "Seconds the background writer spent in put"),
+    "purges_seen": (
+        "purges_seen",
+        "Purges by another process (lmcache-ec purge) the engine's workers applied",
+    ),
     "lookups": ("scheduler_lookups", "Scheduler has_cache_item calls"),
     "lookup_hits": ("scheduler_lookup_hits", "Scheduler has_cache_item hits"),
     "channel_slow_links": (
