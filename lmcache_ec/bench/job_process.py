@@ -1,18 +1,17 @@
-"""One measurement job in a fresh process: ``python -m lmcache_ec.bench.job_process``.
+"""One measurement job in a process of its own (``job_protocol.run_in_worker``).
 
-Reads a job (JSON) on stdin, writes ``@@progress <text>`` lines on stderr
-while it runs and one ``@@result <json>`` line on stdout at the end.
+The process is forked from the job server (``job_preload.py``); the job's
+progress and result go back over a pipe, its stdout and stderr to a file.
 
-Why a process per job: every tier and shape starts from a fresh heap, and
+Why a process per job: every tier and shape starts from the same state, and
 LMCache 0.5.6's ``ECCacheEngine`` cannot be shut down once a remote backend
 is configured (``close()`` and interpreter exit wait forever on its event
-loop), so the job ends with ``os._exit`` after its result is written.
+loop), so the job ends with ``os._exit`` after its result is sent.
 """
 
 from __future__ import annotations
 
 import faulthandler
-import json
 import logging
 import os
 import signal
@@ -21,12 +20,11 @@ import tempfile
 import traceback
 from typing import Any
 
-from .job_protocol import PROGRESS, RESULT
+_connection: Any = None  # the pipe to the parent, in a job process
 
 
 def progress(text: str) -> None:
-    sys.stderr.write(f"{PROGRESS}{text}\n")
-    sys.stderr.flush()
+    _connection.send(("progress", text))
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -88,12 +86,16 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             from .startup import run_startup
 
             rows = run_startup(float(job["cpu_gb"]), int(job.get("rounds", 1)), tmp, progress)
+        elif kind == "probe":  # the job process itself, as a job sees it
+            names = job.get("env", [])
+            rows = [{"pid": os.getpid(), "env": {name: os.environ.get(name) for name in names}}]
         else:
             raise ValueError(f"unknown job {kind!r}")
     return {"rows": rows}
 
 
-def _quiet() -> None:
+def quiet() -> None:
+    """Before anything heavy is imported (the job server calls it first)."""
     # LMCache logs each upstream put at INFO; silencing it only helps the baseline.
     os.environ.setdefault("LMCACHE_LOG_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -102,22 +104,27 @@ def _quiet() -> None:
     logging.getLogger("lmcache_ec").setLevel(logging.ERROR)
 
 
-def main() -> None:
+def run_forked(job: dict[str, Any], env: dict[str, str], connection: Any, output: str) -> None:
+    """The job process: ``job`` with exactly ``env``; never returns."""
+    global _connection
+    _connection = connection
+    fd = os.open(output, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+    quiet()
     # The parent sends SIGUSR1 before killing a job that overran: its stacks then
     # say where it hung.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    _quiet()
     code = 0
     try:
-        result = run_job(json.loads(sys.stdin.read()))
-        sys.stdout.write(RESULT + json.dumps(result) + "\n")
+        connection.send(("result", run_job(job)["rows"]))
     except BaseException:
         traceback.print_exc()
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    connection.close()
     os._exit(code)
-
-
-if __name__ == "__main__":
-    main()

@@ -856,6 +856,7 @@ MUTATIONS: list[Mutation] = [
 
 # -- an entry never costs more than it declares (codec.check_stored_size)
 T_PADDING = "tests/faults/test_padding.py"
+T_BENCH_JOBS = "tests/cli/test_bench_jobs.py::"
 MUTATIONS += [
     Mutation(
         "disk-read-sized-by-the-file",
@@ -1311,6 +1312,23 @@ MUTATIONS += [
             f"{T_SERVE_STATS}test_verdict_only_when_the_interval_is_on_one_side",
             f"{T_SERVE_STATS}test_targets_inconclusive_when_the_interval_holds_the_target",
         ),
+    ),
+    # -- benchmark jobs: forked from the job server, with the caller's environment
+    Mutation(
+        "job-runs-with-the-servers-environment",
+        "a forked job runs with the environment its caller gives it, not the server's",
+        "lmcache_ec/bench/job_process.py",
+        "    os.environ.clear()\n    os.environ.update(env)\n",
+        "",
+        (f"{T_BENCH_JOBS}test_each_job_is_a_new_process_with_the_environment_it_is_given",),
+    ),
+    Mutation(
+        "job-killed-while-exiting",
+        "a job that sent its answer is left to exit with its own status",
+        "lmcache_ec/bench/job_protocol.py",
+        "            process.join(max(1.0, deadline - time.monotonic()))  # it is exiting\n",
+        "",
+        (f"{T_BENCH_JOBS}test_a_failing_job_names_its_error",),
     ),
 ]
 
