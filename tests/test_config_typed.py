@@ -13,16 +13,8 @@ import pytest
 import torch
 
 from lmcache_ec import ECCache
-from lmcache_ec.config import (
-    GB,
-    REMOTE_FIELDS,
-    SCHEMA,
-    ECConfig,
-    embedded_default,
-    from_lmcache,
-    gb_to_bytes,
-    load_config,
-)
+from lmcache_ec.config import ECConfig, embedded_default, from_lmcache, load_config
+from lmcache_ec.config_schema import GB, REMOTE_FIELDS, SCHEMA, gb_to_bytes
 from lmcache_ec.integration.vllm.connector import _open_catalog_factory
 from lmcache_ec.integration.vllm.connector_options import ConnectorSettings
 from lmcache_ec.integration.vllm.worker import TierWorker

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "key",
             "codec",
             "claims",
+            "config_schema",
             "config",
             "metrics",
             "metrics_export",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lmcache_ec.config import SCHEMA, ConfigError, from_lmcache, load_config
+from lmcache_ec.config import ConfigError, from_lmcache, load_config
+from lmcache_ec.config_schema import SCHEMA
 from lmcache_ec.remote.naming import parse_s3_url
 
 
