@@ -31,9 +31,7 @@ import platformdirs
 import yaml
 
 from .config_schema import ALIASES, REMOTE_FIELDS, REPLACED, SCHEMA, Option, gb_to_bytes
-
-# A dataclass: no client library, and remote/ never imports config.
-from .remote.settings import RemoteSettings
+from .remote_names import redact
 
 ENV_PREFIX = "LMCACHE_EC_"
 CONFIG_FILE_ENV = "LMCACHE_CONFIG_FILE"
@@ -96,6 +94,32 @@ def _coerce(opt: Option, value: Any, origin: str) -> Any:
     except (ValueError, TypeError, RecursionError) as exc:
         raise ConfigError(f"{where}invalid value {value!r:.80}: {exc}") from None
     raise AssertionError(opt.kind)
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """The remote tier's settings, ``ECConfig.remote``: where it is and how long
+    any call to it may take (no defaults here: the key table holds them)."""
+
+    url: str | None  # None: no remote_url (remote storage plugins only, or no remote)
+    timeout: float  # seconds, bound of every remote operation
+    retry_interval: float  # seconds between health probes while unavailable
+    s3_endpoint_url: str | None
+    s3_region: str | None
+    s3_addressing_style: str | None  # None: path with an endpoint, else AWS's
+    serde: str  # LMCache's serializer for plugin stores
+    plugins: tuple[str, ...]  # LMCache remote storage plugins
+    # The largest frame a read takes (the CPU pool's size: no larger entry can be
+    # put or promoted here); a read never allocates more than this, plus one byte.
+    max_frame_bytes: int
+
+    @property
+    def configured(self) -> bool:
+        """A remote tier exists: a ``remote_url`` store or storage plugins."""
+        return self.url is not None or bool(self.plugins)
+
+    def __repr__(self) -> str:  # the URL may carry a password
+        return f"RemoteSettings(url={redact(self.url)!r}, timeout={self.timeout})"
 
 
 _EXTRA_KEY = "lmcache_ec.config"  # where ``to_lmcache`` puts the typed config

@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-# Pure parsing: no client library, and remote/ never imports config.
-from .remote.registry import check_url
+from .remote_names import check_url
 
 CACHE_POLICIES = ("LRU", "LFU", "FIFO", "MRU")
 

@@ -146,7 +146,7 @@ def probe_s3(url: str, endpoint_url: str | None, region: str | None) -> str | No
     import boto3
     from botocore.config import Config
 
-    from ..remote.naming import parse_s3_url
+    from ..remote_names import parse_s3_url
 
     try:
         bucket = parse_s3_url(url).bucket
