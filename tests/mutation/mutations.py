@@ -707,6 +707,15 @@ MUTATIONS: list[Mutation] = [
             "test_the_encoder_tier_calls_none_of_lmcaches_device_ops",
         ),
     ),
+    # -- command output never shows a remote URL's password
+    Mutation(
+        "stats-shows-the-remote-password",
+        "lmcache-ec stats shows the remote URL without its password (table and JSON)",
+        "lmcache_ec/cli/entries.py",
+        '            "location": redact(config.remote.url),  # never its password\n',
+        '            "location": config.remote.url,\n',
+        ("tests/cli/test_remote.py::test_stats_shows_the_remote_url_without_its_password",),
+    ),
     # -- doctor: a vLLM without a weight seam is a failure, not a pass
     Mutation(
         "doctor-passes-missing-seams",
