@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmcache_ec.config import ALIASES, SCHEMA, ConfigError, load_config
+from lmcache_ec.config import ConfigError, load_config
+from lmcache_ec.config_schema import ALIASES, SCHEMA
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

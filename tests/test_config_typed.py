@@ -14,21 +14,18 @@ import torch
 
 from lmcache_ec import ECCache
 from lmcache_ec.config import (
-    GB,
-    REMOTE_FIELDS,
-    SCHEMA,
     ECConfig,
+    RemoteSettings,
     embedded_default,
     from_lmcache,
-    gb_to_bytes,
     load_config,
 )
+from lmcache_ec.config_schema import GB, REMOTE_FIELDS, SCHEMA, gb_to_bytes
 from lmcache_ec.integration.vllm.connector import _open_catalog_factory
 from lmcache_ec.integration.vllm.connector_options import ConnectorSettings
 from lmcache_ec.integration.vllm.worker import TierWorker
 from lmcache_ec.key import EncoderIdentity
 from lmcache_ec.purge.selection import open_remote
-from lmcache_ec.remote.settings import RemoteSettings
 from lmcache_ec.tier_contract import TierKind
 from lmcache_ec.tiers.disk_layout import entry_file
 from lmcache_ec.tiers.node import node_path

@@ -17,7 +17,8 @@ import yaml
 
 from lmcache_ec.cli import app
 from lmcache_ec.cli.reference import render_table, table_in
-from lmcache_ec.config import SCHEMA, load_config
+from lmcache_ec.config import load_config
+from lmcache_ec.config_schema import SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -27,14 +27,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "key",
             "codec",
             "claims",
+            "config_schema",
             "config",
             "metrics",
             "metrics_export",
             "runtime_dirs",
             "tier_contract",
-            "remote.naming",
-            "remote.registry",
-            "remote.settings",
+            "remote_names",
         ),
     ),
     ("tiers", ("tiers.*",)),
@@ -46,9 +45,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("entry points", ("", "cli.*", "bench.*")),
 ]
 
-# Foundation modules that live in a folder of a higher layer: pure parsing of
-# the ``ec:`` section's remote settings, read by ``config``.
-FOUNDATION_IN_A_FOLDER = ("remote.naming", "remote.registry", "remote.settings")
 # Modules at the top of the package: the foundation and the public facade.
 TOP_LEVEL_LAYERS = ("foundation", "engine", "entry points")
 
@@ -239,12 +235,11 @@ def folder_of(module: str) -> str:
 
 
 def folders_in_several_layers() -> dict[str, list[str]]:
-    """Folders whose modules are not all of one layer (foundation modules listed
-    in FOUNDATION_IN_A_FOLDER aside): folder -> its layers."""
+    """Folders whose modules are not all of one layer: folder -> its layers."""
     layers: dict[str, set[str]] = {}
     for module in MODULES:
         own = layer_of(module)
-        if own is None or not folder_of(module) or module in FOUNDATION_IN_A_FOLDER:
+        if own is None or not folder_of(module):
             continue
         layers.setdefault(folder_of(module), set()).add(LAYERS[own][0])
     return {folder: sorted(names) for folder, names in sorted(layers.items()) if len(names) > 1}
@@ -310,8 +305,6 @@ def test_each_folder_is_one_layer_and_the_top_level_only_foundation_and_facade()
     }
     assert all(layer in TOP_LEVEL_LAYERS for layer in top.values()), top
     assert [m for m, layer in top.items() if layer == "entry points"] == [""]  # __init__
-    for module in FOUNDATION_IN_A_FOLDER:
-        assert LAYERS[layer_of(module)][0] == "foundation", module
 
 
 def test_no_two_modules_share_a_file_name():

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..remote_names import redact
 from .job_protocol import run_in_worker
 from .run import LOCAL_S3_BUCKET, LOCAL_S3_CREDENTIALS, machine
 
@@ -476,7 +477,11 @@ def run_fleet(
         "schema": "lmcache-ec-bench-fleet/1",
         "command": command,
         "machine": machine(),
-        "settings": {**asdict(settings), "shape": list(settings.shape)},
+        "settings": {
+            **asdict(settings),
+            "shape": list(settings.shape),
+            "redis_url": redact(settings.redis_url) or None,
+        },
         "claims_supported": supported,
         "runs": runs,
         "elapsed_s": round(time.perf_counter() - started, 1),

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..remote_names import redact
 from . import servers
 from .job_protocol import run_in_worker
 from .measure import merge_repeats
@@ -279,7 +280,7 @@ def run_bench(
         "settings": {
             **asdict(settings),
             "shapes": [list(s) for s in settings.shapes],
-            "redis_url": servers.redact(settings.redis_url) if settings.redis_url else None,
+            "redis_url": redact(settings.redis_url) or None,
         },
         "convention": CONVENTION,
         "tiers": status,

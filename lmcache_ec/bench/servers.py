@@ -17,6 +17,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+from ..remote_names import parse_s3_url, redact
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -146,8 +148,6 @@ def probe_s3(url: str, endpoint_url: str | None, region: str | None) -> str | No
     import boto3
     from botocore.config import Config
 
-    from ..remote.naming import parse_s3_url
-
     try:
         bucket = parse_s3_url(url).bucket
         client = boto3.client(
@@ -158,13 +158,5 @@ def probe_s3(url: str, endpoint_url: str | None, region: str | None) -> str | No
         )
         client.head_bucket(Bucket=bucket)
     except Exception as exc:
-        return f"{url} at {endpoint_url or 'AWS'} unreachable: {type(exc).__name__}: {exc}"
+        return f"{redact(url)} at {endpoint_url or 'AWS'} unreachable: {type(exc).__name__}: {exc}"
     return None
-
-
-def redact(url: str) -> str:
-    """A URL without its password, for messages."""
-    if "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"

@@ -34,6 +34,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from ..remote_names import redact
 from .proxy import SlowProxy
 from .servers import local_redis
 from .subjects import NO_MODEL
@@ -330,7 +331,7 @@ def run_steps(settings: StepBenchSettings) -> dict[str, Any]:
         modes = {mode: _run_mode(mode, settings, redis_url) for mode in ("prefetch", "in-step")}
     ours, base = modes["prefetch"], modes["in-step"]
     return {
-        "settings": asdict(settings),
+        "settings": {**asdict(settings), "redis_url": redact(settings.redis_url) or None},
         "modes": modes,
         "ratios": {
             "overhead_max_in_step_over_prefetch": base["overhead_max_ms"] / ours["overhead_max_ms"],

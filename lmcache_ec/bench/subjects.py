@@ -244,7 +244,7 @@ class RawS3:
     def __init__(self, url: str, endpoint_url: str | None, region: str | None) -> None:
         import boto3
 
-        from ..remote.naming import parse_s3_url
+        from ..remote_names import parse_s3_url
 
         self.location = parse_s3_url(url)
         self.client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from ..config import ConfigError, ECConfig, load_config
+from ..remote_names import redact
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -127,8 +128,6 @@ def run_with_status(label: str, run: Callable[[Callable[[str], None], str], Any]
     """Run a benchmark: progress on the console, the command line (passwords
     redacted) for its report, and SIGTERM turned into KeyboardInterrupt so the
     servers and jobs it started are stopped."""
-    from ..bench.servers import redact
-
     argv = [redact(arg) if "://" in arg else arg for arg in sys.argv[1:]]
     command = shlex.join(["lmcache-ec", *argv]) if argv[:1] == ["bench"] else ""
     previous = signal.signal(signal.SIGTERM, _interrupt)

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from packaging.requirements import Requirement
@@ -26,6 +25,7 @@ from rich.table import Table
 
 from ..config import ConfigError, ECConfig, load_config
 from ..purge import inventory
+from ..remote_names import redact
 from ..runtime_dirs import RuntimeDirUnavailable, UserDir, socket_dir, state_base, user_dir
 from .common import ConfigOption, config_source, console, human_bytes
 
@@ -33,15 +33,6 @@ DIST = "lmcache-ec"
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 PROBE_NAMESPACE = "lmcache-ec-doctor"
 LIST_LIMIT = 10_000  # entries counted before the doctor stops listing
-
-
-def _redact(url: str) -> str:
-    """``url`` without its password: doctor output ends up in tickets."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 @dataclass
@@ -332,9 +323,9 @@ def check_remote(config: ECConfig) -> Check:
         try:
             catalog = inventory.open_remote(config)
         except inventory.RemoteUnavailable as exc:
-            return Check(area, "fail", f"{_redact(where)}: {exc}")
+            return Check(area, "fail", f"{redact(where)}: {exc}")
         if catalog is None:
-            return Check(area, "fail", f"{_redact(where)}: no catalog for this configuration")
+            return Check(area, "fail", f"{redact(where)}: no catalog for this configuration")
         try:
             started = time.perf_counter()
             catalog.exists(f"ec1.{PROBE_NAMESPACE}.probe.{'0' * 64}")
@@ -347,7 +338,7 @@ def check_remote(config: ECConfig) -> Check:
         finally:
             catalog.close()
         shown = f">= {count}" if count >= LIST_LIMIT else str(count)
-        return Check(area, "ok", f"{_redact(where)} reachable ({ms:.0f} ms), {shown} entries")
+        return Check(area, "ok", f"{redact(where)} reachable ({ms:.0f} ms), {shown} entries")
 
     return _bounded(probe, config.remote.timeout + 5.0, area)
 

@@ -19,6 +19,7 @@ from rich.table import Table
 from ..config import ECConfig
 from ..purge import inventory
 from ..purge.inventory import Entry, Selector
+from ..remote_names import redact
 from .common import (
     ConfigOption,
     console,
@@ -352,7 +353,7 @@ def stats(
             "entries": 0,
             "bytes": 0,
             "capacity": None,
-            "location": config.remote.url,
+            "location": redact(config.remote.url),  # never its password
         }
     for entry in entries:
         tiers[entry.tier]["entries"] += 1

@@ -1,4 +1,4 @@
-"""``config-doc``: the configuration reference table, generated from ``config.SCHEMA``.
+"""``config-doc``: the configuration reference table, generated from ``config_schema.SCHEMA``.
 
 ``docs/configuration.md`` holds the table between two markers; ``--write``
 regenerates it there, ``--check`` exits 1 when the file has drifted from the
@@ -12,7 +12,8 @@ from typing import Annotated
 
 import typer
 
-from ..config import ENV_PREFIX, SCHEMA, Option
+from ..config import ENV_PREFIX
+from ..config_schema import SCHEMA, Option
 from .common import console, fail
 
 BEGIN = "<!-- BEGIN CONFIG TABLE (generated: lmcache-ec config-doc --write) -->"

@@ -1,10 +1,10 @@
 """The remote tier: encoder outputs shared by every instance through Redis or S3.
 
-- ``settings``: ``RemoteSettings``, typed, built once from the ``ec:`` section.
-- ``registry``: the one map from URL scheme to store; validates URLs
-  without importing a client library.
-- ``store``: the ``RemoteStore`` contract; ``redis_store`` (standalone,
-  Cluster, Sentinel) and ``s3_store`` implement it; ``naming``: their keys;
+Its settings are ``config.RemoteSettings`` (``ECConfig.remote``); its keys
+and URL schemes, ``remote_names`` (pure: config validation reads it).
+
+- ``store``: the ``RemoteStore`` contract and ``open_store``; ``redis_store``
+  (standalone, Cluster, Sentinel) and ``s3_store`` implement it;
   ``bounded``: reads that never allocate more than a frame may be.
 - ``connector``: any store as LMCache's ``RemoteConnector``; ``buffers``:
   frame bytes in and out of LMCache CPU buffers.

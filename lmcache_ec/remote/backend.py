@@ -5,7 +5,7 @@ Upstream's remote backend waits without a timeout in ``contains`` and
 ``HealthMonitor`` that an encoder tier does not run), and re-uploads keys the
 store already has. This subclass keeps its structure — ``init_connection``, ``put_tasks``, the
 serializer, connectors of the plugin framework — talks to ``remote_url``
-through ``ECStoreConnector`` over the registry's store, and adds:
+through ``ECStoreConnector`` over the store it names (``open_store``), and adds:
 
 - a bound of ``remote_timeout`` on every operation: blocking reads of
   lmcache-ec's connectors (``get_sync``/``exists_sync``) run in the caller's
@@ -45,14 +45,12 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
-from ..config import from_lmcache
+from ..config import RemoteSettings, from_lmcache
+from ..remote_names import redact, redact_text
 from ..tier_contract import TierDefaults, TierKind
 from .health import RecentKeys, RemoteHealth
 from .lmcache_connector import ECStoreConnector
-from .naming import redact, redact_text
-from .registry import open_store
-from .settings import RemoteSettings
-from .store import ShardUnavailable
+from .store import ShardUnavailable, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -500,7 +498,7 @@ def create_remote_backends(
 ) -> dict[str, ECRemoteBackend]:
     """The remote tiers of ``config``, named as LMCache names them.
 
-    ``remote_url`` (a store of ``registry``; or else the first plugin)
+    ``remote_url`` (a store of ``remote_names.STORES``; or else the first plugin)
     becomes ``RemoteBackend``, tier ``remote``; every other remote storage
     plugin becomes ``RemoteBackend-<plugin>``.
     Empty when no remote is configured. An unreachable store does not fail

@@ -3,7 +3,7 @@
 For processes that must look at the remote store but not serve from it: the
 vLLM scheduler (existence checks before scheduling a load), the CLI (``ls``,
 ``purge``, ``stats``). A thin layer over the same store the serving path uses
-(``registry.open_store``), so it sees exactly what that path wrote, and it
+(``store.open_store``), so it sees exactly what that path wrote, and it
 allocates no LMCache memory pool.
 
 Contract: every call is bounded by the config's ``remote_timeout`` (one
@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import codec
-from .registry import open_store
-from .store import RemoteStore
+from .store import RemoteStore, open_store
 
 if TYPE_CHECKING:
     from ..config import ECConfig

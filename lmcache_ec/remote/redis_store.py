@@ -1,7 +1,7 @@
 """Redis stores: standalone (``redis://``, ``rediss://``, ``unix://``), Redis
 Cluster (``redis-cluster://``) and Sentinel (``redis-sentinel://``).
 
-Keys as LMCache's ``RedisConnector`` writes them (``naming.py``), so entries
+Keys as LMCache's ``RedisConnector`` writes them (``remote_names.py``), so entries
 are interchangeable with a plain LMCache writer. Every client has connect and
 read timeouts of ``remote_timeout`` and retries once, on a refused or reset
 connection only (a server restart drops pooled connections).
@@ -34,9 +34,9 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from ..config import RemoteSettings
 from ..key import ECKey
-from .bounded import bounded_frame
-from .naming import (
+from ..remote_names import (
     REDIS_META_SUFFIX,
     NodeList,
     claim_key,
@@ -45,7 +45,7 @@ from .naming import (
     redis_data_key,
     redis_meta_key,
 )
-from .settings import RemoteSettings
+from .bounded import bounded_frame
 from .store import RemoteStore, ShardUnavailable, StoreError
 
 logger = logging.getLogger(__name__)

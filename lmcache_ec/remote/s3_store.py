@@ -28,10 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..codec import PREFIX_SIZE
+from ..config import RemoteSettings
 from ..key import ECKey
+from ..remote_names import S3Location, claim_key, parse_s3_url
 from .bounded import declared_or_none, too_large
-from .naming import S3Location, claim_key, parse_s3_url
-from .settings import RemoteSettings
 from .store import RemoteStore, StoreError, appended
 
 logger = logging.getLogger(__name__)

@@ -1,8 +1,9 @@
 """``RemoteStore``: what every remote store offers, by storage name, synchronously.
 
-One store class per URL scheme family (``redis_store``, ``s3_store``), picked
-by ``registry``. Both users sit on top of it: the LMCache connector shim
-(``lmcache_connector.py``, the serving path) and ``RemoteCatalog`` (scheduler, CLI).
+One store class per URL scheme family (``redis_store``, ``s3_store``);
+``open_store`` opens the one a URL names (``remote_names.STORES``). Both
+users sit on top of it: the LMCache connector shim (``lmcache_connector.py``,
+the serving path) and ``RemoteCatalog`` (scheduler, CLI).
 
 Contract:
 
@@ -19,9 +20,15 @@ Contract:
 from __future__ import annotations
 
 import abc
+import importlib
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from ..claims import owner_token
+from ..remote_names import check_url, store_kind
+
+if TYPE_CHECKING:
+    from ..config import RemoteSettings
 
 
 class StoreError(OSError):
@@ -137,3 +144,16 @@ def appended(log: bytes, line: bytes, limit: int) -> bytes:
         cut = data.find(b"\n", len(data) - limit - 1, len(data) - len(line))
         data = data[cut + 1 :] if cut >= 0 else line
     return data
+
+
+def open_store(settings: RemoteSettings) -> RemoteStore:
+    """The store of ``settings.url``; does not contact the server.
+
+    ``ValueError`` for a URL ``check_url`` refuses.
+    """
+    problem = check_url(settings.url)
+    kind = store_kind(settings.url)
+    if problem is not None or kind is None:
+        raise ValueError(f"remote_url {problem}")
+    factory = getattr(importlib.import_module(kind.module), kind.factory)
+    return factory(settings)

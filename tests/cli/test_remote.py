@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from lmcache_ec import ECCache
 
 from .conftest import populate, write_config
@@ -67,3 +69,17 @@ def test_doctor_redacts_the_password(tmp_path, disk_dir, invoke):
     url = f"redis://user:hunter2secret@127.0.0.1:{free_port()}"
     result = invoke("doctor", "--config", _redis_config(tmp_path, disk_dir, url), expect=1)
     assert "hunter2secret" not in result.output
+
+
+def test_stats_shows_the_remote_url_without_its_password(tmp_path, disk_dir, invoke):
+    from tests.servers import free_port
+
+    port = free_port()  # nothing listens: the remote row is shown, its listing fails
+    config = _redis_config(tmp_path, disk_dir, f"redis://:s3cret@127.0.0.1:{port}/0")
+    table = invoke("stats", "--config", config, expect=1)
+    shown = invoke("stats", "--config", config, "--json", expect=1)
+    for result in (table, shown):
+        assert "s3cret" not in result.stdout and "s3cret" not in result.stderr
+    assert f"redis://:***@127.0.0.1:{port}/0" in table.stdout
+    remote = json.loads(shown.stdout)["tiers"]["remote"]
+    assert remote["location"] == f"redis://:***@127.0.0.1:{port}/0"

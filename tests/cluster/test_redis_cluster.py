@@ -15,7 +15,7 @@ import torch
 from lmcache_ec import ECCache
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import open_catalog
-from lmcache_ec.remote.naming import redis_data_key
+from lmcache_ec.remote_names import redis_data_key
 from tests.conftest import bit_equal, make_tensor
 from tests.remote.conftest import (
     RETRY,

@@ -16,7 +16,7 @@ import torch
 
 from lmcache_ec import codec
 from lmcache_ec.key import ECKey
-from lmcache_ec.remote.naming import parse_s3_url, redis_data_key, scheme_of
+from lmcache_ec.remote_names import parse_s3_url, redis_data_key, scheme_of
 
 
 def craft_frame(key: ECKey, tensor: torch.Tensor, **header_changes: Any) -> bytes:

@@ -22,7 +22,7 @@ import torch
 
 from lmcache_ec import ECCache, codec
 from lmcache_ec.key import ECKey
-from lmcache_ec.remote.naming import REDIS_DATA_SUFFIX
+from lmcache_ec.remote_names import REDIS_DATA_SUFFIX
 from tests.conftest import make_tensor
 from tests.faults.checks import exact_or_miss, get_checked, snapshot
 from tests.faults.processes import worker

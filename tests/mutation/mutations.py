@@ -46,6 +46,7 @@ CHANNEL = "lmcache_ec/integration/vllm/channel.py"
 STAGE_FRAMES = "lmcache_ec/integration/vllm/stage_frames.py"
 T_CHANNEL = "tests/chaos/test_stage_channel_faults.py"
 CONFIG = "lmcache_ec/config.py"
+CONFIG_SCHEMA = "lmcache_ec/config_schema.py"
 T_TYPED = "tests/test_config_typed.py"
 ENGINE = "lmcache_ec/engine.py"
 SINGLE_FLIGHT = "lmcache_ec/storage/single_flight.py"
@@ -706,6 +707,15 @@ MUTATIONS: list[Mutation] = [
             "test_the_encoder_tier_calls_none_of_lmcaches_device_ops",
         ),
     ),
+    # -- command output never shows a remote URL's password
+    Mutation(
+        "stats-shows-the-remote-password",
+        "lmcache-ec stats shows the remote URL without its password (table and JSON)",
+        "lmcache_ec/cli/entries.py",
+        '            "location": redact(config.remote.url),  # never its password\n',
+        '            "location": config.remote.url,\n',
+        ("tests/cli/test_remote.py::test_stats_shows_the_remote_url_without_its_password",),
+    ),
     # -- doctor: a vLLM without a weight seam is a failure, not a pass
     Mutation(
         "doctor-passes-missing-seams",
@@ -1232,7 +1242,7 @@ MUTATIONS += [
     Mutation(
         "sizes-in-decimal-gigabytes",
         "a size of the config in GB is 1024**3 bytes, as LMCache reads its own",
-        CONFIG,
+        CONFIG_SCHEMA,
         "    return int(size_gb * GB)\n",
         "    return int(size_gb * 1000**3)\n",
         (f"{T_TYPED}::test_sizes_in_bytes_are_the_configured_gigabytes",),

@@ -13,7 +13,7 @@ import time
 
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import open_catalog
-from lmcache_ec.remote.registry import open_store
+from lmcache_ec.remote.store import open_store
 from tests.remote.conftest import outage_config, remote_config
 
 # Long enough for the second client's first call to see the first claim

@@ -14,7 +14,7 @@ import torch
 
 from lmcache_ec import ECCache
 from lmcache_ec.config import load_config
-from lmcache_ec.remote.registry import open_store
+from lmcache_ec.remote.store import open_store
 from tests.conftest import bit_equal, make_tensor
 from tests.remote.conftest import outage_config, remote_config
 from tests.test_get_or_compute import (

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from lmcache_ec.config import SCHEMA, ConfigError, from_lmcache, load_config
-from lmcache_ec.remote.naming import parse_s3_url
+from lmcache_ec.config import ConfigError, from_lmcache, load_config
+from lmcache_ec.config_schema import SCHEMA
+from lmcache_ec.remote_names import parse_s3_url
 
 
 def test_s3_settings_reach_the_remote_tier_typed():

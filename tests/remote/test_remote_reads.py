@@ -6,8 +6,8 @@ import redis
 import torch
 
 from lmcache_ec import ECCache
-from lmcache_ec.remote.naming import redis_data_key
 from lmcache_ec.remote.redis_store import MGET_BATCH
+from lmcache_ec.remote_names import redis_data_key
 from tests.conftest import bit_equal, make_tensor
 from tests.remote.conftest import remote_config
 from tests.servers import redis_commands

@@ -13,7 +13,7 @@ from lmcache_ec.key import EncoderIdentity, slug
 from lmcache_ec.purge.inventory import Selector
 from lmcache_ec.purge.marker import PurgeMarker, append_disk, append_remote
 from lmcache_ec.remote.catalog import open_catalog
-from lmcache_ec.remote.naming import redis_data_key
+from lmcache_ec.remote_names import redis_data_key
 
 IDENTITY = EncoderIdentity(model="index/model")
 ITEM = "b" * 64

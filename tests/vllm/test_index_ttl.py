@@ -12,7 +12,7 @@ from lmcache_ec.integration.vllm import index as index_module
 from lmcache_ec.integration.vllm.index import PENDING, TierIndex
 from lmcache_ec.key import EncoderIdentity
 from lmcache_ec.remote.catalog import open_catalog
-from lmcache_ec.remote.naming import redis_data_key
+from lmcache_ec.remote_names import redis_data_key
 
 IDENTITY = EncoderIdentity(model="index/model")
 ITEM = "a" * 64

@@ -38,7 +38,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from ...config import SCHEMA
+from ...config_schema import SCHEMA
 from ...key import EncoderIdentity
 from ...purge.marker import MarkerWatch, PurgeMarker
 from ...tiers.disk_layout import DirectoryLayout
