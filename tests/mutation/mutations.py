@@ -31,6 +31,8 @@ T_DISK = "tests/tiers/test_disk_tier.py"
 T_CORRUPTION = "tests/faults/test_corruption.py"
 T_OUTAGES = "tests/faults/test_remote_outages.py"
 SCHEDULER = "lmcache_ec/integration/vllm/scheduler.py"
+WORKER_LINK = "lmcache_ec/integration/vllm/worker_link.py"
+KNOWN_WEIGHTS = "lmcache_ec/integration/vllm/known_weights.py"
 RUNTIME_DIRS = "lmcache_ec/runtime_dirs.py"
 T_LIFECYCLE = "tests/vllm/test_item_lifecycle.py"
 ITEMS = "lmcache_ec/integration/vllm/items.py"
@@ -495,8 +497,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "stage-orders-only-in-step-metadata",
         "stage orders reach the workers in steps V1 skips (the stage channel)",
-        "lmcache_ec/integration/vllm/scheduler.py",
-        'direct = self._channel_ready() and self.channel.send(dispatched, self.weights or "")',
+        WORKER_LINK,
+        'direct = self.channel_ready() and self.channel.send(dispatched, self.weights or "")',
         "direct = False",
         (
             "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_disk_on_v1",
@@ -507,7 +509,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "stage-answer-weights-ignored",
         "a stage answer made under replaced weights never moves an item ordered again",
-        SCHEDULER,
+        WORKER_LINK,
         "case StageAnswer(weights=weights) if weights == self.weights:",
         "case StageAnswer(weights=weights):",
         (
@@ -518,7 +520,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "expired-ready-item-kept",
         "a staged item whose request ended is released at its deadline",
-        SCHEDULER,
+        WORKER_LINK,
         "        self.prefetch.take_waiters(identifier)\n"
         "        self._to_release.append(identifier)\n",
         "        self.prefetch.take_waiters(identifier)\n",
@@ -527,7 +529,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "step-report-weights-ignored",
         "a step report made under replaced weights never moves an item ordered again",
-        SCHEDULER,
+        WORKER_LINK,
         "        if meta.weights == self.weights:  # stagings answered under other weights",
         "        if True:  # stagings answered under other weights",
         (
@@ -643,7 +645,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "fingerprint-only-over-the-channel",
         "without a stage channel the scheduler takes the weights from the step reports",
-        SCHEDULER,
+        WORKER_LINK,
         "            self._set_weights(meta.weights, now)",
         "            pass",
         (f"{T_NO_CHANNEL}::test_without_a_channel_the_fingerprint_arrives_with_the_step_reports",),
@@ -660,7 +662,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "caching-pause-unreported",
         "a scheduler that cannot learn the weights says caching is paused, and why",
-        SCHEDULER,
+        KNOWN_WEIGHTS,
         "            off[CACHING] = paused",
         "            pass",
         (
@@ -1277,7 +1279,7 @@ MUTATIONS += [
     Mutation(
         "timeline-without-staged",
         "a hit's timeline records when every rank's staging answer was applied",
-        SCHEDULER,
+        WORKER_LINK,
         '            self._mark(identifier, "staged")\n',
         "",
         (
