@@ -51,6 +51,7 @@ CONFIG = "lmcache_ec/config.py"
 T_TYPED = "tests/test_config_typed.py"
 ENGINE = "lmcache_ec/engine.py"
 SINGLE_FLIGHT = "lmcache_ec/storage/single_flight.py"
+GET_OR_COMPUTE = "lmcache_ec/storage/get_or_compute.py"
 T_GET_OR_COMPUTE = "tests/test_get_or_compute.py"
 T_REMOTE_GET_OR_COMPUTE = "tests/remote/test_get_or_compute.py"
 
@@ -1134,7 +1135,7 @@ MUTATIONS += [
     Mutation(
         "single-flight-followers-share-a-tensor",
         "every caller of get_or_compute receives its own tensor",
-        ENGINE,
+        GET_OR_COMPUTE,
         "found[mm_hash] = flight.result.to(target, copy=True)",
         "found[mm_hash] = flight.result",
         (f"{T_GET_OR_COMPUTE}::test_threads_asking_for_one_new_key_share_one_compute",),
@@ -1165,7 +1166,7 @@ MUTATIONS += [
     Mutation(
         "failed-compute-keeps-its-claim",
         "a compute that raises (or returns a refused result) withdraws its claim",
-        ENGINE,
+        GET_OR_COMPUTE,
         "            if agent is not None:\n                for mm_hash in hashes:\n",
         "            if False:\n                for mm_hash in hashes:\n",
         (
@@ -1175,7 +1176,7 @@ MUTATIONS += [
     Mutation(
         "waiter-never-claims-again",
         "a waiter whose claim store goes down computes (bounded), not waits out the bound",
-        ENGINE,
+        GET_OR_COMPUTE,
         "frees = agent.ask_many([names[h] for h in waiting], ttl) if agent else []",
         "frees = [None] * len(waiting)",
         (f"{T_REMOTE_GET_OR_COMPUTE}::test_a_store_going_down_mid_wait_falls_back_to_computing",),
