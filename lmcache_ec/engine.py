@@ -16,7 +16,7 @@ Contract:
 - ``get_or_compute`` / ``get_or_compute_many``: the stored tensor, or
   ``compute``'s result stored and returned, computed once per entry in the
   process and, through claims in a tier the instances share, once across
-  them (``storage/single_flight.py``; guarantees in docs/library.md).
+  them (``storage/get_or_compute.py``; guarantees in docs/library.md).
 - A purge by another process (``lmcache-ec purge``) is noticed through its
   namespace's purge log (``purge/marker.py``) within ``purge_check_s``: the CPU tier drops
   the entries the purge selected and the engine forgets what it knew of them
@@ -40,29 +40,25 @@ from typing import Any
 
 import torch
 from lmcache.v1.event_manager import EventManager
-from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.metadata import LMCacheMetadata
 
 from . import codec
-from .claims import ClaimAgent
 from .config import ECConfig, load_config
 from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
 from .metrics import ECStats
 from .purge.follow import PurgeFollower
 from .storage import ECStorageManager
+from .storage.copy_out import HitCopier
+from .storage.get_or_compute import DEFAULT_WAIT_S, ComputeMany, GetOrCompute
 from .storage.read_pool import ReadPool
-from .storage.reads import Prefetched, TierReader, remember_payload
+from .storage.reads import TierReader, remember_payload
 from .storage.reads import frame_bytes as _frame_bytes
 from .storage.replay import RemoteReplayer
-from .storage.single_flight import ClaimWait, Flight, LocalFlights, Turn, claim_store_factory
 
 logger = logging.getLogger(__name__)
 
 Items = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 Compute = Callable[[], torch.Tensor]
-ComputeMany = Callable[[list[str]], Sequence[torch.Tensor]]
-
-DEFAULT_WAIT_S = 1.0  # get_or_compute: the most a caller waits for another instance
 
 _KEY_MEMO_SIZE = 65536  # keys remembered by mm_hash (cleared when full)
 _KEY_MEMO_MAX_LEN = 512  # longer mm_hashes are hashed on every call
@@ -134,6 +130,7 @@ class ECCache:
         self.stats.watch_features(self._storage.features_off)
         self._reader = TierReader(self._storage, self.stats)
         self._read_pool = ReadPool(config.read_threads)
+        self._copier = HitCopier(self._reader, self.stats, self._cpu.name, self._read_pool)
         self._keys: dict[str, ECKey] = {}
         self._replayer = RemoteReplayer(self._storage, _frame_bytes, lambda: self._closed)
         self._replayer.attach()
@@ -141,11 +138,13 @@ class ECCache:
             config, identity.namespace, self._storage, self._reader, self.stats
         )
         self._watch = self._purges.watch  # polled on every read and write
-        self._flights = LocalFlights()
-        self._claims_lock = threading.Lock()
-        self._claims: ClaimAgent | None = None  # made on the first get_or_compute
-        self._no_claims = claim_store_factory(config) is None  # no tier to share one in
-        self._claim_answer_s = config.remote.timeout
+        self._get_or_compute = GetOrCompute(
+            self,
+            config,
+            self._storage,
+            check_open=self._check_open,
+            check_results=self._checked_results,
+        )
 
     @classmethod
     def from_config(
@@ -323,11 +322,11 @@ class ECCache:
         if key is None:
             key = self.key(mm_hash)
         if device == "cpu":
-            return self._read_to_host(key, pin_memory)
+            return self._copier.to_host(key, pin_memory)
         device = _device(device)
         if device.type == "cpu":
-            return self._read_to_host(key, pin_memory)
-        return self._get_batch([key], device, pin_memory)[0]
+            return self._copier.to_host(key, pin_memory)
+        return self._copier.batch([key], device, pin_memory)[0]
 
     @contextlib.contextmanager
     def borrow(self, mm_hash: str) -> Iterator[torch.Tensor | None]:
@@ -373,120 +372,7 @@ class ECCache:
         self._check_open()
         self._watch.poll_disk()
         keys = [self.key(mm_hash) for mm_hash in mm_hashes]
-        return self._get_batch(keys, _device(device), pin_memory)
-
-    def _read_to_host(
-        self, key: ECKey, pin_memory: bool, prefetched: Prefetched | None = None
-    ) -> torch.Tensor | None:
-        """``key``'s tensor in host memory; any CPU-pool buffer is released on return."""
-        started = time.perf_counter()
-        if not pin_memory:
-            out = self._cpu_hit_to_host(key, started)
-            if out is not None:
-                return out
-        return self._walk_to_host(key, pin_memory, prefetched, started)
-
-    def _cpu_hit_to_host(self, key: ECKey, started: float) -> torch.Tensor | None:
-        """A copy of ``key``'s CPU-tier buffer if its layout is known, else None
-        (not there, or not known yet: ``_walk_to_host`` handles every other case).
-
-        The common case, in as few steps as it takes: every step costs more
-        than its size suggests, as the copies between two reads leave the
-        caches cold.
-        """
-        cpu_hit = self._reader.read_cpu(key)
-        if cpu_hit is None:
-            return None
-        memory_obj, payload = cpu_hit
-        try:
-            out = payload.tensor.clone()
-        finally:
-            memory_obj.ref_count_down()
-            self._reader.done()
-        self.stats.hit(self._cpu.name, payload.data.size, time.perf_counter() - started)
-        return out
-
-    def _walk_to_host(
-        self, key: ECKey, pin_memory: bool, prefetched: Prefetched | None, started: float
-    ) -> torch.Tensor | None:
-        """``key``'s tensor from the first tier that has it, or None on a miss."""
-        try:
-            hit = self._reader.read(key, prefetched)
-            if hit is None:
-                self.stats.miss(time.perf_counter() - started)
-                return None
-            try:
-                out = codec.copy_out(hit.payload, _CPU, False, pin_memory)
-            finally:
-                if hit.memory_obj is not None:
-                    hit.memory_obj.ref_count_down()
-        finally:
-            self._reader.done()
-        self.stats.hit(hit.tier, hit.payload.data.size, time.perf_counter() - started)
-        return out
-
-    def _get_batch(
-        self, keys: Sequence[ECKey], device: torch.device, pin_memory: bool = False
-    ) -> list[torch.Tensor | None]:
-        # Entries that no local tier holds come from the remote tier in one request.
-        prefetched = self._reader.prefetch(keys) if len(keys) > 1 else None
-        if device.type == "cpu":
-            return self._batch_to_host(keys, pin_memory, prefetched)
-        # To a CUDA device the copies leave the (pinned) pool asynchronously; the
-        # buffers are released only after one synchronize, so none is reused early.
-        async_copy = device.type == "cuda"
-        results: list[torch.Tensor | None] = []
-        held: list[MemoryObj] = []
-        try:
-            for key in keys:
-                started = time.perf_counter()
-                try:
-                    hit = self._reader.read(key, prefetched)
-                    if hit is None:
-                        self.stats.miss(time.perf_counter() - started)
-                        results.append(None)
-                        continue
-                    tier, memory_obj, payload = hit
-                    if memory_obj is not None:
-                        held.append(memory_obj)
-                    out = codec.copy_out(payload, device, async_copy, pin_memory)
-                    if not async_copy and memory_obj is not None:
-                        # Copied already: free the buffer now, so a batch larger
-                        # than the CPU pool does not starve its own later reads.
-                        held.pop().ref_count_down()
-                finally:
-                    self._reader.done()
-                results.append(out)
-                self.stats.hit(tier, payload.data.size, time.perf_counter() - started)
-            if async_copy and held:
-                torch.cuda.current_stream(device).synchronize()
-        finally:
-            for memory_obj in held:
-                memory_obj.ref_count_down()
-        return results
-
-    def _batch_to_host(
-        self, keys: Sequence[ECKey], pin_memory: bool, prefetched: Prefetched | None
-    ) -> list[torch.Tensor | None]:
-        # CPU hits first, on the caller's thread: a copy out of the pool gains
-        # nothing on a second thread (the copies into fresh memory then fault
-        # in that thread's malloc arena). Reads below the CPU tier wait on
-        # files and sockets, so those run side by side (``read_threads``).
-        # Each read holds at most one pool buffer until its copy is made, so a
-        # batch larger than the CPU pool does not starve its own later reads.
-        results: list[torch.Tensor | None] = [
-            None if pin_memory else self._cpu_hit_to_host(key, time.perf_counter()) for key in keys
-        ]
-        below = [index for index, out in enumerate(results) if out is None]
-        walked = self._read_pool.map(
-            lambda index: self._walk_to_host(
-                keys[index], pin_memory, prefetched, time.perf_counter()
-            ),
-            below,
-        )
-        for index, out in zip(below, walked, strict=True):
-            results[index] = out
-        return results
+        return self._copier.batch(keys, _device(device), pin_memory)
 
     # -- get or compute: single flight ---------------------------------------
 
@@ -529,160 +415,7 @@ class ECCache:
         self._check_open()
         if not (isinstance(wait_s, (int, float)) and math.isfinite(wait_s) and wait_s >= 0):
             raise ValueError(f"wait_s must be a finite number >= 0, got {wait_s!r}")
-        target = _device(device)
-        wanted = list(dict.fromkeys(mm_hashes))
-        found: dict[str, torch.Tensor] = {}
-        while len(found) < len(wanted):
-            leading: dict[str, tuple[str, Flight]] = {}
-            following: dict[str, Flight] = {}
-            for mm_hash in wanted:
-                if mm_hash in found:
-                    continue
-                name = self.key(mm_hash).storage_name
-                flight, leads = self._flights.join(name)
-                if leads:
-                    leading[mm_hash] = (name, flight)
-                else:
-                    following[mm_hash] = flight
-            if leading:
-                found.update(self._lead(leading, compute, target, float(wait_s)))
-            for mm_hash, flight in following.items():
-                flight.done.wait()
-                if flight.result is not None:  # else its leader failed: ask again
-                    found[mm_hash] = flight.result.to(target, copy=True)
-        return [found[mm_hash] for mm_hash in mm_hashes]
-
-    def _lead(
-        self,
-        leading: dict[str, tuple[str, Flight]],
-        compute: ComputeMany,
-        device: torch.device,
-        wait_s: float,
-    ) -> dict[str, torch.Tensor]:
-        """Get or compute the entries this caller leads; their followers get the results."""
-        results: dict[str, torch.Tensor] = {}
-        try:
-            hashes = list(leading)
-            for mm_hash, tensor in zip(hashes, self.get_many(hashes, device), strict=True):
-                if tensor is not None:
-                    results[mm_hash] = tensor
-            missing = {h: leading[h][0] for h in hashes if h not in results}
-            if missing:
-                self._claim_and_compute(missing, compute, device, wait_s, results)
-        finally:
-            for mm_hash, (name, flight) in leading.items():
-                self._flights.land(name, flight, results.get(mm_hash))
-        return results
-
-    def _claim_and_compute(
-        self,
-        names: dict[str, str],
-        compute: ComputeMany,
-        device: torch.device,
-        wait_s: float,
-        results: dict[str, torch.Tensor],
-    ) -> None:
-        """Entries no tier held: claim them; wait for those others hold (the
-        ``ClaimWait`` rule), compute the rest; fill ``results``."""
-        agent = self._claim_agent()
-        rule = ClaimWait(wait_s)
-        ttl = max(wait_s, 0.001)
-        deadline = time.monotonic() + wait_s
-        if agent is None:
-            answers: list[bool | None] = [True] * len(names)
-        else:
-            agent.ask_many(list(names.values()), ttl)
-            # A claim is one call to the store: it may take the store's timeout
-            # (the first also opens the store), however short the wait.
-            agent.wait_answers(list(names.values()), max(wait_s, self._claim_answer_s))
-            answers = agent.ask_many(list(names.values()), ttl)
-        to_compute: list[str] = []
-        waiting: list[str] = []
-        for mm_hash, won in zip(names, answers, strict=True):
-            # Unanswered within the bound: the store is too slow to wait on.
-            if won is None or rule.after_claim(won) is Turn.COMPUTE:
-                to_compute.append(mm_hash)
-            else:
-                waiting.append(mm_hash)
-        self.stats.add("compute_waits", len(waiting))
-        if to_compute and agent is not None and agent.shared:
-            # Stored by a holder that released its claim between our lookup and our claim.
-            self._take_landed(to_compute, names, device, agent, results)
-        looks = 0
-        while waiting:
-            time.sleep(rule.pause(looks, time.monotonic(), deadline))
-            looks += 1
-            frees = agent.ask_many([names[h] for h in waiting], ttl) if agent else []
-            landed = self.get_many(waiting, device)
-            now = time.monotonic()
-            still: list[str] = []
-            for mm_hash, free, tensor in zip(waiting, frees, landed, strict=True):
-                turn = rule.turn(now, deadline, free, lambda t=tensor: t is not None)
-                if turn is Turn.LOAD:
-                    results[mm_hash] = tensor
-                    self.stats.add("compute_waits_loaded")
-                elif turn is Turn.COMPUTE:
-                    to_compute.append(mm_hash)
-                else:
-                    still.append(mm_hash)
-            waiting = still
-        # Claims ours but not to compute (loaded): withdrawn now; any other name
-        # may still get an answer to a claim asked while waiting: withdrawn too.
-        for mm_hash in names:
-            if mm_hash not in to_compute and agent is not None:
-                agent.release(names[mm_hash])
-        if to_compute:
-            self._compute_and_store(to_compute, names, compute, device, wait_s, results)
-
-    def _take_landed(
-        self,
-        hashes: list[str],
-        names: dict[str, str],
-        device: torch.device,
-        agent: ClaimAgent,
-        results: dict[str, torch.Tensor],
-    ) -> None:
-        """Move the entries of ``hashes`` that a tier now holds into ``results``."""
-        for mm_hash, tensor in zip(list(hashes), self.get_many(hashes, device), strict=True):
-            if tensor is not None:
-                results[mm_hash] = tensor
-                hashes.remove(mm_hash)
-                agent.release(names[mm_hash])
-
-    def _compute_and_store(
-        self,
-        hashes: list[str],
-        names: dict[str, str],
-        compute: ComputeMany,
-        device: torch.device,
-        wait_s: float,
-        results: dict[str, torch.Tensor],
-    ) -> None:
-        agent = self._claims
-        try:
-            tensors = self._checked_results(hashes, compute(list(hashes)))
-        except BaseException:
-            if agent is not None:
-                for mm_hash in hashes:
-                    agent.release(names[mm_hash])
-            raise
-        self.stats.add("computes", len(hashes))
-        for mm_hash, tensor in zip(hashes, tensors, strict=True):
-            try:
-                stored = self.put(mm_hash, tensor)
-            except Exception as exc:  # closed meanwhile: the caller still gets its tensor
-                logger.warning("get_or_compute: %.40s not stored: %s", mm_hash, exc)
-                stored = False
-            if agent is not None:
-                key = self.key(mm_hash)
-                # Withdrawn once the output reached the shared tiers: whoever
-                # claims it next finds it there instead of computing it again.
-                agent.release(
-                    names[mm_hash],
-                    after=(lambda k=key: not self._writing_below(k)) if stored else None,
-                    within_s=wait_s,
-                )
-            results[mm_hash] = tensor if tensor.device == device else tensor.to(device)
+        return self._get_or_compute.run(mm_hashes, compute, _device(device), float(wait_s))
 
     def _checked_results(self, hashes: list[str], tensors: Any) -> list[torch.Tensor]:
         """``compute``'s results, every one storable, or a clear error (nothing stored)."""
@@ -707,24 +440,6 @@ class ECCache:
             logger.warning("get_or_compute: result refused, nothing stored: %s", exc)
             raise
         return list(tensors)
-
-    def _writing_below(self, key: ECKey) -> bool:
-        """Whether a tier below the CPU tier is still writing ``key``."""
-        for tier in self._storage.every_tier():
-            pending = getattr(tier, "exists_in_put_tasks", None)
-            if tier is not self._cpu and pending is not None and pending(key):
-                return True
-        return False
-
-    def _claim_agent(self) -> ClaimAgent | None:
-        """This cache's claims (made on first use); None without a tier to share them in."""
-        if self._no_claims:
-            return None
-        with self._claims_lock:
-            if self._claims is None:
-                self._check_open()
-                self._claims = ClaimAgent(claim_store_factory(self.config), DEFAULT_WAIT_S)
-            return self._claims
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -757,8 +472,7 @@ class ECCache:
                 return
             self._closed = True
         self._purges.stop()
-        with self._claims_lock:
-            claims = self._claims
+        claims = self._get_or_compute.take_claims()
         if not self.flush():
             logger.warning(
                 "close(): %d writes still pending after %.0fs",
@@ -805,4 +519,4 @@ class ECCache:
         return f"ECCache(model={self.identity.model!r}, tiers={self.tiers})"
 
 
-__all__ = ["DEFAULT_WAIT_S", "DTYPE_NAMES", "ECCache", "validate_tensor"]
+__all__ = ["DTYPE_NAMES", "ECCache", "validate_tensor"]

@@ -5,8 +5,11 @@
   (``tiers()``), LMCache's plugins through an adapter.
 - ``reads``: one lookup down the tiers, verified, promoted.
 - ``read_pool``: the reads of one ``get_many`` batch on several threads.
+- ``copy_out``: a hit's payload copied into the caller's tensor (host or device).
 - ``promotion``: disk hits copied into the CPU tier, off the caller's path.
 - ``replay``: uploading, after a remote outage, what was written locally during it.
+- ``single_flight``: one computation per entry, in a process and across instances.
+- ``get_or_compute``: ``ECCache.get_or_compute``'s flow on those primitives.
 """
 
 from .manager import TIER_NAMES, ECStorageManager, tier_name

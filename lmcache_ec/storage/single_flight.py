@@ -1,7 +1,7 @@
 """Single flight: one computation of an entry, in a process and across instances.
 
-Two layers, both used by ``ECCache.get_or_compute`` and the second also by the
-vLLM connector (``integration/vllm/encode_claims.py``):
+Two layers, both used by ``ECCache.get_or_compute`` (``get_or_compute.py``) and
+the second also by the vLLM connector (``integration/vllm/encode_claims.py``):
 
 - In a process (``LocalFlights``): callers asking for the same entry at once
   share one computation; the first is its *leader*, the others *followers*

@@ -31,6 +31,8 @@ T_DISK = "tests/tiers/test_disk_tier.py"
 T_CORRUPTION = "tests/faults/test_corruption.py"
 T_OUTAGES = "tests/faults/test_remote_outages.py"
 SCHEDULER = "lmcache_ec/integration/vllm/scheduler.py"
+WORKER_LINK = "lmcache_ec/integration/vllm/worker_link.py"
+KNOWN_WEIGHTS = "lmcache_ec/integration/vllm/known_weights.py"
 RUNTIME_DIRS = "lmcache_ec/runtime_dirs.py"
 T_LIFECYCLE = "tests/vllm/test_item_lifecycle.py"
 ITEMS = "lmcache_ec/integration/vllm/items.py"
@@ -50,6 +52,7 @@ CONFIG_SCHEMA = "lmcache_ec/config_schema.py"
 T_TYPED = "tests/test_config_typed.py"
 ENGINE = "lmcache_ec/engine.py"
 SINGLE_FLIGHT = "lmcache_ec/storage/single_flight.py"
+GET_OR_COMPUTE = "lmcache_ec/storage/get_or_compute.py"
 T_GET_OR_COMPUTE = "tests/test_get_or_compute.py"
 T_REMOTE_GET_OR_COMPUTE = "tests/remote/test_get_or_compute.py"
 
@@ -496,8 +499,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "stage-orders-only-in-step-metadata",
         "stage orders reach the workers in steps V1 skips (the stage channel)",
-        "lmcache_ec/integration/vllm/scheduler.py",
-        'direct = self._channel_ready() and self.channel.send(dispatched, self.weights or "")',
+        WORKER_LINK,
+        'direct = self.channel_ready() and self.channel.send(dispatched, self.weights or "")',
         "direct = False",
         (
             "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_disk_on_v1",
@@ -508,7 +511,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "stage-answer-weights-ignored",
         "a stage answer made under replaced weights never moves an item ordered again",
-        SCHEDULER,
+        WORKER_LINK,
         "case StageAnswer(weights=weights) if weights == self.weights:",
         "case StageAnswer(weights=weights):",
         (
@@ -519,7 +522,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "expired-ready-item-kept",
         "a staged item whose request ended is released at its deadline",
-        SCHEDULER,
+        WORKER_LINK,
         "        self.prefetch.take_waiters(identifier)\n"
         "        self._to_release.append(identifier)\n",
         "        self.prefetch.take_waiters(identifier)\n",
@@ -528,7 +531,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "step-report-weights-ignored",
         "a step report made under replaced weights never moves an item ordered again",
-        SCHEDULER,
+        WORKER_LINK,
         "        if meta.weights == self.weights:  # stagings answered under other weights",
         "        if True:  # stagings answered under other weights",
         (
@@ -644,7 +647,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "fingerprint-only-over-the-channel",
         "without a stage channel the scheduler takes the weights from the step reports",
-        SCHEDULER,
+        WORKER_LINK,
         "            self._set_weights(meta.weights, now)",
         "            pass",
         (f"{T_NO_CHANNEL}::test_without_a_channel_the_fingerprint_arrives_with_the_step_reports",),
@@ -661,7 +664,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "caching-pause-unreported",
         "a scheduler that cannot learn the weights says caching is paused, and why",
-        SCHEDULER,
+        KNOWN_WEIGHTS,
         "            off[CACHING] = paused",
         "            pass",
         (
@@ -1143,7 +1146,7 @@ MUTATIONS += [
     Mutation(
         "single-flight-followers-share-a-tensor",
         "every caller of get_or_compute receives its own tensor",
-        ENGINE,
+        GET_OR_COMPUTE,
         "found[mm_hash] = flight.result.to(target, copy=True)",
         "found[mm_hash] = flight.result",
         (f"{T_GET_OR_COMPUTE}::test_threads_asking_for_one_new_key_share_one_compute",),
@@ -1174,7 +1177,7 @@ MUTATIONS += [
     Mutation(
         "failed-compute-keeps-its-claim",
         "a compute that raises (or returns a refused result) withdraws its claim",
-        ENGINE,
+        GET_OR_COMPUTE,
         "            if agent is not None:\n                for mm_hash in hashes:\n",
         "            if False:\n                for mm_hash in hashes:\n",
         (
@@ -1184,7 +1187,7 @@ MUTATIONS += [
     Mutation(
         "waiter-never-claims-again",
         "a waiter whose claim store goes down computes (bounded), not waits out the bound",
-        ENGINE,
+        GET_OR_COMPUTE,
         "frees = agent.ask_many([names[h] for h in waiting], ttl) if agent else []",
         "frees = [None] * len(waiting)",
         (f"{T_REMOTE_GET_OR_COMPUTE}::test_a_store_going_down_mid_wait_falls_back_to_computing",),
@@ -1288,7 +1291,7 @@ MUTATIONS += [
     Mutation(
         "timeline-without-staged",
         "a hit's timeline records when every rank's staging answer was applied",
-        SCHEDULER,
+        WORKER_LINK,
         '            self._mark(identifier, "staged")\n',
         "",
         (

@@ -1,0 +1,223 @@
+"""The scheduler's line to its workers: stage and release orders out, answers in.
+
+Orders go over the stage channel (``stage_client.py``) when it is connected,
+else in the next step's metadata (``build_connector_meta`` takes them). What
+comes back, over the channel in arrival order or in the step's metadata, is
+applied here: stage answers move their items (STAGING to READY once every
+rank staged one; a failure is given up), saves reach the index (and release
+their claims), counters add up. A weights announcement goes to the scheduler,
+which gives up what the old weights fetched. An answer made under weights
+since replaced moves nothing. A channel that breaks answers nothing more:
+its stagings are given up.
+
+Why staging: a staged load cannot fail once promised; a tier read at the
+last moment could, after the encoder was skipped (vLLM's model runner raises
+on the missing entry). A failed staging simply means the encoder runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from .connector_options import ConnectorSettings
+from .encode_claims import EncodeClaims
+from .index import TierIndex
+from .items import ItemState, ItemTable
+from .metadata import ECTierWorkerMetadata
+from .prefetch import PrefetchQueue
+from .stage_client import StageClient
+from .stage_messages import StageAnswer, WeightsAnnouncement, WorkerReport
+from .step_wait import StepWait
+
+logger = logging.getLogger(__name__)
+
+S = ItemState
+
+
+class WorkerLink:
+    """Stage orders of one scheduler and the workers' answers to them."""
+
+    def __init__(
+        self,
+        channel: StageClient | None,
+        settings: ConnectorSettings,
+        items: ItemTable,
+        prefetch: PrefetchQueue,
+        index: TierIndex,
+        step: StepWait,
+        *,
+        tp_size: int,
+        claims: EncodeClaims | None,
+        weights: Callable[[], str | None],
+        weights_from_reports: bool,
+        set_weights: Callable[[str | None, float], None],
+        give_up: Callable[[str, float, str], None],
+        count: Callable[[str, float], None],
+        mark: Callable[[str, str], None],
+    ) -> None:
+        self.channel = channel
+        self.settings = settings
+        self.items = items
+        self.prefetch = prefetch
+        self.index = index
+        self.step = step
+        self.tp_size = tp_size
+        self.claims = claims
+        self._weights = weights  # the scheduler's: orders are made, answers taken, under it
+        # The workers fingerprint their weights: without a channel, their reports say it.
+        self._weights_from_reports = weights_from_reports
+        self._set_weights = set_weights  # the scheduler's: gives up what the old ones fetched
+        self._give_up = give_up
+        self._count = count
+        self._mark = mark
+        # Orders of this step not sent over the channel, handed out by take_orders.
+        self._to_stage: list[str] = []
+        self._to_release: list[str] = []
+        self._worker_stats: dict[str, float] = {}
+
+    @property
+    def weights(self) -> str | None:
+        return self._weights()
+
+    @property
+    def connected(self) -> bool:
+        return self.channel is not None and self.channel.connected
+
+    def channel_ready(self) -> bool:
+        """True if stage orders can go over the channel now."""
+        if self.channel is None:
+            return False
+        if self.channel.connected:
+            return True
+        if not self.channel.reconnect():
+            return False
+        logger.info("Stage orders go over the stage channel")
+        # Workers announce their weights on connect; take it before deciding
+        # anything, within what is left of this step's budget.
+        self.step.wait(self.poll, self.settings.idle_stage_wait_s)
+        return True
+
+    def poll(self, timeout: float) -> None:
+        """Apply what the workers said (waiting up to ``timeout`` for the first message)."""
+        if self.channel is None:
+            return
+        now = time.monotonic()
+        for message in self.channel.receive(timeout):
+            match message:
+                case WorkerReport():
+                    self.apply_report(ECTierWorkerMetadata.from_report(message), over_channel=True)
+                case WeightsAnnouncement(weights=weights):
+                    self._set_weights(weights, now)
+                case StageAnswer(weights=weights) if weights == self.weights:
+                    for identifier in message.staged:
+                        self.staged(identifier, 1, now)
+                    for identifier in message.failed:
+                        self.failed(identifier, now)
+                case StageAnswer():
+                    pass  # ordered under weights since replaced
+        if not self.channel.connected:  # broke: nothing more will answer these
+            for identifier in self.items.having(S.STAGING):
+                if self.staging_direct(identifier):
+                    self._give_up(identifier, now, "the stage channel broke")
+
+    def take_channel_counts(self) -> dict[str, float]:
+        """The stage channel's counters since the last call, after reading what the
+        workers said: vLLM asks for stats right after each step, and the workers'
+        reports of that step are already on the channel."""
+        if self.channel is None:
+            return {}
+        if self.channel.connected:
+            self.poll(0.0)
+        return self.channel.take_counts()
+
+    # -- orders --------------------------------------------------------------
+
+    def dispatch(self) -> None:
+        """Order the stagings the prefetch queue lets start now."""
+        dispatched = [identifier for identifier, _ in self.prefetch.dispatch()]
+        if not dispatched:
+            return
+        deadline = time.monotonic() + self.settings.stage_timeout_s
+        direct = self.channel_ready() and self.channel.send(dispatched, self.weights or "")
+        for identifier in dispatched:
+            self.items.stage(identifier, deadline, direct=direct)
+            if not direct:
+                self._to_stage.append(identifier)
+            self._mark(identifier, "stage_sent")
+        self._count("stage_orders", len(dispatched))
+
+    def staging_direct(self, identifier: str) -> bool:
+        """Whether ``identifier`` is staging on an order sent over the channel."""
+        item = self.items.get(identifier)
+        return item is not None and item.state is S.STAGING and item.direct
+
+    def cancel(self, identifier: str, state: ItemState) -> None:
+        """Take back the stage order of an item that was in ``state``."""
+        if state is S.QUEUED:
+            pass  # never ordered
+        elif identifier in self._to_stage:
+            self._to_stage.remove(identifier)  # never reached the workers
+        elif state in (S.STAGING, S.READY, S.PROMISED):
+            self._to_release.append(identifier)
+
+    def release_unused(self, identifier: str) -> None:
+        """A staged item's deadline passed unused (its request is gone): free its memory."""
+        self.items.move(identifier, S.UNKNOWN)
+        self.prefetch.done(identifier)
+        self.prefetch.take_waiters(identifier)
+        self._to_release.append(identifier)
+
+    def flush(self) -> None:
+        """Send this step's orders over the channel, in as few writes as they fit."""
+        if self.channel is not None:
+            self.channel.flush()
+
+    def take_orders(self) -> tuple[list[str], list[str]]:
+        """This step's stage and release orders for the step metadata."""
+        orders = self._to_stage, self._to_release
+        self._to_stage, self._to_release = [], []
+        return orders
+
+    # -- answers -------------------------------------------------------------
+
+    def staged(self, identifier: str, ranks: int, now: float) -> None:
+        """``ranks`` more ranks staged ``identifier``."""
+        if self.items.state(identifier) is not S.STAGING:
+            return  # given up meanwhile; its release is already queued
+        if self.items.add_ranks(identifier, ranks) >= self.tp_size:
+            self.items.move(identifier, S.READY, now + self.settings.stage_timeout_s)
+            self._mark(identifier, "staged")
+
+    def failed(self, identifier: str, now: float) -> None:
+        """A worker could not fetch ``identifier``."""
+        self.index.forget(identifier)
+        if self.items.state(identifier) in (S.STAGING, S.READY, S.PROMISED):
+            self._give_up(identifier, now, "a worker could not fetch it")
+
+    def apply_report(self, meta: ECTierWorkerMetadata | None, *, over_channel: bool) -> None:
+        """Apply a workers' report (from step metadata, or ``over_channel``)."""
+        if meta is None:
+            return
+        now = time.monotonic()
+        if self._weights_from_reports and not over_channel and not self.connected:
+            # No stage channel: the fingerprint comes with the step reports.
+            self._set_weights(meta.weights, now)
+        if meta.weights is not None and meta.weights == self.weights:
+            for identifier in meta.saved:
+                self.index.note_present(identifier, "worker")
+                if self.claims is not None:
+                    self.claims.release(identifier)  # others load it now
+        if meta.weights == self.weights:  # stagings answered under other weights move nothing
+            for identifier in meta.failed:
+                self.failed(identifier, now)
+            for identifier, ranks in meta.staged.items():
+                self.staged(identifier, ranks, now)
+        for name, value in meta.stats.items():
+            self._worker_stats[name] = self._worker_stats.get(name, 0) + value
+
+    def take_worker_stats(self) -> dict[str, float]:
+        """The workers' counters since the last call."""
+        stats, self._worker_stats = self._worker_stats, {}
+        return stats

@@ -1,0 +1,260 @@
+"""Get or compute: the stored tensor, or the computed one stored, once per entry.
+
+``ECCache.get_or_compute`` and ``get_or_compute_many`` (contract and
+guarantees in docs/library.md) run here, on the primitives of
+``single_flight.py``: per entry, one caller of the process leads (the others
+follow and receive a copy of its result); a leader looks the entry up, and
+for what no tier holds claims it in the tier the instances share, waits for
+what another instance holds (``ClaimWait``), computes the rest in one call,
+stores it, and withdraws its claims once the output reached the shared tiers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from ..claims import ClaimAgent
+from ..config import ECConfig
+from ..key import ECKey, EncoderIdentity
+from ..metrics import ECStats
+from .manager import ECStorageManager
+from .single_flight import ClaimWait, Flight, LocalFlights, Turn, claim_store_factory
+
+logger = logging.getLogger(__name__)
+
+ComputeMany = Callable[[list[str]], Sequence[torch.Tensor]]
+
+DEFAULT_WAIT_S = 1.0  # get_or_compute: the most a caller waits for another instance
+
+
+class Cache(Protocol):
+    """What the flow uses of the cache it serves (``ECCache``)."""
+
+    stats: ECStats
+
+    def key(self, mm_hash: str) -> ECKey: ...
+
+    def get_many(
+        self,
+        mm_hashes: Sequence[str],
+        device: str | torch.device = "cpu",
+        *,
+        pin_memory: bool = False,
+    ) -> list[torch.Tensor | None]: ...
+
+    def put(
+        self, mm_hash: str, tensor: torch.Tensor, *, identity: EncoderIdentity | None = None
+    ) -> bool: ...
+
+
+class GetOrCompute:
+    """One cache's get-or-compute: its flights in this process and its claims."""
+
+    def __init__(
+        self,
+        cache: Cache,
+        config: ECConfig,
+        storage: ECStorageManager,
+        *,
+        check_open: Callable[[], None],
+        check_results: Callable[[list[str], Any], list[torch.Tensor]],
+    ) -> None:
+        self._cache = cache
+        self._config = config
+        self._storage = storage
+        self._check_open = check_open  # raises once the cache is closed
+        # compute's results, every one storable, or a clear error (nothing stored)
+        self._check_results = check_results
+        self._flights = LocalFlights()
+        self._claims_lock = threading.Lock()
+        self._claims: ClaimAgent | None = None  # made on the first get_or_compute
+        self._no_claims = claim_store_factory(config) is None  # no tier to share one in
+        self._claim_answer_s = config.remote.timeout
+
+    def run(
+        self, mm_hashes: Sequence[str], compute: ComputeMany, target: torch.device, wait_s: float
+    ) -> list[torch.Tensor]:
+        """``ECCache.get_or_compute_many`` (its documented contract), ``wait_s``
+        checked by the caller."""
+        wanted = list(dict.fromkeys(mm_hashes))
+        found: dict[str, torch.Tensor] = {}
+        while len(found) < len(wanted):
+            leading: dict[str, tuple[str, Flight]] = {}
+            following: dict[str, Flight] = {}
+            for mm_hash in wanted:
+                if mm_hash in found:
+                    continue
+                name = self._cache.key(mm_hash).storage_name
+                flight, leads = self._flights.join(name)
+                if leads:
+                    leading[mm_hash] = (name, flight)
+                else:
+                    following[mm_hash] = flight
+            if leading:
+                found.update(self._lead(leading, compute, target, float(wait_s)))
+            for mm_hash, flight in following.items():
+                flight.done.wait()
+                if flight.result is not None:  # else its leader failed: ask again
+                    found[mm_hash] = flight.result.to(target, copy=True)
+        return [found[mm_hash] for mm_hash in mm_hashes]
+
+    def _lead(
+        self,
+        leading: dict[str, tuple[str, Flight]],
+        compute: ComputeMany,
+        device: torch.device,
+        wait_s: float,
+    ) -> dict[str, torch.Tensor]:
+        """Get or compute the entries this caller leads; their followers get the results."""
+        results: dict[str, torch.Tensor] = {}
+        try:
+            hashes = list(leading)
+            for mm_hash, tensor in zip(hashes, self._cache.get_many(hashes, device), strict=True):
+                if tensor is not None:
+                    results[mm_hash] = tensor
+            missing = {h: leading[h][0] for h in hashes if h not in results}
+            if missing:
+                self._claim_and_compute(missing, compute, device, wait_s, results)
+        finally:
+            for mm_hash, (name, flight) in leading.items():
+                self._flights.land(name, flight, results.get(mm_hash))
+        return results
+
+    def _claim_and_compute(
+        self,
+        names: dict[str, str],
+        compute: ComputeMany,
+        device: torch.device,
+        wait_s: float,
+        results: dict[str, torch.Tensor],
+    ) -> None:
+        """Entries no tier held: claim them; wait for those others hold (the
+        ``ClaimWait`` rule), compute the rest; fill ``results``."""
+        agent = self._claim_agent()
+        rule = ClaimWait(wait_s)
+        ttl = max(wait_s, 0.001)
+        deadline = time.monotonic() + wait_s
+        if agent is None:
+            answers: list[bool | None] = [True] * len(names)
+        else:
+            agent.ask_many(list(names.values()), ttl)
+            # A claim is one call to the store: it may take the store's timeout
+            # (the first also opens the store), however short the wait.
+            agent.wait_answers(list(names.values()), max(wait_s, self._claim_answer_s))
+            answers = agent.ask_many(list(names.values()), ttl)
+        to_compute: list[str] = []
+        waiting: list[str] = []
+        for mm_hash, won in zip(names, answers, strict=True):
+            # Unanswered within the bound: the store is too slow to wait on.
+            if won is None or rule.after_claim(won) is Turn.COMPUTE:
+                to_compute.append(mm_hash)
+            else:
+                waiting.append(mm_hash)
+        self._cache.stats.add("compute_waits", len(waiting))
+        if to_compute and agent is not None and agent.shared:
+            # Stored by a holder that released its claim between our lookup and our claim.
+            self._take_landed(to_compute, names, device, agent, results)
+        looks = 0
+        while waiting:
+            time.sleep(rule.pause(looks, time.monotonic(), deadline))
+            looks += 1
+            frees = agent.ask_many([names[h] for h in waiting], ttl) if agent else []
+            landed = self._cache.get_many(waiting, device)
+            now = time.monotonic()
+            still: list[str] = []
+            for mm_hash, free, tensor in zip(waiting, frees, landed, strict=True):
+                turn = rule.turn(now, deadline, free, lambda t=tensor: t is not None)
+                if turn is Turn.LOAD:
+                    results[mm_hash] = tensor
+                    self._cache.stats.add("compute_waits_loaded")
+                elif turn is Turn.COMPUTE:
+                    to_compute.append(mm_hash)
+                else:
+                    still.append(mm_hash)
+            waiting = still
+        # Claims ours but not to compute (loaded): withdrawn now; any other name
+        # may still get an answer to a claim asked while waiting: withdrawn too.
+        for mm_hash in names:
+            if mm_hash not in to_compute and agent is not None:
+                agent.release(names[mm_hash])
+        if to_compute:
+            self._compute_and_store(to_compute, names, compute, device, wait_s, results)
+
+    def _take_landed(
+        self,
+        hashes: list[str],
+        names: dict[str, str],
+        device: torch.device,
+        agent: ClaimAgent,
+        results: dict[str, torch.Tensor],
+    ) -> None:
+        """Move the entries of ``hashes`` that a tier now holds into ``results``."""
+        for mm_hash, tensor in zip(list(hashes), self._cache.get_many(hashes, device), strict=True):
+            if tensor is not None:
+                results[mm_hash] = tensor
+                hashes.remove(mm_hash)
+                agent.release(names[mm_hash])
+
+    def _compute_and_store(
+        self,
+        hashes: list[str],
+        names: dict[str, str],
+        compute: ComputeMany,
+        device: torch.device,
+        wait_s: float,
+        results: dict[str, torch.Tensor],
+    ) -> None:
+        agent = self._claims
+        try:
+            tensors = self._check_results(hashes, compute(list(hashes)))
+        except BaseException:
+            if agent is not None:
+                for mm_hash in hashes:
+                    agent.release(names[mm_hash])
+            raise
+        self._cache.stats.add("computes", len(hashes))
+        for mm_hash, tensor in zip(hashes, tensors, strict=True):
+            try:
+                stored = self._cache.put(mm_hash, tensor)
+            except Exception as exc:  # closed meanwhile: the caller still gets its tensor
+                logger.warning("get_or_compute: %.40s not stored: %s", mm_hash, exc)
+                stored = False
+            if agent is not None:
+                key = self._cache.key(mm_hash)
+                # Withdrawn once the output reached the shared tiers: whoever
+                # claims it next finds it there instead of computing it again.
+                agent.release(
+                    names[mm_hash],
+                    after=(lambda k=key: not self._writing_below(k)) if stored else None,
+                    within_s=wait_s,
+                )
+            results[mm_hash] = tensor if tensor.device == device else tensor.to(device)
+
+    def _writing_below(self, key: ECKey) -> bool:
+        """Whether a tier below the CPU tier is still writing ``key``."""
+        for tier in self._storage.every_tier():
+            pending = getattr(tier, "exists_in_put_tasks", None)
+            if tier is not self._storage.cpu and pending is not None and pending(key):
+                return True
+        return False
+
+    def _claim_agent(self) -> ClaimAgent | None:
+        """This cache's claims (made on first use); None without a tier to share them in."""
+        if self._no_claims:
+            return None
+        with self._claims_lock:
+            if self._claims is None:
+                self._check_open()
+                self._claims = ClaimAgent(claim_store_factory(self._config), DEFAULT_WAIT_S)
+            return self._claims
+
+    def take_claims(self) -> ClaimAgent | None:
+        """The claims made so far, for the cache's close to withdraw (after its flush)."""
+        with self._claims_lock:
+            return self._claims
