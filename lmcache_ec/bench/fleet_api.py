@@ -19,96 +19,25 @@ under a millisecond, a waiter after the other instance's encode).
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .fleet import (
-    RUN_TIMEOUT,
     FleetSettings,
-    Progress,
-    barrier,
-    check_stop,
     image_stream,
     raise_first_failure,
     remove_entries,
     run_nodes,
     shared_stores,
 )
+from .fleet_nodes import Progress
 from .run import machine
 
 MODES = ("get/put", "get_or_compute")
-THREADS_PER_PROCESS = 8
-
-
-def run_api_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """One process of the fleet: its share of the stream, on the shared clock."""
-    import redis
-    import torch
-
-    from ..engine import ECCache
-
-    node, nodes, mode = int(job["node"]), int(job["nodes"]), job["mode"]
-    rows, cols = job["shape"]
-    item = torch.randn(rows, cols, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    encode_s = job["encode_ms"] / 1000
-    mine = [
-        (j * job["interval_ms"] / 1000, image)
-        for j, image in enumerate(job["stream"])
-        if j % nodes == node
-    ]
-    computed = threading.local()
-
-    def encode() -> torch.Tensor:
-        computed.value = True
-        time.sleep(encode_s)
-        return item.clone()
-
-    def serve(image: str) -> tuple[float, bool]:
-        """(seconds, encoded here) of one request."""
-        computed.value = False
-        started = time.perf_counter()
-        if mode == "get_or_compute":
-            cache.get_or_compute(image, encode, wait_s=job["wait_s"])
-        elif cache.get(image) is None:
-            cache.put(image, encode())
-        return time.perf_counter() - started, computed.value
-
-    client = redis.Redis.from_url(job["barrier_url"])
-    cache = ECCache.from_config(job["ec"], model="bench/fleet-api", dtype=torch.bfloat16)
-    try:
-        cache.get_or_compute("warm-up", item.clone)  # store clients and claims opened
-        waits_before = cache.stats.snapshot()["get_or_compute"]["waits"]
-        start = barrier(client, job["run"], nodes)
-        progress(f"node {node}: started ({mode})")
-        with ThreadPoolExecutor(THREADS_PER_PROCESS) as pool:
-            futures = []
-            for at, image in mine:
-                while (delay := start + at - time.time()) > 0:
-                    time.sleep(min(delay, 0.05))
-                futures.append(pool.submit(serve, image))
-            check_stop(client, job["run"])
-            served = [future.result(RUN_TIMEOUT) for future in futures]
-        cache.flush(120)
-        stats = cache.stats.snapshot()
-        return {
-            "node": node,
-            "requests": len(mine),
-            "encodes": sum(encoded for _, encoded in served),
-            "seconds_not_encoded": [s for s, encoded in served if not encoded],
-            "waits": stats["get_or_compute"]["waits"] - waits_before,
-            "storage_prefix": cache.identity.storage_prefix,
-        }
-    finally:
-        cache.close()
-        with contextlib.suppress(Exception):
-            client.close()
 
 
 def _percentile(values: list[float], q: float) -> float | None:

@@ -75,11 +75,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 **({"model_dir": job["model_dir"]} if job.get("model_dir") else {}),
             )
         elif kind == "fleet-node":
-            from .fleet import run_node
+            from .fleet_nodes import run_node
 
             rows = [run_node(job, progress)]
         elif kind == "fleet-api-node":
-            from .fleet_api import run_api_node
+            from .fleet_nodes import run_api_node
 
             rows = [run_api_node(job, progress)]
         elif kind == "startup":
