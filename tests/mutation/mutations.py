@@ -1193,6 +1193,17 @@ MUTATIONS += [
         (f"{T_REMOTE_GET_OR_COMPUTE}::test_a_store_going_down_mid_wait_falls_back_to_computing",),
     ),
     Mutation(
+        "compute-waits-for-itself",
+        "a compute asking for its own entry in its own thread is a clear error, never a stall",
+        GET_OR_COMPUTE,
+        "                elif flight.leader == threading.get_ident():\n",
+        "                elif False:\n",
+        (
+            f"{T_GET_OR_COMPUTE}::test_a_compute_asking_for_its_own_key_is_a_clear_error_not_a_stall",
+            f"{T_GET_OR_COMPUTE}::test_a_compute_may_ask_for_other_keys_but_not_its_own_in_a_batch",
+        ),
+    ),
+    Mutation(
         "hostile-result-not-checked",
         "a result of the wrong dtype is a clear error and nothing is stored",
         ENGINE,
