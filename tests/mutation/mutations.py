@@ -1204,6 +1204,19 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "claims-sent-key-by-key",
+        "a batch of claims is one round trip to Redis, however many keys it holds",
+        "lmcache_ec/claims.py",
+        "                if claim_many is not None and len(order.names) > 1:\n",
+        "                if False:\n",
+        (
+            f"{T_REMOTE_GET_OR_COMPUTE}::"
+            "test_the_batched_form_claims_any_number_of_new_keys_in_one_round_trip",
+            f"{T_REMOTE_GET_OR_COMPUTE}::"
+            "test_a_batched_wait_claims_and_looks_up_every_key_in_one_round_trip_a_look",
+        ),
+    ),
+    Mutation(
         "hostile-result-not-checked",
         "a result of the wrong dtype is a clear error and nothing is stored",
         ENGINE,
