@@ -328,3 +328,33 @@ def test_a_compute_may_ask_for_other_keys_but_not_its_own_in_a_batch(cache):
     later = Computation(seed=11)
     assert bit_equal(cache.get_or_compute("other", later), make_tensor(SHAPE, DTYPE, 11))
     assert later.calls == 1
+
+
+def test_a_holder_keeps_its_claim_until_its_output_reached_the_shared_tier(two):
+    first, second = two
+    written = threading.Event()
+    # The holder's disk writes queue behind this one: its output stays in its CPU tier.
+    assert first._storage.disk._writer.submit(written.wait, JOIN_S)
+    try:
+        holding = Computation(seed=12, hold=True)
+        holder, held_out = in_thread(
+            lambda: first.get_or_compute("slow-write", holding, wait_s=NEVER_S)
+        )
+        assert holding.started.wait(JOIN_S)
+        waiting = Computation(seed=13)
+        waiter, waited_out = in_thread(
+            lambda: second.get_or_compute("slow-write", waiting, wait_s=NEVER_S)
+        )
+        assert waiting_on_another(second)
+        holding.go.set()
+        assert finished(holder)
+        assert first.contains("slow-write") == "cpu" and second.contains("slow-write") is None
+        # A claim withdrawn now would be the waiter's at its next look (25 ms apart at
+        # most): it would compute. Kept until the write lands, the waiter loads instead.
+        waiter.join(0.5)
+    finally:
+        written.set()
+    assert finished(waiter)
+    assert waiting.calls == 0
+    assert bit_equal(waited_out[0], held_out[0])
+    assert second.stats.snapshot()["get_or_compute"]["waits_loaded"] == 1

@@ -1217,6 +1217,17 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "claim-released-before-the-write-lands",
+        "a holder withdraws its claim only once its output reached the shared tier",
+        GET_OR_COMPUTE,
+        "after=(lambda k=key: not self._writing_below(k)) if stored else None,",
+        "after=None,",
+        (
+            f"{T_GET_OR_COMPUTE}::"
+            "test_a_holder_keeps_its_claim_until_its_output_reached_the_shared_tier",
+        ),
+    ),
+    Mutation(
         "hostile-result-not-checked",
         "a result of the wrong dtype is a clear error and nothing is stored",
         ENGINE,
