@@ -283,3 +283,78 @@ def test_bad_arguments_are_refused(cache):
         cache.get_or_compute("k", lambda: make_tensor(SHAPE, DTYPE), wait_s=-1)
     with pytest.raises(TypeError, match="sequence of tensors"):
         cache.get_or_compute_many(["k"], lambda hashes: make_tensor(SHAPE, DTYPE))
+
+
+@pytest.mark.timeout(20)  # a compute waiting for itself hangs: fail instead
+def test_a_compute_asking_for_its_own_key_is_a_clear_error_not_a_stall(two):
+    first, second = two
+    inner: list[BaseException] = []
+
+    def compute() -> torch.Tensor:
+        try:
+            return first.get_or_compute("self", lambda: make_tensor(SHAPE, DTYPE, 8))
+        except RuntimeError as exc:
+            inner.append(exc)
+            raise
+
+    with pytest.raises(RuntimeError, match="would wait for itself"):
+        first.get_or_compute("self", compute, wait_s=NEVER_S)
+    assert len(inner) == 1 and "'self'" in str(inner[0])
+    assert first.contains("self") is None
+    # Failed as any raising compute: its claim withdrawn, another instance computes at once.
+    good = Computation(seed=9)
+    thread, out = in_thread(lambda: second.get_or_compute("self", good, wait_s=NEVER_S))
+    assert finished(thread) and good.calls == 1
+    assert bit_equal(out[0], make_tensor(SHAPE, DTYPE, 9))
+
+
+@pytest.mark.timeout(20)
+def test_a_compute_may_ask_for_other_keys_but_not_its_own_in_a_batch(cache):
+    def compute_outer() -> torch.Tensor:
+        inner = cache.get_or_compute("inner", lambda: make_tensor(SHAPE, DTYPE, 10))
+        return inner.clone()
+
+    assert bit_equal(cache.get_or_compute("outer", compute_outer), make_tensor(SHAPE, DTYPE, 10))
+    assert bit_equal(cache.get("inner"), make_tensor(SHAPE, DTYPE, 10))
+
+    def compute_many(hashes: list[str]) -> list[torch.Tensor]:
+        # "other" is joined before "a" is met: left to whoever asks next.
+        cache.get_or_compute_many(["other", "a"], lambda h: [make_tensor(SHAPE, DTYPE)] * len(h))
+        raise AssertionError("unreachable: the inner call raises")
+
+    with pytest.raises(RuntimeError, match="would wait for itself"):
+        cache.get_or_compute_many(["a"], compute_many)
+    assert cache.contains("a") is None and cache.contains("other") is None
+    later = Computation(seed=11)
+    assert bit_equal(cache.get_or_compute("other", later), make_tensor(SHAPE, DTYPE, 11))
+    assert later.calls == 1
+
+
+def test_a_holder_keeps_its_claim_until_its_output_reached_the_shared_tier(two):
+    first, second = two
+    written = threading.Event()
+    # The holder's disk writes queue behind this one: its output stays in its CPU tier.
+    assert first._storage.disk._writer.submit(written.wait, JOIN_S)
+    try:
+        holding = Computation(seed=12, hold=True)
+        holder, held_out = in_thread(
+            lambda: first.get_or_compute("slow-write", holding, wait_s=NEVER_S)
+        )
+        assert holding.started.wait(JOIN_S)
+        waiting = Computation(seed=13)
+        waiter, waited_out = in_thread(
+            lambda: second.get_or_compute("slow-write", waiting, wait_s=NEVER_S)
+        )
+        assert waiting_on_another(second)
+        holding.go.set()
+        assert finished(holder)
+        assert first.contains("slow-write") == "cpu" and second.contains("slow-write") is None
+        # A claim withdrawn now would be the waiter's at its next look (25 ms apart at
+        # most): it would compute. Kept until the write lands, the waiter loads instead.
+        waiter.join(0.5)
+    finally:
+        written.set()
+    assert finished(waiter)
+    assert waiting.calls == 0
+    assert bit_equal(waited_out[0], held_out[0])
+    assert second.stats.snapshot()["get_or_compute"]["waits_loaded"] == 1

@@ -94,6 +94,13 @@ class GetOrCompute:
                 flight, leads = self._flights.join(name)
                 if leads:
                     leading[mm_hash] = (name, flight)
+                elif flight.leader == threading.get_ident():
+                    # Asked from inside this thread's own compute of that entry.
+                    self._abandon(leading)
+                    raise RuntimeError(
+                        f"compute for {mm_hash!r:.80} asked get_or_compute for the same key: "
+                        "it would wait for itself"
+                    )
                 else:
                     following[mm_hash] = flight
             if leading:
@@ -103,6 +110,11 @@ class GetOrCompute:
                 if flight.result is not None:  # else its leader failed: ask again
                     found[mm_hash] = flight.result.to(target, copy=True)
         return [found[mm_hash] for mm_hash in mm_hashes]
+
+    def _abandon(self, leading: dict[str, tuple[str, Flight]]) -> None:
+        """Land the flights joined as leader without a result: their followers ask again."""
+        for name, flight in leading.values():
+            self._flights.land(name, flight, None)
 
     def _lead(
         self,

@@ -100,10 +100,11 @@ def claim_store_factory(config: ECConfig) -> Callable[[], ClaimStore | None] | N
 class Flight:
     """One computation of one entry in this process: its leader's outcome."""
 
-    __slots__ = ("done", "result")
+    __slots__ = ("done", "leader", "result")
 
     def __init__(self) -> None:
         self.done = threading.Event()
+        self.leader = threading.get_ident()  # a follower in this thread would wait for itself
         self.result: Any = None  # None once done: the leader failed (followers retry)
 
 

@@ -1193,6 +1193,41 @@ MUTATIONS += [
         (f"{T_REMOTE_GET_OR_COMPUTE}::test_a_store_going_down_mid_wait_falls_back_to_computing",),
     ),
     Mutation(
+        "compute-waits-for-itself",
+        "a compute asking for its own entry in its own thread is a clear error, never a stall",
+        GET_OR_COMPUTE,
+        "                elif flight.leader == threading.get_ident():\n",
+        "                elif False:\n",
+        (
+            f"{T_GET_OR_COMPUTE}::test_a_compute_asking_for_its_own_key_is_a_clear_error_not_a_stall",
+            f"{T_GET_OR_COMPUTE}::test_a_compute_may_ask_for_other_keys_but_not_its_own_in_a_batch",
+        ),
+    ),
+    Mutation(
+        "claims-sent-key-by-key",
+        "a batch of claims is one round trip to Redis, however many keys it holds",
+        "lmcache_ec/claims.py",
+        "                if claim_many is not None and len(order.names) > 1:\n",
+        "                if False:\n",
+        (
+            f"{T_REMOTE_GET_OR_COMPUTE}::"
+            "test_the_batched_form_claims_any_number_of_new_keys_in_one_round_trip",
+            f"{T_REMOTE_GET_OR_COMPUTE}::"
+            "test_a_batched_wait_claims_and_looks_up_every_key_in_one_round_trip_a_look",
+        ),
+    ),
+    Mutation(
+        "claim-released-before-the-write-lands",
+        "a holder withdraws its claim only once its output reached the shared tier",
+        GET_OR_COMPUTE,
+        "after=(lambda k=key: not self._writing_below(k)) if stored else None,",
+        "after=None,",
+        (
+            f"{T_GET_OR_COMPUTE}::"
+            "test_a_holder_keeps_its_claim_until_its_output_reached_the_shared_tier",
+        ),
+    ),
+    Mutation(
         "hostile-result-not-checked",
         "a result of the wrong dtype is a clear error and nothing is stored",
         ENGINE,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from redis.connection import AbstractConnection
+
 from lmcache_ec.remote.redis_store import PACKER
 
 TIMEOUT = 0.5  # remote_timeout of the outage tests, which bound calls by it
@@ -52,3 +54,23 @@ def frames_sent_in_place() -> Iterator[list[int]]:
         yield sizes
     finally:
         del PACKER.pack
+
+
+@contextlib.contextmanager
+def redis_requests() -> Iterator[list[bytes]]:
+    """The requests redis-py sent inside the block, from every client and thread,
+    each as the bytes it wrote before reading replies: one round trip each (a
+    pipeline is one request)."""
+    sent: list[bytes] = []
+    send = AbstractConnection.send_packed_command
+
+    def recording_send(self, command, check_health=True):
+        parts = [command] if isinstance(command, (str, bytes, memoryview)) else command
+        sent.append(b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in parts))
+        return send(self, command, check_health)
+
+    AbstractConnection.send_packed_command = recording_send
+    try:
+        yield sent
+    finally:
+        AbstractConnection.send_packed_command = send

@@ -14,9 +14,11 @@ import torch
 
 from lmcache_ec import ECCache
 from lmcache_ec.config import load_config
+from lmcache_ec.remote.redis_store import CLAIM
 from lmcache_ec.remote.store import open_store
+from lmcache_ec.remote_names import claim_key, redis_data_key
 from tests.conftest import bit_equal, make_tensor
-from tests.remote.conftest import outage_config, remote_config
+from tests.remote.conftest import outage_config, redis_requests, remote_config
 from tests.test_get_or_compute import (
     DTYPE,
     NEVER_S,
@@ -112,3 +114,64 @@ def test_a_hostile_result_stores_nothing_in_the_shared_tier(remote):
         good = Computation(seed=5)
         thread, _ = in_thread(lambda: second.get_or_compute("hostile", good, wait_s=NEVER_S))
         assert finished(thread) and good.calls == 1
+
+
+def _carried(requests: list[bytes], marker: bytes, keys: dict[str, bytes]) -> list[set[str]]:
+    """For each request holding ``marker`` and one of ``keys`` (name → its key
+    in Redis): the names whose keys it carries."""
+    carried = []
+    for request in requests:
+        if marker in request:
+            names = {name for name, key in keys.items() if key + b"\r\n" in request}
+            if names:
+                carried.append(names)
+    return carried
+
+
+def _batched_trips(cache: ECCache, hashes: list[str], action) -> tuple[list[set], list[set]]:
+    """``action()``'s round trips to Redis that claim and that look up ``hashes``:
+    for each, the hashes it carried."""
+    names = {h: cache.key(h).storage_name for h in hashes}
+    with redis_requests() as sent:
+        action()
+    claimed = {h: claim_key(n).encode() for h, n in names.items()}
+    read = {h: redis_data_key(n).encode() for h, n in names.items()}
+    return _carried(sent, CLAIM.sha.encode(), claimed), _carried(sent, b"GETRANGE", read)
+
+
+def _compute_many(hashes: list[str]) -> list[torch.Tensor]:
+    return [make_tensor(SHAPE, DTYPE, 50) for _ in hashes]
+
+
+def test_the_batched_form_claims_any_number_of_new_keys_in_one_round_trip(redis_url):
+    with open_cache(remote_config(redis_url)) as cache:
+        cache.get_or_compute("opening", Computation())  # connections opened, scripts loaded
+        trips = {}
+        for count in (2, 20):
+            hashes = [f"new-{count}-{i}" for i in range(count)]
+            claims, lookups = _batched_trips(
+                cache, hashes, lambda h=hashes: cache.get_or_compute_many(h, _compute_many)
+            )
+            assert claims == [set(hashes)]  # one claim round trip for the whole list
+            assert lookups and all(carried == set(hashes) for carried in lookups)
+            trips[count] = (len(claims), len(lookups))
+        assert trips[2] == trips[20]  # lookups too: as many for 20 keys as for 2
+        assert cache.stats.snapshot()["get_or_compute"]["computes"] == 23
+
+
+def test_a_batched_wait_claims_and_looks_up_every_key_in_one_round_trip_a_look(redis_url):
+    config = remote_config(redis_url)
+    with open_cache(config) as cache:
+        hashes = [f"held-{i}" for i in range(20)]
+        holder = open_store(load_config(config).remote)  # another instance, never delivering
+        assert all(holder.claim_many([cache.key(h).storage_name for h in hashes], 600))
+        claims, lookups = _batched_trips(
+            cache, hashes, lambda: cache.get_or_compute_many(hashes, _compute_many, wait_s=0.3)
+        )
+        holder.close()
+        stats = cache.stats.snapshot()["get_or_compute"]
+        assert (stats["waits"], stats["computes"]) == (20, 20)  # waited out the bound
+        # The first claim and the claims asked again while waiting, each for all 20;
+        # the lookup before claiming and one per look, each for all 20.
+        assert len(claims) >= 2 and all(carried == set(hashes) for carried in claims)
+        assert len(lookups) >= 3 and all(carried == set(hashes) for carried in lookups)
