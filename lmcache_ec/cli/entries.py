@@ -253,8 +253,9 @@ def purge(
     if not dry_run and marked:
         interval = session.config.purge_check_s
         console.print(
-            f"[dim]Purge marker written to {' and '.join(marked)}: running engines sharing "
-            f"it stop serving the purged entries within purge_check_s ({interval:g}s).[/]"
+            f"[dim]Purge recorded in the purge log on {' and '.join(marked)}: running "
+            f"engines sharing it stop serving the purged entries within purge_check_s "
+            f"({interval:g}s).[/]"
         )
     session.report()
 

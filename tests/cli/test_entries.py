@@ -167,7 +167,7 @@ def test_purge_and_ls_by_weights_version(config_file, disk_dir, invoke, invoke_j
     rows = invoke_json("ls", "--config", config_file, "--weights", "v1")
     assert [r["weights"] for r in rows] == ["v1"]
     out = invoke("purge", "--config", config_file, "--weights", "v1").stdout
-    assert "deleted 1 entries" in out and "Purge marker written to disk" in out
+    assert "deleted 1 entries" in out and "Purge recorded in the purge log on disk" in out
     left = invoke_json("ls", "--config", config_file)
     assert sorted(r["weights"] for r in left) == ["", "v2"]
     assert os.path.exists(disk_dir / log_name("default"))  # the namespace it reached

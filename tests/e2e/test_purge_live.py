@@ -184,7 +184,7 @@ def test_two_tenants_purge_at_once_and_neither_purged_image_is_served(tenants):
     outputs = _purge_at_once(tenants["purger"], [names["a"], names["b"]])
     for out in outputs:
         assert "remote: deleted 1 entries" in out, out
-        assert "marker written to" in out, out
+        assert "recorded in the purge log on" in out, out
     # The documented bound for a purge that reaches an engine through the remote
     # tier, then a grace for a loaded machine.
     time.sleep(INTERVAL + REMOTE_TIMEOUT)

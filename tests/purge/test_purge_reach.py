@@ -155,7 +155,7 @@ def test_purge_on_a_shared_disk_reaches_a_running_engine(tmp_path, disk_dir, ser
 
     # A purge of another model: its marker is noticed, nothing of ours is dropped.
     out = purge(config, "--model", "org/other")
-    assert "Purge marker written to disk" in out
+    assert "Purge recorded in the purge log on disk" in out
     time.sleep(INTERVAL)  # the documented bound for a disk marker
     assert server.get("image-0") == "cpu"
     assert server.ask("stats")["purges_seen"] == 1
@@ -192,7 +192,7 @@ def test_purge_through_redis_reaches_an_engine_with_its_own_disk(
     assert len([n for n in os.listdir(served_disk) if n.endswith(".pt")]) == 3
 
     out = purge(config, "--model", MODEL)
-    assert "remote: deleted 3 entries" in out and "remote" in out.split("marker written to")[1]
+    assert "remote: deleted 3 entries" in out and "remote" in out.split("purge log on")[1]
     # Remote marker: read by the engine's watch thread every purge_check_s, each
     # read bounded by remote_timeout; then the engine's own disk is purged too.
     time.sleep(INTERVAL + REMOTE_TIMEOUT)

@@ -73,7 +73,6 @@ class DiskListing:
         self.layout = DirectoryLayout(directory)
         self.check_s = check_s
         self.names: frozenset[str] = frozenset()
-        self.scans = 0
         self._listed_at: int | None = None  # directory mtime (ns) the names are of
         self._seen: int | None = None  # directory mtime (ns) at the thread's last look
         self._next_scan = 0.0
@@ -113,7 +112,6 @@ class DiskListing:
         self.names = frozenset(names or ())
         self._listed_at = before if complete and not racy else None
         self._seen = before
-        self.scans += 1
         spent = time.perf_counter() - started
         self._next_scan = time.perf_counter() + max(_MIN_RESCAN_S, 10 * spent)
 
