@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from .common import console, fail
+from .common import console, fail, run_and_show, simulated_engine_model
 
 _ROWS = (
     ("steps", "engine steps", "{:.0f}"),
@@ -48,20 +46,13 @@ def channel(
     as_json: Annotated[Path | None, typer.Option("--json", help="Also write results here.")] = None,
 ) -> None:
     """Connector time per step with thousands of items a step on the stage channel (needs vllm)."""
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from ..bench.channel_load import ChannelBenchSettings, run_channel
-    from ..bench.subjects import TINY_MODEL_DIR
-    from ..integration.vllm.plugin import register
-
-    directory = str(model_dir) if model_dir is not None else TINY_MODEL_DIR
-    if not (Path(directory) / "config.json").exists():
-        fail(f"{directory} has no config.json", 2)
+    directory = simulated_engine_model(model_dir)
     if items < 1 or busy < 1:
         fail("--items and --busy must be >= 1", 2)
     if pause_s < 0 or forward_ms < 0 or busy_stage_wait_s < 0:
         fail("--pause-s, --forward-ms and --busy-stage-wait-s must be >= 0", 2)
-    register()
+    from ..bench.channel_load import ChannelBenchSettings, run_channel
+
     settings = ChannelBenchSettings(
         model_dir=directory,
         items=items,
@@ -71,14 +62,12 @@ def channel(
         busy_stage_wait_s=busy_stage_wait_s,
         hostile=hostile,
     )
-    with console.status("saving, then loading, every image through the stage channel…"):
-        try:
-            result = run_channel(settings)
-        except RuntimeError as exc:
-            fail(str(exc), 1)
-    print_channel(result)
-    if as_json is not None:
-        as_json.write_text(json.dumps(result, indent=2))
+    run_and_show(
+        "saving, then loading, every image through the stage channel…",
+        lambda: run_channel(settings),
+        print_channel,
+        as_json,
+    )
 
 
 def print_channel(result: dict[str, Any]) -> None:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from .common import console, fail
+from .common import console, fail, run_and_show, simulated_engine_model
 
 _ROWS = (
     ("steps", "engine steps", "{:.0f}"),
@@ -44,19 +42,12 @@ def steps(
     as_json: Annotated[Path | None, typer.Option("--json", help="Also write results here.")] = None,
 ) -> None:
     """Step time with prefetch vs. remote reads inside the step (needs vllm, redis-server)."""
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from ..bench.steps import StepBenchSettings, run_steps
-    from ..bench.subjects import TINY_MODEL_DIR
-    from ..integration.vllm.plugin import register
-
-    directory = str(model_dir) if model_dir is not None else TINY_MODEL_DIR
-    if not (Path(directory) / "config.json").exists():
-        fail(f"{directory} has no config.json", 2)
+    directory = simulated_engine_model(model_dir)
     for name, value in (("--arrivals", arrivals), ("--busy", busy)):
         if value < 1:
             fail(f"{name} must be >= 1", 2)
-    register()
+    from ..bench.steps import StepBenchSettings, run_steps
+
     settings = StepBenchSettings(
         model_dir=directory,
         redis_url=redis_url,
@@ -66,14 +57,12 @@ def steps(
         forward_ms=forward_ms,
         encode_ms=encode_ms,
     )
-    with console.status("running the engine with and without prefetch…"):
-        try:
-            result = run_steps(settings)
-        except RuntimeError as exc:
-            fail(str(exc), 1)
-    print_steps(result)
-    if as_json is not None:
-        as_json.write_text(json.dumps(result, indent=2))
+    run_and_show(
+        "running the engine with and without prefetch…",
+        lambda: run_steps(settings),
+        print_steps,
+        as_json,
+    )
 
 
 def print_steps(result: dict[str, Any]) -> None:

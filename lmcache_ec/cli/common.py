@@ -136,3 +136,37 @@ def run_with_status(label: str, run: Callable[[Callable[[str], None], str], Any]
             return run(lambda text: status.update(f"{label}: {text}"), command)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def simulated_engine_model(model_dir: Path | None) -> str:
+    """The model directory a simulated engine (vLLM's real ``Scheduler``, no
+    weights) is built from: ``model_dir`` or the packaged tiny BLIP-2; with
+    vLLM set up for it (CPU, offline, the connector registered)."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from ..bench.subjects import TINY_MODEL_DIR
+    from ..integration.vllm.plugin import register
+
+    directory = str(model_dir) if model_dir is not None else TINY_MODEL_DIR
+    if not (Path(directory) / "config.json").exists():
+        fail(f"{directory} has no config.json", 2)
+    register()
+    return directory
+
+
+def run_and_show(
+    status: str,
+    run: Callable[[], dict[str, Any]],
+    show: Callable[[dict[str, Any]], None],
+    as_json: Path | None,
+) -> None:
+    """A simulated-engine benchmark: ``run`` under a status line (its
+    RuntimeError is the command's error), its table, then its JSON."""
+    with console.status(status):
+        try:
+            result = run()
+        except RuntimeError as exc:
+            fail(str(exc), 1)
+    show(result)
+    if as_json is not None:
+        as_json.write_text(json.dumps(result, indent=2))
