@@ -1,6 +1,6 @@
 """Benchmark jobs in processes forked from the job server (``bench/job_protocol.py``).
 
-The first job of the session starts the server (its imports: 15 to 20 s of
+The first job of the test run starts the server (its imports: 15 to 20 s of
 CPU, shared with every bench test after it); each test here then costs a
 second or a few.
 """
