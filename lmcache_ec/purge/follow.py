@@ -102,7 +102,6 @@ class PurgeFollower:
           again).
         """
         with self._lock:
-            self._stats.add("purges_seen")
             selector = marker.selector(self._namespace)
             tiers = self._storage.every_tier()
             if tier == "remote":
@@ -111,6 +110,7 @@ class PurgeFollower:
             self._drop_cpu(selector)
             for each in tiers:
                 each.forget_stored()
+            self._stats.add("purges_seen")  # applied: counted once nothing serves the selection
 
     def _purge_directory(self, directory: str, selector: selection.Selector) -> None:
         try:

@@ -41,9 +41,32 @@ _LOOKUP_THREADS = 8  # S3 has no batch existence check or read: requests side by
 _APPEND_TRIES = 32  # rounds of a log append racing others (each round, one of them wins)
 
 
+# botocore's service models, loaded once a process (~0.5 s a client otherwise).
+# No lock: a process may fork while another thread makes a client, and two
+# threads making the first loader at once only load it twice.
+_loader: Any = None
+
+
+def _session() -> Any:
+    """A new boto3 session (credentials resolved afresh) on the shared loader."""
+    import boto3
+    import botocore.loaders
+    import botocore.session
+
+    global _loader
+    if _loader is None:
+        _loader = botocore.loaders.create_loader()
+    loader = _loader
+    core = botocore.session.get_session()
+    core.register_component("data_loader", loader)
+    session = boto3.session.Session(botocore_session=core)
+    # Each boto3 session appends its data directory to the loader's paths.
+    loader.search_paths[:] = list(dict.fromkeys(loader.search_paths))
+    return session
+
+
 def make_client(settings: RemoteSettings, max_pool_connections: int = POOL_CONNECTIONS) -> Any:
     """A boto3 S3 client whose every request is bounded by ``settings.timeout``."""
-    import boto3
     from botocore.config import Config
 
     style = settings.s3_addressing_style or ("path" if settings.s3_endpoint_url else "auto")
@@ -54,8 +77,7 @@ def make_client(settings: RemoteSettings, max_pool_connections: int = POOL_CONNE
         max_pool_connections=max_pool_connections,
         s3={"addressing_style": style},
     )
-    session = boto3.session.Session()
-    return session.client(
+    return _session().client(
         "s3", endpoint_url=settings.s3_endpoint_url, region_name=settings.s3_region, config=config
     )
 
