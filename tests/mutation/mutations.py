@@ -1361,6 +1361,14 @@ MUTATIONS += [
             f"{T_SERVE_STATS}test_targets_inconclusive_when_the_interval_holds_the_target",
         ),
     ),
+    Mutation(
+        "purges-seen-not-exported",
+        "a served engine's applied purges reach /metrics as vllm:lmcache_ec_purges_seen_total",
+        "lmcache_ec/integration/vllm/stats.py",
+        '    "purges_seen": (\n        "purges_seen",\n',
+        '    "purges_seen_unused": (\n        "purges_seen_unused",\n',
+        (f"{T_IDENTITY}test_stats_flow_into_vllm_logging_and_prometheus",),
+    ),
     # -- benchmark jobs: forked from the job server, with the caller's environment
     Mutation(
         "job-runs-with-the-servers-environment",
