@@ -1,7 +1,7 @@
 """pytest plugin loaded by the mutation runner (``-p tests.mutation.plugin``).
 
 Writes, to the JSON file named by ``EC_MUTATION_REPORT``: the node ids that
-failed or errored, the node ids collected, and which ``lmcache_ec`` was
+failed or errored, the node ids collected, those that ran, and which ``lmcache_ec`` was
 imported (the runner checks it is the mutated copy, not the installed tree).
 """
 
@@ -14,11 +14,13 @@ import pytest
 
 _FAILED = pytest.StashKey[set]()
 _COLLECTED = pytest.StashKey[list]()
+_RAN = pytest.StashKey[set]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_FAILED] = set()
     config.stash[_COLLECTED] = []
+    config.stash[_RAN] = set()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -29,6 +31,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.failed:
         _config.stash[_FAILED].add(report.nodeid)
+    if report.when == "call" or report.failed:
+        _config.stash[_RAN].add(report.nodeid)
 
 
 _config: pytest.Config
@@ -50,6 +54,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "lmcache_ec": os.path.realpath(lmcache_ec.__file__),
         "failed": sorted(session.config.stash[_FAILED]),
         "collected": session.config.stash[_COLLECTED],
+        "ran": sorted(session.config.stash[_RAN]),
         "exitstatus": int(exitstatus),
     }
     with open(path, "w") as stream:

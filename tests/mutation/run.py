@@ -5,6 +5,8 @@
     python -m tests.mutation --only NAME...  some of them
     python -m tests.mutation --area AREA...  those of some areas (--areas lists them)
     python -m tests.mutation --keep          keep the copy (path printed)
+    python -m tests.mutation --every-test    run every named test, not only up to
+                                             the first that catches the mutation
 
 The working tree is never written: it is copied once to a temporary directory
 (without .git and caches), and each mutation is applied to that copy, its
@@ -61,10 +63,11 @@ class Outcome:
 class Copy:
     """A copy of the working tree that tests can be run in."""
 
-    def __init__(self, keep: bool) -> None:
+    def __init__(self, keep: bool, every_test: bool = False) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="ec-mutation-"))
         self.repo = self.base / "repo"
         self.keep = keep
+        self.every_test = every_test
         shutil.copytree(ROOT, self.repo, ignore=IGNORED, symlinks=True)
         self.runs = 0
 
@@ -80,8 +83,12 @@ class Copy:
             return 0
         return path.read_text().count(mutation.find)
 
-    def pytest(self, tests: list[str], label: str) -> dict:
-        """Run ``tests`` in the copy; the plugin's report plus ``output`` and ``returncode``."""
+    def pytest(self, tests: list[str], label: str, stop_at_first_failure: bool = False) -> dict:
+        """Run ``tests`` in the copy; the plugin's report plus ``output`` and ``returncode``.
+
+        ``stop_at_first_failure``: one failing named test is enough to catch a
+        mutation, so the rest need not run (most mutations end in seconds).
+        """
         self.runs += 1
         report_path = self.base / f"report-{self.runs}.json"
         log_path = self.base / f"{self.runs:02d}-{label}.log"
@@ -105,6 +112,7 @@ class Copy:
             "addopts=",
             f"--rootdir={self.repo}",
             f"--basetemp={self.base / 'basetemp'}",
+            *(["--exitfirst"] if stop_at_first_failure and not self.every_test else []),
             *tests,
         ]
         with open(log_path, "w") as log:
@@ -163,7 +171,7 @@ def run_mutation(copy: Copy, mutation: Mutation) -> Outcome:
     path.write_text(original.replace(mutation.find, mutation.replace, 1))
     try:
         tests = list(mutation.tests)
-        report = copy.pytest(tests, mutation.name)
+        report = copy.pytest(tests, mutation.name, stop_at_first_failure=mutation is not CANARY)
     finally:
         path.write_text(original)
     seconds = time.monotonic() - started
@@ -178,7 +186,8 @@ def run_mutation(copy: Copy, mutation: Mutation) -> Outcome:
         return Outcome(mutation, "ERROR", seconds=seconds, detail=problem)
     failed = set(report.get("failed", []))
     caught = [t for t in tests if t in failed]
-    passed = [t for t in tests if t not in failed]
+    ran = set(report.get("ran", []))
+    passed = [t for t in tests if t in ran and t not in failed]
     status = "CAUGHT" if caught else "SURVIVED"
     return Outcome(mutation, status, caught, passed, seconds, "" if caught else report["log"])
 
@@ -244,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the mutations and exit")
     parser.add_argument("--keep", action="store_true", help="keep the temporary copy")
     parser.add_argument(
+        "--every-test",
+        action="store_true",
+        help="run every named test of a mutation (default: stop at the first that catches it)",
+    )
+    parser.add_argument(
         "--no-baseline", action="store_true", help="skip the run of the unmutated copy"
     )
     args = parser.parse_args(argv)
@@ -274,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     started = time.monotonic()
-    copy = Copy(keep=args.keep)
+    copy = Copy(keep=args.keep, every_test=args.every_test)
     try:
         print(f"copy of {ROOT} at {copy.repo}")
         canary = run_mutation(copy, CANARY)
