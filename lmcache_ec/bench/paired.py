@@ -2,18 +2,23 @@
 
 ``bench serve`` sends each request to every subject back to back (the same
 image, the same machine state), so the two TTFTs of a pair share the noise
-of that moment. The ratio of two subjects is estimated on those pairs, on
-the log scale: ``d_i = ln(a_i / b_i)``; the ratio is ``exp(mean d)`` (the
-geometric mean of the pair ratios) and its interval ``exp(mean d ± t ·
-sd(d) / sqrt(n))`` with Student's t at ``n - 1`` degrees of freedom. A
-verdict is given only when the whole interval lies on one side of the
-target; an interval that contains it is ``INCONCLUSIVE``.
+of that moment. The ratio of two subjects is estimated on those pairs: the
+median of the pair ratios ``a_i / b_i``, and its distribution-free interval,
+the order statistics ``r_(k)`` and ``r_(n+1-k)`` of the sorted pair ratios,
+``k`` the largest with ``P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2``
+(the sign test's interval: it covers the true median with at least
+``confidence`` whatever the noise's shape). A pair that lands on a stall of
+the machine moves one order statistic, not the interval, where a mean and a
+standard deviation would let one outlier swing both. A verdict is given only
+when the whole interval lies on one side of the target; an interval that
+contains it is ``INCONCLUSIVE``.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,11 +33,24 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True)
 class RatioInterval:
-    ratio: float  # geometric mean of a_i / b_i
+    ratio: float  # median of a_i / b_i
     low: float
     high: float
     n: int  # pairs
-    confidence: float = CONFIDENCE
+    confidence: float = CONFIDENCE  # the interval's exact coverage is at least this
+
+
+def order_statistic_rank(n: int, confidence: float = CONFIDENCE) -> int:
+    """The ``k`` of the median's interval ``[r_(k), r_(n+1-k)]`` over ``n`` pairs, or 0
+    when ``n`` pairs are too few for ``confidence`` (at 95 %: fewer than 6)."""
+    tail = (1 - confidence) / 2
+    below, k = 0.0, 0  # below: P(Binomial(n, 1/2) < k + 1)
+    while k < n // 2:
+        below += math.comb(n, k) / 2**n
+        if below > tail:
+            break
+        k += 1
+    return k
 
 
 def ratio_interval(
@@ -40,19 +58,22 @@ def ratio_interval(
 ) -> RatioInterval | None:
     """The ratio ``subject / reference`` over paired samples, with its interval.
 
-    None with fewer than 2 pairs, or a sample that is not a positive number.
+    None with too few pairs for ``confidence``, or a sample that is not a positive number.
     """
     if len(subject) != len(reference):
         raise ValueError(f"{len(subject)} samples paired with {len(reference)}")
-    if len(subject) < 2 or any(not (v > 0) for v in (*subject, *reference)):
+    if any(not (v > 0) for v in (*subject, *reference)):
         return None
-    logs = [math.log(a / b) for a, b in zip(subject, reference, strict=True)]
-    n = len(logs)
-    mean = sum(logs) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in logs) / (n - 1))
-    half = t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
+    k = order_statistic_rank(len(subject), confidence)
+    if k == 0:
+        return None
+    logs = sorted(math.log(a / b) for a, b in zip(subject, reference, strict=True))
     return RatioInterval(
-        math.exp(mean), math.exp(mean - half), math.exp(mean + half), n, confidence
+        math.exp(statistics.median(logs)),
+        math.exp(logs[k - 1]),
+        math.exp(logs[len(logs) - k]),
+        len(logs),
+        confidence,
     )
 
 
@@ -69,57 +90,11 @@ def verdict(interval: RatioInterval | None, target: float) -> Verdict:
     return Verdict.INCONCLUSIVE
 
 
-def t_quantile(p: float, df: int) -> float:
-    """Student's t quantile: the x with P(T <= x) = ``p`` at ``df`` degrees of freedom."""
-    if not 0 < p < 1 or df < 1:
-        raise ValueError(f"t quantile needs 0 < p < 1 and df >= 1, got p={p}, df={df}")
-    if p < 0.5:
-        return -t_quantile(1 - p, df)
-    low, high = 0.0, 1.0
-    while _t_cdf(high, df) < p:
-        high *= 2
-    for _ in range(100):  # bisection to double precision
-        middle = (low + high) / 2
-        if _t_cdf(middle, df) < p:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2
-
-
-def _t_cdf(x: float, df: int) -> float:
-    """P(T <= x) for x >= 0: 1 - I_{df/(df+x^2)}(df/2, 1/2) / 2."""
-    return 1 - 0.5 * _incomplete_beta(df / (df + x * x), df / 2, 0.5)
-
-
-def _incomplete_beta(x: float, a: float, b: float) -> float:
-    """The regularised incomplete beta I_x(a, b) (continued fraction, Lentz)."""
-    if x <= 0:
-        return 0.0
-    if x >= 1:
-        return 1.0
-    front = math.exp(
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    )
-    if x > (a + 1) / (a + b + 2):  # converges faster on the other side
-        return 1 - _incomplete_beta(1 - x, b, a)
-    tiny = 1e-300
-    c, d = 1.0, 1 - (a + b) * x / (a + 1)
-    d = 1 / (d if abs(d) > tiny else tiny)
-    result = d
-    for m in range(1, 300):
-        for numerator in (
-            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
-        ):
-            d = 1 + numerator * d
-            d = 1 / (d if abs(d) > tiny else tiny)
-            c = 1 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            result *= c * d
-        if abs(c * d - 1) < 1e-15:
-            break
-    return front * result / a
-
-
-__all__ = ["CONFIDENCE", "RatioInterval", "Verdict", "ratio_interval", "t_quantile", "verdict"]
+__all__ = [
+    "CONFIDENCE",
+    "RatioInterval",
+    "Verdict",
+    "order_statistic_rank",
+    "ratio_interval",
+    "verdict",
+]

@@ -96,6 +96,7 @@ class ServeSettings:
     keep: bool = False
     ready_timeout: float = 420.0
     timeline: bool = True  # servers record per-request timelines (ec.timeline_path)
+    settle_s: float | None = None  # between two servers' turns; None: settle_seconds()
 
     @classmethod
     def quick_defaults(cls, **overrides: Any) -> ServeSettings:
@@ -189,6 +190,25 @@ def settled(server: VLLMServer, before: dict[str, float], requests: int) -> dict
             now = counters(server)
             return {k: now[k] - before[k] for k in now}
         time.sleep(0.2)
+
+
+def settle_seconds() -> float:
+    """The pause before a server's turn that follows another server's.
+
+    vLLM's CPU engines run a worker process (the CPU platform forces the
+    multiprocessing executor), and both it and the engine core poll their
+    shared-memory queues with ``sched_yield`` for ``busy_loop_s`` (1 s) after
+    their last message. On a small machine, where vLLM binds every CPU engine
+    to the same core, the server that runs next shares that core with the
+    previous one's polling: its step took up to ~1 s longer, whatever the
+    connector. Waiting the polling out gives every request an idle machine,
+    as one server per machine would (pinned by tests/upstream)."""
+    import inspect
+
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    busy_loop_s = inspect.signature(SpinCondition.__init__).parameters["busy_loop_s"].default
+    return float(busy_loop_s) + 0.1
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -304,6 +324,8 @@ class Fleet:
         patterns = pattern if isinstance(pattern, dict) else dict.fromkeys(names, pattern)
         blocks = {n: Block(s, patterns[n], mode) for n, s in names.items()}
         before = {n: counters(self.servers[n]) for n in names}
+        settle = self.settings.settle_s if self.settings.settle_s is not None else settle_seconds()
+        last: tuple[str, float] | None = None  # the server that ran last, and when it ended
         order = list(names)
         size = 1 if mode == "lone" else self.settings.in_flight
         rounds = [list(range(i, min(i + size, len(ids)))) for i in range(0, len(ids), size)]
@@ -313,6 +335,8 @@ class Fleet:
             floors = any(repeat[i] for i in indices) or number % 2 == 1
             for name in order:
                 server, block = self.servers[name], blocks[name]
+                if last is not None and last[0] != name:
+                    time.sleep(max(0.0, last[1] + settle - time.monotonic()))
                 begin = time.perf_counter()
                 results = self._requests(server, [ids[i] for i in indices])
                 wall = time.perf_counter() - begin
@@ -327,6 +351,7 @@ class Fleet:
                         sample.floor = text.ttft_s
                         block.floor_ttft.append(text.ttft_s)
                 block.samples += samples
+                last = (name, time.monotonic())
         for name, block in blocks.items():
             sent = len(ids) + len(block.floor_ttft)
             block.counters = settled(self.servers[name], before[name], sent)

@@ -92,10 +92,12 @@ NOTES = (
     "hit p50: requests for an image sent before; floor: p50 of a text-only prompt of the same "
     "token count, sent right after each repeat (and every other round without one) on the "
     "same server, same mode.",
-    "targets: the paired ratio (geometric mean over pairs) with its 95 % t-interval on the log "
-    "scale; hit/floor pairs a hit with the floor sent right after it, vs ECExampleConnector "
-    "pairs the same image sent to both back to back; PASS/FAIL only when the whole interval "
-    "is on one side of the target, else INCONCLUSIVE.",
+    "targets: the paired ratio (median over pairs) with its 95 % sign-test interval (order "
+    "statistics of the pair ratios); hit/floor pairs a hit with the floor sent right after "
+    "it, vs ECExampleConnector pairs the same image sent to both in turn; PASS/FAIL only "
+    "when the whole interval is on one side of the target, else INCONCLUSIVE.",
+    "servers take turns with a pause between two servers (settle_s): vLLM's CPU workers poll "
+    "their queues for 1 s after each step, which would slow the next server on the same core.",
     "hits: lmcache-ec's loads counter (vllm:lmcache_ec_loads_total); * ECExampleConnector has "
     "no counter: every repeat assumed a hit.",
     "req/s: lone = requests / summed request time; concurrent = requests / summed round "

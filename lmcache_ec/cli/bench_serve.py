@@ -63,6 +63,13 @@ def serve(
         bool,
         typer.Option(help="Servers record per-request timelines; the per-hit table shows them."),
     ] = True,
+    settle_s: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Seconds between two servers' turns (default: vLLM's worker polling, 1.1 s).",
+        ),
+    ] = None,
 ) -> None:
     """Real `vllm serve` with no connector, ECExampleConnector and lmcache-ec (disk, Redis):
     TTFT of a multimodal chat workload at 0/50/80/100 % reuse, a cold restart and a second
@@ -99,6 +106,7 @@ def serve(
         "directory": directory,
         "keep": keep,
         "timeline": timeline,
+        "settle_s": settle_s,
     }
     given = {k: v for k, v in options.items() if v is not None}
     settings = (

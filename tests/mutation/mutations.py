@@ -1343,12 +1343,23 @@ MUTATIONS += [
         (f"{T_SERVE_STATS}test_timeline_lines_from_both_sides_join_into_intervals",),
     ),
     Mutation(
-        "ratio-interval-wrong-degrees-of-freedom",
-        "the ratio's interval uses Student's t at n - 1 degrees of freedom",
+        "ratio-interval-one-rank-too-narrow",
+        "the ratio's interval is the sign test's: at least 95 % coverage, not one rank less",
         "lmcache_ec/bench/paired.py",
-        "t_quantile(0.5 + confidence / 2, n - 1)",
-        "t_quantile(0.5 + confidence / 2, n)",
-        (f"{T_SERVE_STATS}test_ratio_interval_on_known_pairs",),
+        "        if below > tail:\n            break\n        k += 1",
+        "        k += 1\n        if below > tail:\n            break",
+        (
+            f"{T_SERVE_STATS}test_order_statistic_rank_matches_the_sign_test_table[12-3]",
+            f"{T_SERVE_STATS}test_ratio_interval_on_known_pairs",
+        ),
+    ),
+    Mutation(
+        "ratio-from-the-mean-of-pairs",
+        "one pair that lands on a stall of the machine does not swing the ratio or its verdict",
+        "lmcache_ec/bench/paired.py",
+        "math.exp(statistics.median(logs)),",
+        "math.exp(statistics.fmean(logs)),",
+        (f"{T_SERVE_STATS}test_a_stalled_pair_does_not_swing_the_verdict",),
     ),
     Mutation(
         "straddling-interval-gets-a-verdict",

@@ -216,3 +216,17 @@ def test_tensor_parallel_group_api():
     source = inspect.getsource(coordinator.__init__)
     for attribute in ("self.world_size", "self.device", "self.rank_in_group"):
         assert attribute in source, f"GroupCoordinator no longer sets {attribute}"
+
+
+def test_shared_memory_queue_readers_poll_after_each_message():
+    """``bench serve`` waits between two servers' turns (``serve.settle_seconds``): the
+    readers of vLLM's shared-memory queues (``SpinCondition``, in a CPU engine's worker
+    and engine core) poll with ``sched_yield`` for ``busy_loop_s`` after each message,
+    which slows the next server on the same core. If vLLM renames it, the wait is lost."""
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    from lmcache_ec.bench.serve import settle_seconds
+
+    busy_loop_s = inspect.signature(SpinCondition.__init__).parameters["busy_loop_s"].default
+    assert isinstance(busy_loop_s, int | float) and 0 < busy_loop_s <= 5
+    assert settle_seconds() == pytest.approx(busy_loop_s + 0.1)
