@@ -22,6 +22,7 @@ store's module only when such a remote is configured.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -161,7 +162,7 @@ class StoreKind:
     schemes: tuple[str, ...]
     module: str  # imported on open only
     factory: str  # ``module.factory(settings) -> RemoteStore``
-    check: Callable[[str], None]  # raises ValueError for a malformed URL
+    check: Callable[[str], object]  # raises ValueError for a malformed URL
     example: str
 
 
@@ -176,18 +177,6 @@ def _check_redis(url: str) -> None:
     _ = parsed.port  # ValueError for a bad port
 
 
-def _check_cluster(url: str) -> None:
-    parse_node_list(url, service=False)
-
-
-def _check_sentinel(url: str) -> None:
-    parse_node_list(url, service=True)
-
-
-def _check_s3(url: str) -> None:
-    parse_s3_url(url)
-
-
 STORES: tuple[StoreKind, ...] = (
     StoreKind(
         ("redis", "rediss", "unix"),
@@ -200,21 +189,21 @@ STORES: tuple[StoreKind, ...] = (
         ("redis-cluster",),
         "lmcache_ec.remote.redis_store",
         "open_redis_cluster",
-        _check_cluster,
+        functools.partial(parse_node_list, service=False),
         "redis-cluster://[user:password@]host1:port1[,host2:port2,…]",
     ),
     StoreKind(
         ("redis-sentinel",),
         "lmcache_ec.remote.redis_store",
         "open_redis_sentinel",
-        _check_sentinel,
+        functools.partial(parse_node_list, service=True),
         "redis-sentinel://[user:password@]host1:port1[,…]/service_name",
     ),
     StoreKind(
         ("s3",),
         "lmcache_ec.remote.s3_store",
         "open_s3",
-        _check_s3,
+        parse_s3_url,
         "s3://bucket/prefix",
     ),
 )

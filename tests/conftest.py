@@ -73,10 +73,33 @@ def local_config(disk_dir):
     }
 
 
+_IDENTITY = ("revision", "namespace", "fingerprint", "dtype", "weights")
+
+
 @pytest.fixture
-def cache(local_config):
-    with ECCache.from_config(local_config, model="test/model") as engine:
-        yield engine
+def make_cache(local_config):
+    """``make_cache(config=None, *, model="m", **keys)``: an ``ECCache`` on ``config``
+    (default: ``local_config``) with the config ``keys`` merged in; the identity's
+    (``dtype``, ``namespace``, ``weights``...) go to ``from_config``. Every cache built
+    is closed at teardown; a test that reopens a tier closes the first itself
+    (``with make_cache() as writer:``)."""
+    built: list[ECCache] = []
+
+    def make(config=None, /, *, model: str = "m", **overrides) -> ECCache:
+        identity = {key: overrides.pop(key) for key in _IDENTITY if key in overrides}
+        if config is None or overrides:
+            config = {**(local_config if config is None else config), **overrides}
+        built.append(ECCache.from_config(config, model=model, **identity))
+        return built[-1]
+
+    yield make
+    for cache in reversed(built):
+        cache.close()
+
+
+@pytest.fixture
+def cache(make_cache):
+    return make_cache(model="test/model")
 
 
 @pytest.fixture(params=["redis", "s3"])

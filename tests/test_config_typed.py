@@ -125,7 +125,7 @@ def test_every_place_asking_for_a_shared_tier_agrees(name, tmp_path, node_base):
             worker.close()
 
 
-def test_a_namespace_override_is_the_node_tiers_namespace_too(node_base):
+def test_a_namespace_override_is_the_node_tiers_namespace_too(node_base, make_cache):
     source = {
         "max_local_cpu_size": 0.01,
         "local_disk": None,
@@ -134,12 +134,12 @@ def test_a_namespace_override_is_the_node_tiers_namespace_too(node_base):
         "max_node_size": 0.01,
         "namespace": "from-config",
     }
-    with ECCache.from_config(source, model="org/ns", namespace="tenant-b") as cache:
-        assert cache.identity.namespace == cache.config.namespace == "tenant-b"
-        (node,) = [t for t in cache._storage.tiers() if t.kind is TierKind.NODE]
-        assert node.directory == node_path(node_base, "tenant-b")
-        assert from_lmcache(cache._storage.config).namespace == "tenant-b"
-        assert cache.put("img", make_tensor((4, 8), torch.float32))
-        cache.flush(timeout=10)
-        stored = entry_file(cache.key("img").storage_name)
-        assert os.path.exists(os.path.join(node.directory, stored))
+    cache = make_cache(source, model="org/ns", namespace="tenant-b")
+    assert cache.identity.namespace == cache.config.namespace == "tenant-b"
+    (node,) = [t for t in cache._storage.tiers() if t.kind is TierKind.NODE]
+    assert node.directory == node_path(node_base, "tenant-b")
+    assert from_lmcache(cache._storage.config).namespace == "tenant-b"
+    assert cache.put("img", make_tensor((4, 8), torch.float32))
+    cache.flush(timeout=10)
+    stored = entry_file(cache.key("img").storage_name)
+    assert os.path.exists(os.path.join(node.directory, stored))

@@ -31,30 +31,30 @@ def test_round_trip_through_cpu_tier(cache, shape, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_round_trip_through_disk_tier(local_config, shape, dtype):
+def test_round_trip_through_disk_tier(shape, dtype, make_cache):
     tensor = make_tensor(shape, dtype, seed=1)
-    with ECCache.from_config(local_config, model="m") as writer:
+    with make_cache() as writer:
         assert writer.put("img", tensor)
-    with ECCache.from_config(local_config, model="m") as reader:
-        assert reader.contains("img") == "disk"
-        out = reader.get("img")
-        assert out is not None and bit_equal(out, tensor)
-        assert reader.stats.snapshot()["hits"] == {"disk": 1}
-        # The verified disk hit was promoted: the next read is a CPU hit.
-        assert reader.contains("img") == "cpu"
-        assert bit_equal(reader.get("img"), tensor)
+    reader = make_cache()
+    assert reader.contains("img") == "disk"
+    out = reader.get("img")
+    assert out is not None and bit_equal(out, tensor)
+    assert reader.stats.snapshot()["hits"] == {"disk": 1}
+    # The verified disk hit was promoted: the next read is a CPU hit.
+    assert reader.contains("img") == "cpu"
+    assert bit_equal(reader.get("img"), tensor)
 
 
-def test_disk_only_tier_without_cpu_hot_cache(disk_dir):
+def test_disk_only_tier_without_cpu_hot_cache(disk_dir, make_cache):
     config = {"local_cpu": False, "max_local_cpu_size": 0.05, "local_disk": str(disk_dir)}
     tensor = make_tensor((64, 32), torch.float16)
-    with ECCache.from_config(config, model="m") as cache:
-        assert cache.tiers == ["disk"]
-        assert cache.put("a", tensor)
-        assert cache.flush()
-        assert cache.contains("a") == "disk"
-        assert bit_equal(cache.get("a"), tensor)
-        assert cache.contains("a") == "disk"  # no CPU copy kept
+    cache = make_cache(config)
+    assert cache.tiers == ["disk"]
+    assert cache.put("a", tensor)
+    assert cache.flush()
+    assert cache.contains("a") == "disk"
+    assert bit_equal(cache.get("a"), tensor)
+    assert cache.contains("a") == "disk"  # no CPU copy kept
 
 
 def test_non_contiguous_and_other_device_inputs(cache):
@@ -67,19 +67,19 @@ def lru_cache_config(frame_bytes: int, frames: float) -> dict:
     return {"local_cpu": True, "max_local_cpu_size": frame_bytes * frames / 1024**3}
 
 
-def test_cpu_tier_evicts_least_recently_used():
+def test_cpu_tier_evicts_least_recently_used(make_cache):
     tensors = {
         name: make_tensor((256, 1024), torch.float32, seed=i) for i, name in enumerate("abcd")
     }
     frame = 256 * 1024 * 4 + 4096
-    with ECCache.from_config(lru_cache_config(frame, 3.5), model="m") as cache:
-        for name in "abc":
-            assert cache.put(name, tensors[name])
-        assert cache.get("a") is not None  # a is now the most recently used
-        assert cache.put("d", tensors["d"])
-        assert cache.contains("b") is None  # the least recently used went
-        for name in "acd":
-            assert bit_equal(cache.get(name), tensors[name])
+    cache = make_cache(lru_cache_config(frame, 3.5))
+    for name in "abc":
+        assert cache.put(name, tensors[name])
+    assert cache.get("a") is not None  # a is now the most recently used
+    assert cache.put("d", tensors["d"])
+    assert cache.contains("b") is None  # the least recently used went
+    for name in "acd":
+        assert bit_equal(cache.get(name), tensors[name])
 
 
 @pytest.mark.parametrize(
@@ -103,11 +103,11 @@ def test_bad_tensors_raise_clear_errors_and_store_nothing(cache, value, error, m
     assert cache.stats.snapshot()["puts"] == 0
 
 
-def test_pinned_dtype_rejects_other_dtypes(local_config):
-    with ECCache.from_config(local_config, model="m", dtype=torch.bfloat16) as cache:
-        with pytest.raises(ValueError, match="differs from the encoder dtype"):
-            cache.put("x", torch.zeros(4, 4))
-        assert cache.put("x", torch.zeros(4, 4, dtype=torch.bfloat16))
+def test_pinned_dtype_rejects_other_dtypes(make_cache):
+    cache = make_cache(dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="differs from the encoder dtype"):
+        cache.put("x", torch.zeros(4, 4))
+    assert cache.put("x", torch.zeros(4, 4, dtype=torch.bfloat16))
 
 
 def test_bad_mm_hash_types(cache):
@@ -119,9 +119,9 @@ def test_bad_mm_hash_types(cache):
         cache.contains("")
 
 
-def test_identities_never_exchange_entries(local_config):
+def test_identities_never_exchange_entries(make_cache):
     tensor = make_tensor((8, 8), torch.float32)
-    with ECCache.from_config(local_config, model="model-a") as cache:
+    with make_cache(model="model-a") as cache:
         assert cache.put("same-image", tensor)
     for other in (
         {"model": "model-b"},
@@ -129,31 +129,31 @@ def test_identities_never_exchange_entries(local_config):
         {"model": "model-a", "namespace": "tenant-2"},
         {"model": "model-a", "fingerprint": "other-vision-config"},
     ):
-        with ECCache.from_config(local_config, **other) as cache:
+        with make_cache(**other) as cache:
             assert cache.contains("same-image") is None
             assert cache.get("same-image") is None
-    with ECCache.from_config(local_config, model="model-a") as cache:
-        assert bit_equal(cache.get("same-image"), tensor)
+    cache = make_cache(model="model-a")
+    assert bit_equal(cache.get("same-image"), tensor)
 
 
-def test_tenants_with_colliding_slugs_never_exchange_entries(local_config):
+def test_tenants_with_colliding_slugs_never_exchange_entries(make_cache):
     # Equal namespace slugs, hence equal storage-name prefixes: only the digest
     # keeps the two tenants apart on the shared disk directory.
     first, second = "t" * 32 + "15057", "t" * 32 + "25505"
     tensors = {first: make_tensor((8, 8), torch.float32, seed=1)}
     tensors[second] = make_tensor((8, 8), torch.float32, seed=2)
-    with ECCache.from_config(local_config, model="m", namespace=first) as cache:
+    with make_cache(namespace=first) as cache:
         assert cache.put("img", tensors[first])
         assert cache.flush()
         prefix = cache.key("img").identity.storage_prefix
-    with ECCache.from_config(local_config, model="m", namespace=second) as cache:
+    with make_cache(namespace=second) as cache:
         assert cache.key("img").identity.storage_prefix == prefix  # the slugs collide
         assert cache.contains("img") is None  # misses what the other tenant stored
         assert cache.get("img") is None
         assert cache.put("img", tensors[second])
         assert cache.flush()
     for namespace, tensor in tensors.items():
-        with ECCache.from_config(local_config, model="m", namespace=namespace) as cache:
+        with make_cache(namespace=namespace) as cache:
             assert bit_equal(cache.get("img"), tensor)
 
 
@@ -187,18 +187,18 @@ def test_remove(cache):
     assert cache.remove("a") is False
 
 
-def test_close_flushes_every_accepted_write(local_config):
+def test_close_flushes_every_accepted_write(make_cache):
     tensors = {f"img-{i}": make_tensor((256, 256), torch.float16, seed=i) for i in range(40)}
-    cache = ECCache.from_config(local_config, model="m")
+    cache = make_cache()
     assert all(cache.put_many(tensors))
     cache.close()
     cache.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         cache.get("img-0")
-    with ECCache.from_config(local_config, model="m") as reader:
-        for name, tensor in tensors.items():
-            assert reader.contains(name) == "disk"
-            assert bit_equal(reader.get(name), tensor)
+    reader = make_cache()
+    for name, tensor in tensors.items():
+        assert reader.contains(name) == "disk"
+        assert bit_equal(reader.get(name), tensor)
 
 
 def test_concurrent_callers(cache):
@@ -228,21 +228,21 @@ def _rss_bytes() -> int:
         return int(stream.read().split()[1]) * 4096
 
 
-def test_cpu_pool_is_not_touched_at_start():
+def test_cpu_pool_is_not_touched_at_start(make_cache):
     before = _rss_bytes()
-    with ECCache.from_config({"max_local_cpu_size": 4.0}, model="m") as cache:
-        grown = _rss_bytes() - before
-        assert cache.cpu_capacity == 4 * 1024**3
-        assert grown < 256 * 1024**2, f"RSS grew {grown / 1e6:.0f} MB at construction"
+    cache = make_cache({"max_local_cpu_size": 4.0})
+    grown = _rss_bytes() - before
+    assert cache.cpu_capacity == 4 * 1024**3
+    assert grown < 256 * 1024**2, f"RSS grew {grown / 1e6:.0f} MB at construction"
 
 
 SMALL_CPU = {"local_cpu": True, "max_local_cpu_size": 0.02}
 
 
 @pytest.fixture
-def cpu_cache():
+def cpu_cache(make_cache):
     """A cache with a small CPU tier only."""
-    with ECCache.from_config(SMALL_CPU, model="org/cpu") as cache:
+    with make_cache(SMALL_CPU, model="org/cpu") as cache:
         yield cache
 
 
@@ -313,19 +313,19 @@ def test_borrow_releases_the_pool_buffer_when_the_block_raises(cpu_cache):
     assert memory_obj.get_ref_count() == held
 
 
-def test_borrow_from_disk_is_the_tensor_read_for_the_call(tmp_path):
+def test_borrow_from_disk_is_the_tensor_read_for_the_call(tmp_path, make_cache):
     config = {
         "local_cpu": False,
         "max_local_cpu_size": 0.02,
         "local_disk": str(tmp_path),
         "max_local_disk_size": 0.02,
     }
-    with ECCache.from_config(config, model="org/borrow") as cache:
-        tensor = make_tensor((16, 64), torch.bfloat16, seed=9)
-        assert cache.put("img", tensor) and cache.flush()
-        with cache.borrow("img") as view:
-            assert view is not None and torch.equal(view, tensor)
-        assert cache.stats.snapshot()["hits"] == {"disk": 1}
+    cache = make_cache(config, model="org/borrow")
+    tensor = make_tensor((16, 64), torch.bfloat16, seed=9)
+    assert cache.put("img", tensor) and cache.flush()
+    with cache.borrow("img") as view:
+        assert view is not None and torch.equal(view, tensor)
+    assert cache.stats.snapshot()["hits"] == {"disk": 1}
 
 
 _NEVER_CLOSED = """

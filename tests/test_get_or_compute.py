@@ -8,6 +8,7 @@ The remote stores (Redis, S3) are in tests/remote/test_get_or_compute.py.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import threading
@@ -26,15 +27,16 @@ NEVER_S = 600.0  # a bound no test reaches: finishing proves it was not waited o
 JOIN_S = 60.0  # a thread still running after this is stuck
 
 
-def open_cache(config: dict) -> ECCache:
-    return ECCache.from_config(config, model="test/get-or-compute", dtype=DTYPE)
+@pytest.fixture
+def open_cache(make_cache):
+    """``open_cache(config=None)``: a new instance (``local_config`` by default)."""
+    return functools.partial(make_cache, model="test/get-or-compute", dtype=DTYPE)
 
 
 @pytest.fixture
-def two(local_config):
+def two(open_cache):
     """Two instances sharing one disk directory."""
-    with open_cache(local_config) as first, open_cache(local_config) as second:
-        yield first, second
+    return open_cache(), open_cache()
 
 
 class Computation:

@@ -342,21 +342,41 @@ def run_fleet(
                     progress,
                 )
             )
-    single = runs[0] if settings.baseline else None
+    return fleet_result(
+        "lmcache-ec-bench-fleet/1",
+        command,
+        {
+            **asdict(settings),
+            "shape": list(settings.shape),
+            "redis_url": redact(settings.redis_url) or None,
+        },
+        runs,
+        runs[0] if settings.baseline else None,
+        started,
+        claims_supported=supported,
+    )
+
+
+def fleet_result(
+    schema: str,
+    command: str,
+    settings: dict[str, Any],
+    runs: list[dict[str, Any]],
+    single: dict[str, Any] | None,
+    started: float,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The JSON-ready result; each run's hit rate also as a ratio to ``single``'s."""
     for run in runs:
         run["hit_rate_vs_one_process"] = (
             run["hit_rate"] / single["hit_rate"] if single and single["hit_rate"] else None
         )
     return {
-        "schema": "lmcache-ec-bench-fleet/1",
+        "schema": schema,
         "command": command,
         "machine": machine(),
-        "settings": {
-            **asdict(settings),
-            "shape": list(settings.shape),
-            "redis_url": redact(settings.redis_url) or None,
-        },
-        "claims_supported": supported,
+        "settings": settings,
+        **extra,
         "runs": runs,
         "elapsed_s": round(time.perf_counter() - started, 1),
     }

@@ -28,6 +28,7 @@ from typing import Any
 
 from .fleet import (
     FleetSettings,
+    fleet_result,
     image_stream,
     raise_first_failure,
     remove_entries,
@@ -35,7 +36,6 @@ from .fleet import (
     shared_stores,
 )
 from .fleet_nodes import Progress
-from .run import machine
 
 MODES = ("get/put", "get_or_compute")
 
@@ -131,19 +131,14 @@ def run_fleet_api(
             for mode in MODES:
                 label = f"{nodes} process{'es' if nodes > 1 else ''}, {mode}"
                 runs.append(_run(label, nodes, mode, stream, settings, stores, progress))
-    single = next((r for r in runs if r["nodes"] == 1 and r["label"].endswith(MODES[1])), None)
-    for run in runs:
-        run["hit_rate_vs_one_process"] = (
-            run["hit_rate"] / single["hit_rate"] if single and single["hit_rate"] else None
-        )
-    return {
-        "schema": "lmcache-ec-bench-fleet-api/1",
-        "command": command,
-        "machine": machine(),
-        "settings": {
+    return fleet_result(
+        "lmcache-ec-bench-fleet-api/1",
+        command,
+        {
             **{k: v for k, v in vars(settings).items() if k != "shape"},
             "shape": list(settings.shape),
         },
-        "runs": runs,
-        "elapsed_s": round(time.perf_counter() - started, 1),
-    }
+        runs,
+        next((r for r in runs if r["nodes"] == 1 and r["label"].endswith(MODES[1])), None),
+        started,
+    )

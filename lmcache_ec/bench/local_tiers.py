@@ -36,13 +36,12 @@ Disk tier (CPU + disk, reads with the CPU tier cold):
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .measure import alternate, interleave, summary, wait_until
+from .measure import Series, alternate, interleave, summary, wait_until
 from .private_access import (
     upstream_cpu_read,
     upstream_disk_idle,
@@ -53,6 +52,7 @@ from .private_access import (
 from .rows import OURS, make_row, pool_gb, sample_tensors
 from .subjects import (
     ExampleConnector,
+    PutTimes,
     RawFile,
     batch_note,
     close_bounded,
@@ -62,7 +62,6 @@ from .subjects import (
     open_upstream,
     read_once,
     same,
-    timed_put,
     warm_pool,
 )
 
@@ -72,7 +71,6 @@ VERIFIED_ONCE = "verified_read_once"
 CPU_READ_LABEL = "LocalCPUBackend get_blocking + clone()"
 READ_ONCE_NOTE = "xxh3 over the result"
 UP_LABEL = "ECCacheEngine"
-EXAMPLE_SAVE = "ECExampleConnector.save_caches"
 CPU_ONLY_LABEL = "ECCache.put, CPU tier only"
 CPU_ONLY_NOTE = "the same put with no tier below: what the caller would pay anyway"
 
@@ -92,6 +90,22 @@ def ours_put_columns(
             else None
         ),
     }
+
+
+def upstream_own_get(
+    upstream: Any, hashes: list[str], x: Callable[[int], torch.Tensor]
+) -> tuple[Series, str]:
+    """Upstream's own get() of every entry (it reads the CPU tier only, so misses and
+    promotes nothing), and the note of the rows that time its tier walk instead."""
+    got = interleave(
+        {UP: lambda i: upstream.get(hashes[i], "cpu")},
+        len(hashes),
+        check=lambda i, out: same(out, x(i)),
+    )[UP]
+    return got, (
+        f"ECCacheEngine.get(): {got.hits}/{len(hashes)} hits (reads the CPU tier only); "
+        "timed: its StorageManager.get tier walk"
+    )
 
 
 WALK_LABEL = "ECCacheEngine (StorageManager.get)"
@@ -274,16 +288,7 @@ def run_disk(
         progress("get, CPU tier cold")
         ours = cold_cpu(ours)
         upstream_drop_cpu(upstream, hashes)
-        # Upstream's own get() first: it misses and promotes nothing.
-        up_get = interleave(
-            {UP: lambda i: upstream.get(hashes[i], "cpu")},
-            n,
-            check=lambda i, out: same(out, x(i)),
-        )[UP]
-        walk_note = (
-            f"ECCacheEngine.get(): {up_get.hits}/{n} hits (reads the CPU tier only); "
-            "timed: its StorageManager.get tier walk"
-        )
+        up_get, walk_note = upstream_own_get(upstream, hashes, x)
         series = interleave(
             {
                 OURS: lambda i: ours.get(hashes[i]),
@@ -466,48 +471,19 @@ def _disk_puts(
     x: Callable[[int], torch.Tensor],
 ) -> dict[str, Any]:
     """Puts interleaved; each engine's write is waited for before the next engine runs."""
-    times: dict[str, Any] = {
-        k: []
-        for k in (
-            "ours_returns",
-            "ours_stored",
-            "cpu_only",
-            "up_returns",
-            "up_stored",
-            "example",
-            "limit",
-        )
-    }
-    in_flight = 0
-
-    def ours_put(i: int) -> None:
-        nonlocal in_flight
-        returns, stored, running = timed_put(ours, hashes[i], x(i))
-        times["ours_returns"].append(returns)
-        times["ours_stored"].append(stored)
-        in_flight += running
-
-    def up_put(i: int) -> None:
-        started = time.perf_counter()
-        upstream.put(hashes[i], x(i))
-        returned = time.perf_counter()
-        wait_until(lambda: upstream_disk_idle(upstream))
-        times["up_returns"].append(returned - started)
-        times["up_stored"].append(time.perf_counter() - started)
-
-    def timed(key: str, call: Callable[[], Any]) -> None:
-        started = time.perf_counter()
-        call()
-        times[key].append(time.perf_counter() - started)
-
+    times = PutTimes("example", "limit")
     alternate(
         [
-            ours_put,
-            lambda i: timed("cpu_only", lambda: ours_cpu.put(hashes[i], x(i))),
-            up_put,
-            lambda i: timed("example", lambda: example.save(hashes[i], x(i))),
-            lambda i: timed("limit", lambda: raw.write(hashes[i], x(i).view(torch.uint8).numpy())),
+            lambda i: times.ours(ours, hashes[i], x(i)),
+            lambda i: times.timed("cpu_only", lambda: ours_cpu.put(hashes[i], x(i))),
+            lambda i: times.upstream(
+                upstream, hashes[i], x(i), lambda: wait_until(lambda: upstream_disk_idle(upstream))
+            ),
+            lambda i: times.timed("example", lambda: example.save(hashes[i], x(i))),
+            lambda i: times.timed(
+                "limit", lambda: raw.write(hashes[i], x(i).view(torch.uint8).numpy())
+            ),
         ],
         len(hashes),
     )
-    return {**times, "in_flight": in_flight}
+    return times.result()

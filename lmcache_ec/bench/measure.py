@@ -60,13 +60,13 @@ def alternate(steps: list[Callable[[int], Any]], n: int) -> None:
             step(i)
 
 
-def wait_until(done: Callable[[], bool], timeout: float = 120.0) -> bool:
-    """Poll ``done`` until True; sleeps a few µs between polls (releases the GIL)."""
+def wait_until(done: Callable[[], bool], timeout: float = 120.0, poll_s: float = 0.00005) -> bool:
+    """Poll ``done`` until True; sleeps ``poll_s`` between polls (releases the GIL)."""
     deadline = time.monotonic() + timeout
     while not done():
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.00005)
+        time.sleep(poll_s)
     return True
 
 

@@ -20,18 +20,18 @@ Entries go to a fresh namespace, deleted afterwards with the raw keys.
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .local_tiers import ours_put_columns
-from .measure import alternate, interleave, not_available, summary
+from .local_tiers import ours_put_columns, upstream_own_get
+from .measure import alternate, interleave, not_available, summary, wait_until
 from .private_access import upstream_drop_cpu, upstream_remote_names, upstream_walk
 from .rows import OURS, make_row, pool_gb, sample_tensors
 from .subjects import (
+    PutTimes,
     RawRedis,
     RawS3,
     batch_note,
@@ -39,7 +39,6 @@ from .subjects import (
     open_ours,
     open_upstream,
     same,
-    timed_put,
     warm_pool,
 )
 
@@ -133,17 +132,7 @@ def run_remote(
                 )
             )
 
-        up_note = ""
-        if upstream is not None:
-            got = interleave(
-                {UP: lambda i: upstream.get(hashes[i], "cpu")},
-                n,
-                check=lambda i, out: same(out, x(i)),
-            )[UP]
-            up_note = (
-                f"ECCacheEngine.get(): {got.hits}/{n} hits (reads the CPU tier only); "
-                "timed: its StorageManager.get tier walk"
-            )
+        up_note = "" if upstream is None else upstream_own_get(upstream, hashes, x)[1]
         for op, per in (("get", 1), ("get_many", batch)):
             progress(op)
             if upstream is not None:
@@ -250,12 +239,7 @@ def _warm_up(ours: Any, upstream: Any, raw: RawRedis | RawS3, tensor: torch.Tens
 
 def _wait_upstream_stored(upstream: Any, raw: Any, mm_hash: str) -> bool:
     names = upstream_remote_names(upstream, mm_hash)
-    deadline = time.monotonic() + 60
-    while raw.client.exists(*names) < len(names):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.0002)
-    return True
+    return wait_until(lambda: raw.client.exists(*names) >= len(names), 60, poll_s=0.0002)
 
 
 def _puts(
@@ -268,41 +252,25 @@ def _puts(
     x: Callable[[int], torch.Tensor],
 ) -> dict[str, Any]:
     """Puts interleaved; each engine's upload is waited for before the next engine runs."""
-    times: dict[str, Any] = {
-        k: []
-        for k in ("ours_returns", "ours_stored", "cpu_only", "up_returns", "up_stored", "limit")
-    }
-    in_flight = 0
-
-    def ours_put(i: int) -> None:
-        nonlocal in_flight
-        returns, stored, running = timed_put(ours, hashes[i], x(i))
-        times["ours_returns"].append(returns)
-        times["ours_stored"].append(stored)
-        in_flight += running
+    times = PutTimes("limit")
 
     def cpu_only_put(i: int) -> None:
-        started = time.perf_counter()
-        ours_cpu.put(hashes[i], x(i))
-        times["cpu_only"].append(time.perf_counter() - started)
+        times.timed("cpu_only", lambda: ours_cpu.put(hashes[i], x(i)))
         ours_cpu.remove(hashes[i])  # keeps its pool as small and warm as the staging pool
 
-    def up_put(i: int) -> None:
-        started = time.perf_counter()
-        upstream.put(hashes[i], x(i))
-        returned = time.perf_counter()
-        _wait_upstream_stored(upstream, raw, hashes[i])
-        times["up_returns"].append(returned - started)
-        times["up_stored"].append(time.perf_counter() - started)
-
-    def raw_put(i: int) -> None:
-        started = time.perf_counter()
-        raw.write(f"raw-{i}", frame)
-        times["limit"].append(time.perf_counter() - started)
-
-    steps = [ours_put, cpu_only_put, raw_put] + ([up_put] if upstream is not None else [])
+    steps = [
+        lambda i: times.ours(ours, hashes[i], x(i)),
+        cpu_only_put,
+        lambda i: times.timed("limit", lambda: raw.write(f"raw-{i}", frame)),
+    ]
+    if upstream is not None:
+        steps.append(
+            lambda i: times.upstream(
+                upstream, hashes[i], x(i), lambda: _wait_upstream_stored(upstream, raw, hashes[i])
+            )
+        )
     alternate(steps, len(hashes))
-    return {**times, "in_flight": in_flight}
+    return times.result()
 
 
 def _cleanup(ours: Any, upstream: Any, raw: RawRedis | RawS3, hashes: list[str]) -> None:

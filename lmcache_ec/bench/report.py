@@ -12,11 +12,6 @@ from typing import Any
 from .run import shape_name
 from .targets import CONVENTION, REFERENCES
 
-BASELINE_TITLES = {
-    "upstream": "ECCacheEngine",
-    "example": "ECExampleConnector",
-    "limit": "limit",
-}
 HEADERS = [
     "tier",
     "shape",

@@ -19,6 +19,7 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -98,6 +99,43 @@ def timed_put(cache: Any, mm_hash: str, tensor: torch.Tensor) -> tuple[float, fl
     if not wait_until(lambda: cache.pending_writes() == 0):
         raise RuntimeError("a write below the CPU tier did not finish within 120 s")
     return returned - started, time.perf_counter() - started, in_flight
+
+
+class PutTimes:
+    """Seconds of interleaved puts, one list per column, and how many of ours still
+    had a write running when ``put`` returned (``result()``: columns + ``in_flight``)."""
+
+    def __init__(self, *columns: str) -> None:
+        self.times: dict[str, list[float]] = {
+            k: [] for k in ("ours_returns", "ours_stored", "cpu_only", "up_returns", "up_stored")
+        }
+        self.times.update({k: [] for k in columns})
+        self.in_flight = 0
+
+    def ours(self, cache: Any, mm_hash: str, tensor: torch.Tensor) -> None:
+        returns, stored, running = timed_put(cache, mm_hash, tensor)
+        self.times["ours_returns"].append(returns)
+        self.times["ours_stored"].append(stored)
+        self.in_flight += running
+
+    def upstream(
+        self, engine: Any, mm_hash: str, tensor: torch.Tensor, stored: Callable[[], Any]
+    ) -> None:
+        """``engine.put``, then ``stored()`` waits for its write to land."""
+        started = time.perf_counter()
+        engine.put(mm_hash, tensor)
+        returned = time.perf_counter()
+        stored()
+        self.times["up_returns"].append(returned - started)
+        self.times["up_stored"].append(time.perf_counter() - started)
+
+    def timed(self, column: str, call: Callable[[], Any]) -> None:
+        started = time.perf_counter()
+        call()
+        self.times[column].append(time.perf_counter() - started)
+
+    def result(self) -> dict[str, Any]:
+        return {**self.times, "in_flight": self.in_flight}
 
 
 def warm_pool(cache: Any, tensor: torch.Tensor, count: int) -> None:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from .common import console, fail, run_with_status, write_report
+from .common import (
+    console,
+    fail,
+    human_bytes,
+    new_table,
+    run_with_status,
+    write_json,
+    write_report,
+)
 
 bench_app = typer.Typer(
     help="Benchmarks: lmcache-ec next to its baselines and the hardware, same run. "
@@ -139,10 +145,9 @@ def bench_all(
         "directory": directory,
         "repeat": repeat,
     }
-    if quick:
-        settings = BenchSettings.quick_defaults(**options, **common)
-    else:
-        settings = BenchSettings(**{k: v for k, v in options.items() if v is not None}, **common)
+    given = {k: v for k, v in options.items() if v is not None}
+    make = BenchSettings.quick_defaults if quick else BenchSettings
+    settings = make(**given, **common)
     if settings.batch > settings.iterations:
         fail("--batch must not exceed --iterations", 2)
     result = run_with_status(
@@ -219,9 +224,10 @@ def local(
     _print_flat(
         "CPU and disk tiers: ms per item (hits = reads that returned the tensor)", result["rows"]
     )
-    table = Table(title="Median ratios: baseline / lmcache-ec (>1: lmcache-ec is faster)")
-    for column in ("shape", "tier", "op", "ours ms", "vs upstream", "vs upstream walk", "vs floor"):
-        table.add_column(column)
+    table = new_table(
+        "Median ratios: baseline / lmcache-ec (>1: lmcache-ec is faster)",
+        ("shape", "tier", "op", "ours ms", "vs upstream", "vs upstream walk", "vs floor"),
+    )
     for entry in result["ratios"]:
 
         def ratio(label: str, entry: dict[str, Any] = entry) -> str:
@@ -243,11 +249,10 @@ def local(
     console.print(table)
     startup_result = result.get("startup") or {}
     if startup_result:
-        table = Table(
-            title=f"Start-up with a {startup_result['cpu_gb']} GB CPU tier (fresh process)"
+        table = new_table(
+            f"Start-up with a {startup_result['cpu_gb']} GB CPU tier (fresh process)",
+            ("engine", "seconds", "RSS growth"),
         )
-        for column in ("engine", "seconds", "RSS growth"):
-            table.add_column(column)
         for engine in ("lmcache-ec", "ECCacheEngine"):
             data = startup_result.get(engine, {})
             if "error" in data:
@@ -257,7 +262,7 @@ def local(
                     engine, f"{data['seconds']:.3f}", f"{data['rss_bytes'] / 1024**2:.0f} MB"
                 )
         console.print(table)
-    _write_json(json_path, result)
+    write_json(json_path, result)
 
 
 LEGEND = {
@@ -273,9 +278,11 @@ def _print_flat(title: str, rows: list[dict[str, Any]]) -> None:
     for row in rows:
         groups.setdefault(f"{'x'.join(map(str, row['shape']))} {row['dtype']}", []).append(row)
     for shape, group in groups.items():
-        table = Table(title=f"{shape}: {title}")
-        for column in ("tier", "op", "engine", "median", "p99", "hits", "ratio"):
-            table.add_column(column, justify="right" if column in ("median", "p99") else "left")
+        table = new_table(
+            f"{shape}: {title}",
+            ("tier", "op", "engine", "median", "p99", "hits", "ratio"),
+            right=("median", "p99"),
+        )
         for row in group:
             hits = row.get("hits")
             if isinstance(hits, dict):
@@ -294,12 +301,6 @@ def _print_flat(title: str, rows: list[dict[str, Any]]) -> None:
             )
         console.print(table)
     console.print("  " + "; ".join(f"{short} = {name}" for name, short in LEGEND.items()))
-
-
-def _write_json(path: str | Path | None, data: Any) -> None:
-    if path is not None:
-        Path(path).write_text(json.dumps(data, indent=2))
-        console.print(f"wrote {path}")
 
 
 @bench_app.command()
@@ -358,7 +359,7 @@ def remote(
     except MissingDependency as exc:
         fail(str(exc), 2)
     _print_flat("Remote tier: ms per item; ratio = raw client / lmcache-ec (>1: faster)", rows)
-    _write_json(as_json, rows)
+    write_json(as_json, rows)
 
 
 @bench_app.command()
@@ -377,7 +378,7 @@ def connector(
         "bench connector", lambda progress, _: run_connector(str(model_dir.resolve()), progress)
     )
     console.print_json(data=result)
-    _write_json(as_json, result)
+    write_json(as_json, result)
 
 
 @bench_app.command()
@@ -486,18 +487,16 @@ def fleet(
         print_fleet_api(result)
     else:
         print_fleet(result)
-    _write_json(json_path, result)
+    write_json(json_path, result)
 
 
 def print_fleet_api(result: dict[str, Any]) -> None:
     settings = result["settings"]
-    table = Table(
-        title=f"fleet through the library API: {settings['requests']} requests over "
-        f"{settings['images']} images (Zipf {settings['zipf']}), shared {settings['store']}"
+    table = new_table(
+        f"fleet through the library API: {settings['requests']} requests over "
+        f"{settings['images']} images (Zipf {settings['zipf']}), shared {settings['store']}",
+        ("run", "encodes", "per image", "hit rate", "vs 1 process", "waits", "waiter p50/p99"),
     )
-    columns = ("run", "encodes", "per image", "hit rate", "vs 1 process", "waits", "waiter p50/p99")
-    for column in columns:
-        table.add_column(column)
     for run in result["runs"]:
         vs, waited = run["hit_rate_vs_one_process"], run["waiter_ms"]
         table.add_row(
@@ -513,15 +512,12 @@ def print_fleet_api(result: dict[str, Any]) -> None:
 
 
 def print_fleet(result: dict[str, Any]) -> None:
-    from .common import human_bytes
-
     settings = result["settings"]
-    table = Table(
-        title=f"fleet: {settings['requests']} requests over {settings['images']} images "
-        f"(Zipf {settings['zipf']}), shared {settings['store']}"
+    table = new_table(
+        f"fleet: {settings['requests']} requests over {settings['images']} images "
+        f"(Zipf {settings['zipf']}), shared {settings['store']}",
+        ("run", "encodes", "per image", "hits", "hit rate", "vs 1 process", "tier hits"),
     )
-    for column in ("run", "encodes", "per image", "hits", "hit rate", "vs 1 process", "tier hits"):
-        table.add_column(column)
     for run in result["runs"]:
         vs = run["hit_rate_vs_one_process"]
         table.add_row(
@@ -534,9 +530,10 @@ def print_fleet(result: dict[str, Any]) -> None:
             " ".join(f"{t} {n}" for t, n in run["tier_hits"].items()) or "-",
         )
     console.print(table)
-    table = Table(title="bytes moved per tier (put / get) and host copies at the end")
-    for column in ("run", *sorted({t for run in result["runs"] for t in run["bytes"]}), "copies"):
-        table.add_column(column)
+    table = new_table(
+        "bytes moved per tier (put / get) and host copies at the end",
+        ("run", *sorted({t for run in result["runs"] for t in run["bytes"]}), "copies"),
+    )
     for run in result["runs"]:
         memory = run["memory"]
         table.add_row(

@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from .common import console, fail, run_and_show, simulated_engine_model
+from .common import console, fail, new_table, run_and_show, simulated_engine_model
 
 _ROWS = (
     ("steps", "engine steps", "{:.0f}"),
@@ -73,10 +72,11 @@ def channel(
 def print_channel(result: dict[str, Any]) -> None:
     phases = result["phases"]
     settings = result["settings"]
-    table = Table(title=f"Stage channel, {settings['items']} items a step (V1 call pattern)")
-    table.add_column("")
-    for phase in phases:
-        table.add_column(phase, justify="right")
+    table = new_table(
+        f"Stage channel, {settings['items']} items a step (V1 call pattern)",
+        ("", *phases),
+        right=phases,
+    )
     for key, label, fmt in _ROWS:
         table.add_row(label, *(fmt.format(phases[phase][key]) for phase in phases))
     console.print(table)

@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from .common import console, fail
+from .common import console, fail, new_table
 
 
 def node_reads(
@@ -22,9 +21,10 @@ def node_reads(
     if iterations < 1:
         fail("--iterations must be >= 1", 2)
     rows = run(SHAPES, iterations, lambda text: console.print(f"[dim]{text}[/]"))
-    table = Table(title="Node-tier read + verify, ms per entry (median; p99)")
-    for column in ("model", "shape", "mapped (reference)", "copied", "copied / mapped", "get"):
-        table.add_column(column)
+    table = new_table(
+        "Node-tier read + verify, ms per entry (median; p99)",
+        ("model", "shape", "mapped (reference)", "copied", "copied / mapped", "get"),
+    )
     for row in rows:
 
         def cell(method: str, row: dict = row) -> str:
@@ -63,12 +63,11 @@ def fingerprint(
         fail("--tensors, --elements and --repeat must be >= 1", 2)
     result = run(tensors, elements, repeat, gpu_bandwidth_gbs, link_gbs)
     size = result["bytes"] / 1e6
-    table = Table(
-        title=f"Fingerprint of {tensors} x {elements} bf16 ({size:.0f} MB), "
-        f"{result['threads']} torch threads: ms per GB (median)"
+    table = new_table(
+        f"Fingerprint of {tensors} x {elements} bf16 ({size:.0f} MB), "
+        f"{result['threads']} torch threads: ms per GB (median)",
+        ("method", "CPU ms/GB", "CPU MB/s", "GPU estimate ms/GB"),
     )
-    for column in ("method", "CPU ms/GB", "CPU MB/s", "GPU estimate ms/GB"):
-        table.add_column(column)
     estimate = result["gpu_estimate"]
     for method in ("sums", "mixed", "host_hash", "hash"):
         row = result[method]

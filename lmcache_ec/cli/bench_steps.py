@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from .common import console, fail, run_and_show, simulated_engine_model
+from .common import console, fail, new_table, run_and_show, simulated_engine_model
 
 _ROWS = (
     ("steps", "engine steps", "{:.0f}"),
@@ -67,12 +66,12 @@ def steps(
 
 def print_steps(result: dict[str, Any]) -> None:
     modes = result["modes"]
-    table = Table(
-        title=f"Engine steps, Redis +{result['settings']['delay_ms']:.0f} ms per command",
+    columns = ("prefetch (lmcache-ec)", "read inside the step")
+    table = new_table(
+        f"Engine steps, Redis +{result['settings']['delay_ms']:.0f} ms per command",
+        ("", *columns),
+        right=columns,
     )
-    table.add_column("")
-    table.add_column("prefetch (lmcache-ec)", justify="right")
-    table.add_column("read inside the step", justify="right")
     for key, label, fmt in _ROWS:
         table.add_row(label, fmt.format(modes["prefetch"][key]), fmt.format(modes["in-step"][key]))
     console.print(table)

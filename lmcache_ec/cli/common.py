@@ -7,12 +7,13 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from ..config import ConfigError, ECConfig, load_config
 from ..remote_names import redact
@@ -30,6 +31,14 @@ ConfigOption = Annotated[
         show_default=False,
     ),
 ]
+
+
+def new_table(title: str, columns: Iterable[str], right: Container[str] = ()) -> Table:
+    """A table of ``columns``; those in ``right`` (numbers) are right-justified."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left")
+    return table
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -91,6 +100,12 @@ def short(text: Any, width: int = 16) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def write_json(path: str | Path | None, data: Any) -> None:
+    if path is not None:
+        Path(path).write_text(json.dumps(data, indent=2))
+        console.print(f"wrote {path}")
+
+
 def write_report(
     result: dict[str, Any],
     *,
@@ -105,9 +120,7 @@ def write_report(
 ) -> None:
     """A benchmark's table on the console, then its JSON, Markdown and chart files."""
     print_table(result, console)
-    if json_path is not None:
-        json_path.write_text(json.dumps(result, indent=2))
-        console.print(f"wrote {json_path}")
+    write_json(json_path, result)
     if markdown is not None:
         markdown.write_text(to_markdown(result))
         console.print(f"wrote {markdown}")

@@ -7,10 +7,9 @@ from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from ..config import ConfigError
-from .common import ConfigOption, config_source, console, fail
+from .common import ConfigOption, config_source, console, fail, new_table
 
 
 class _Bar:
@@ -74,16 +73,13 @@ def _print(report) -> None:
         f"SigLIP vision tower (random weights, CPU): {report.tokens}x{report.hidden} bfloat16 "
         f"per image; tiers {', '.join(report.tiers)} ({report.config_source})"
     )
-    table = Table(title=f"{report.requests} requests over {report.images} images (Zipf)")
     tiers = sorted({t for p in report.phases for t in p.hits} | set(report.tiers) - {"remote"})
-    for column in (
-        "phase",
-        "requests",
-        *[f"{t} hits" for t in tiers],
-        "misses (encoded)",
-        "hit rate",
-    ):
-        table.add_column(column, justify="left" if column == "phase" else "right")
+    numbers = ("requests", *[f"{t} hits" for t in tiers], "misses (encoded)", "hit rate")
+    table = new_table(
+        f"{report.requests} requests over {report.images} images (Zipf)",
+        ("phase", *numbers),
+        right=numbers,
+    )
     for phase in report.phases:
         rate = phase.hit_count / phase.requests if phase.requests else 0.0
         table.add_row(
@@ -97,9 +93,7 @@ def _print(report) -> None:
             f"{rate:.0%}",
         )
     console.print(table)
-    table = Table(title="Time")
-    table.add_column("")
-    table.add_column("seconds", justify="right")
+    table = new_table("Time", ("", "seconds"), right=("seconds",))
     table.add_row(
         f"encoding ({report.encode_count} encodes, "
         f"{report.mean_encode_seconds * 1000:.0f} ms each)",

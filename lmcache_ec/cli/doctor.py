@@ -21,13 +21,12 @@ from typing import Any
 import typer
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
-from rich.table import Table
 
 from ..config import ConfigError, ECConfig, load_config
 from ..purge import inventory
 from ..remote_names import redact
 from ..runtime_dirs import RuntimeDirUnavailable, UserDir, socket_dir, state_base, user_dir
-from .common import ConfigOption, config_source, console, human_bytes
+from .common import ConfigOption, config_source, console, human_bytes, new_table
 
 DIST = "lmcache-ec"
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
@@ -395,10 +394,7 @@ def doctor(
         checks.append(check_remote(loaded))
         if round_trip and not any(c.status == "fail" for c in checks):
             checks.append(check_engine(loaded))
-    table = Table(title="lmcache-ec doctor")
-    table.add_column("check")
-    table.add_column("status")
-    table.add_column("details")
+    table = new_table("lmcache-ec doctor", ("check", "status", "details"))
     for check in checks:
         table.add_row(check.area, f"[{STYLE[check.status]}]{check.status}[/]", check.message)
     console.print(table)

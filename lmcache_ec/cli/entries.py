@@ -14,7 +14,6 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 from rich.progress import Progress
-from rich.table import Table
 
 from ..config import ECConfig
 from ..purge import inventory
@@ -28,6 +27,7 @@ from .common import (
     human_age,
     human_bytes,
     load,
+    new_table,
     parse_duration,
     short,
 )
@@ -76,6 +76,7 @@ class _Session:
 
     def __init__(self, config: ECConfig, tiers: tuple[str, ...]) -> None:
         self.config = config
+        self.tiers = tiers
         self.catalog: Any = None
         self.problems: list[str] = []
         if "remote" in tiers and config.remote.url is not None:
@@ -87,6 +88,12 @@ class _Session:
             self.problems.append("no disk tier configured (local_disk is unset)")
         if tiers == ("node",) and not config.node_tier:
             self.problems.append("no node tier configured (node_tier is off)")
+
+    def select(self, selector: Selector) -> list[Entry]:
+        """The entries of this session's tiers that ``selector`` selects by name."""
+        return inventory.select(
+            self.config, selector, tiers=self.tiers, catalog=self.catalog, problems=self.problems
+        )
 
     def close(self) -> None:
         if self.catalog is not None:
@@ -142,13 +149,7 @@ def ls(
     selector = Selector(namespace, model, parse_duration(older_than), weights)
     session = _Session(load(config), tiers)
     try:
-        entries = inventory.select(
-            session.config,
-            selector,
-            tiers=tiers,
-            catalog=session.catalog,
-            problems=session.problems,
-        )
+        entries = session.select(selector)
         _with_headers(entries, session.catalog, "reading headers")
     finally:
         session.close()
@@ -158,9 +159,11 @@ def ls(
     if as_json:
         console.print_json(json.dumps([_row(e, now) for e in shown]))
     else:
-        table = Table(title=f"{len(entries)} entries, {human_bytes(sum(e.size for e in entries))}")
-        for column in ("tier", "namespace", "model", "mm_hash", "shape", "dtype", "size", "age"):
-            table.add_column(column, justify="right" if column in ("size", "age") else "left")
+        table = new_table(
+            f"{len(entries)} entries, {human_bytes(sum(e.size for e in entries))}",
+            ("tier", "namespace", "model", "mm_hash", "shape", "dtype", "size", "age"),
+            right=("size", "age"),
+        )
         for entry in shown:
             row = _row(entry, now)
             if entry.error:
@@ -217,13 +220,7 @@ def purge(
     freed: Counter[str] = Counter()
     marked: list[str] = []
     try:
-        entries = inventory.select(
-            session.config,
-            selector,
-            tiers=tiers,
-            catalog=session.catalog,
-            problems=session.problems,
-        )
+        entries = session.select(selector)
         named = entries  # selected by name: whose namespaces the purge reaches
         if selector.needs_headers:
             _with_headers(entries, session.catalog, "reading headers")
@@ -322,9 +319,7 @@ def stats(
     tiers: dict[str, Any] = {}
     groups: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
     try:
-        entries = inventory.select(
-            session.config, Selector(), catalog=session.catalog, problems=session.problems
-        )
+        entries = session.select(Selector())
     finally:
         session.close()
     config = session.config
@@ -382,11 +377,11 @@ def stats(
 
 
 def _print_stats(tiers: dict[str, Any], groups: dict, counters: Any, url: str | None) -> None:
-    table = Table(title="Shared tiers (every process's entries)")
-    for column in ("tier", "entries", "bytes", "capacity", "location"):
-        table.add_column(
-            column, justify="right" if column in ("entries", "bytes", "capacity") else "left"
-        )
+    table = new_table(
+        "Shared tiers (every process's entries)",
+        ("tier", "entries", "bytes", "capacity", "location"),
+        right=("entries", "bytes", "capacity"),
+    )
     for name, tier in tiers.items():
         capacity = tier["capacity"]
         table.add_row(
@@ -398,9 +393,11 @@ def _print_stats(tiers: dict[str, Any], groups: dict, counters: Any, url: str | 
         )
     console.print(table)
     if groups:
-        table = Table(title="By namespace / model (storage-name slugs)")
-        for column in ("tier", "namespace", "model", "entries", "bytes"):
-            table.add_column(column, justify="right" if column in ("entries", "bytes") else "left")
+        table = new_table(
+            "By namespace / model (storage-name slugs)",
+            ("tier", "namespace", "model", "entries", "bytes"),
+            right=("entries", "bytes"),
+        )
         for (tier, ns, model), (count, size) in sorted(groups.items()):
             table.add_row(tier, ns, model, str(count), human_bytes(size))
         console.print(table)
@@ -412,9 +409,7 @@ def _print_stats(tiers: dict[str, Any], groups: dict, counters: Any, url: str | 
             "http://HOST:PORT/metrics of an engine exporting them.[/]"
         )
         return
-    table = Table(title=f"Counters from {url}")
-    table.add_column("counter")
-    table.add_column("value", justify="right")
+    table = new_table(f"Counters from {url}", ("counter", "value"), right=("value",))
     for name, value in counters.items():  # escape: "hits[disk]" is not markup
         table.add_row(escape(name), f"{value:.4g}" if isinstance(value, float) else str(value))
     console.print(table)

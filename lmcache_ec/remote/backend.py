@@ -106,7 +106,7 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         plugin_name: str | None = None,
         settings: RemoteSettings | None = None,
     ) -> None:
-        self.settings = settings or _settings_of(config)
+        self.settings = settings or from_lmcache(config).remote
         self.timeout = self.settings.timeout
         self.retry_interval = self.settings.retry_interval
         self._known = RecentKeys()
@@ -485,10 +485,6 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         return "RemoteBackend"
 
 
-def _settings_of(config: LMCacheEngineConfig) -> RemoteSettings:
-    return from_lmcache(config).remote
-
-
 def create_remote_backends(
     config: LMCacheEngineConfig,
     metadata: LMCacheMetadata,
@@ -504,7 +500,7 @@ def create_remote_backends(
     Empty when no remote is configured. An unreachable store does not fail
     here: the backend starts and reports misses until it reconnects.
     """
-    settings = _settings_of(config)
+    settings = from_lmcache(config).remote
     plugins = list(settings.plugins)
     primary: str | None = None
     if settings.url is None:

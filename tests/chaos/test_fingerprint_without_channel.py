@@ -22,7 +22,6 @@ import tempfile
 
 import pytest
 
-from lmcache_ec import ECCache
 from lmcache_ec.integration.vllm.connector_options import ConnectorSettings
 from lmcache_ec.integration.vllm.plugin import register
 from lmcache_ec.integration.vllm.worker import TierWorker
@@ -171,10 +170,10 @@ def test_an_encode_only_instance_on_v1_without_a_channel_says_caching_is_paused(
     assert "weights_fingerprint: false" in paused[0]
 
 
-def test_a_weights_change_is_reported_even_with_nothing_else_to_say(local_config):
+def test_a_weights_change_is_reported_even_with_nothing_else_to_say(make_cache):
     """Without a channel the step report is the scheduler's only news of new
     weights: a report that would otherwise be empty still carries them."""
-    cache = ECCache.from_config(local_config, model="m/announce")
+    cache = make_cache(model="m/announce")
     worker = TierWorker(
         cache,
         ConnectorSettings(),

@@ -35,18 +35,20 @@ def tiny_shm():
         os.rmdir(point)
 
 
-def _cache(node_dir: str) -> ECCache:
+@pytest.fixture
+def cache(tiny_shm, make_cache) -> ECCache:
+    """A CPU + node tier whose node directory is the tiny tmpfs."""
     config = {
         "local_cpu": True,
         "max_local_cpu_size": 0.05,
         "local_disk": None,
         "node_tier": True,
-        "node_dir": node_dir,
+        "node_dir": tiny_shm,
         "max_node_size": 4,  # far beyond the filesystem: its free space is the limit
         "min_residency_s": 0,
         "namespace": "tiny-shm",
     }
-    return ECCache.from_config(config, model="m", dtype=torch.bfloat16)
+    return make_cache(config, dtype=torch.bfloat16)
 
 
 def _tensor(i: int) -> torch.Tensor:
@@ -62,50 +64,47 @@ def _node(cache: ECCache):
     return cache._storage.storage_backends["NodeBackend"]
 
 
-def test_puts_beyond_the_filesystem_evict_and_keep_writing(tiny_shm):
-    with _cache(tiny_shm) as cache:
-        stored = [cache.put(f"img-{i}", _tensor(i)) for i in range(20)]
-        assert all(stored)
-        node = _node(cache).snapshot()
-        assert node.get("write_errors", 0) == 0
-        assert _free(tiny_shm) > 0  # something is always left to the filesystem's other users
-        # The newest entries are there and exact; the oldest made room for them.
-        assert all(bit_equal(cache.get(f"img-{i}"), _tensor(i)) for i in range(17, 20))
-        assert cache.get("img-0") is None
-        assert cache.stats.snapshot()["put_rejected"] == 0
+def test_puts_beyond_the_filesystem_evict_and_keep_writing(tiny_shm, cache):
+    stored = [cache.put(f"img-{i}", _tensor(i)) for i in range(20)]
+    assert all(stored)
+    node = _node(cache).snapshot()
+    assert node.get("write_errors", 0) == 0
+    assert _free(tiny_shm) > 0  # something is always left to the filesystem's other users
+    # The newest entries are there and exact; the oldest made room for them.
+    assert all(bit_equal(cache.get(f"img-{i}"), _tensor(i)) for i in range(17, 20))
+    assert cache.get("img-0") is None
+    assert cache.stats.snapshot()["put_rejected"] == 0
 
 
-def test_a_filesystem_filled_by_others_fails_puts_until_it_has_room(tiny_shm):
-    with _cache(tiny_shm) as cache:
-        other = os.path.join(tiny_shm, "someone-elses-segment")
-        with open(other, "wb") as stream:  # what vLLM's shared memory would take
-            stream.write(b"\1" * (_free(tiny_shm) - 64 * 1024))
-        assert not cache.put("img-0", _tensor(0))  # reported, not pretended
-        assert cache.get("img-0") is None
-        assert cache.stats.snapshot()["put_rejected"] == 1
-        os.remove(other)
-        assert cache.put("img-1", _tensor(1))  # room again: writing resumes
-        assert bit_equal(cache.get("img-1"), _tensor(1))
+def test_a_filesystem_filled_by_others_fails_puts_until_it_has_room(tiny_shm, cache):
+    other = os.path.join(tiny_shm, "someone-elses-segment")
+    with open(other, "wb") as stream:  # what vLLM's shared memory would take
+        stream.write(b"\1" * (_free(tiny_shm) - 64 * 1024))
+    assert not cache.put("img-0", _tensor(0))  # reported, not pretended
+    assert cache.get("img-0") is None
+    assert cache.stats.snapshot()["put_rejected"] == 1
+    os.remove(other)
+    assert cache.put("img-1", _tensor(1))  # room again: writing resumes
+    assert bit_equal(cache.get("img-1"), _tensor(1))
 
 
-def test_a_write_that_finds_the_filesystem_full_evicts_and_retries_once(tiny_shm):
-    with _cache(tiny_shm) as cache:
-        assert all(cache.put(f"old-{i}", _tensor(i)) for i in range(3))
-        node = _node(cache)
-        reserve = node.budget.reserve
-        other = os.path.join(tiny_shm, "filled-meanwhile")
+def test_a_write_that_finds_the_filesystem_full_evicts_and_retries_once(tiny_shm, cache):
+    assert all(cache.put(f"old-{i}", _tensor(i)) for i in range(3))
+    node = _node(cache)
+    reserve = node.budget.reserve
+    other = os.path.join(tiny_shm, "filled-meanwhile")
 
-        def fill_after_reserving(name, size):
-            temp = reserve(name, size)
-            if not os.path.exists(other):  # once: someone takes the room just reserved
-                with open(other, "wb") as stream:
-                    stream.write(b"\1" * (_free(tiny_shm) - 8192))
-            return temp
+    def fill_after_reserving(name, size):
+        temp = reserve(name, size)
+        if not os.path.exists(other):  # once: someone takes the room just reserved
+            with open(other, "wb") as stream:
+                stream.write(b"\1" * (_free(tiny_shm) - 8192))
+        return temp
 
-        node.budget.reserve = fill_after_reserving
-        assert cache.put("new", _tensor(9))
-        assert bit_equal(cache.get("new"), _tensor(9))
-        counters = node.snapshot()
-        assert counters["full_retries"] == 1
-        assert counters.get("write_errors", 0) == 0
-        assert cache.get("old-0") is None  # evicted for it
+    node.budget.reserve = fill_after_reserving
+    assert cache.put("new", _tensor(9))
+    assert bit_equal(cache.get("new"), _tensor(9))
+    counters = node.snapshot()
+    assert counters["full_retries"] == 1
+    assert counters.get("write_errors", 0) == 0
+    assert cache.get("old-0") is None  # evicted for it

@@ -31,7 +31,6 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
-from lmcache_ec import ECCache
 from lmcache_ec.cli.doctor import check_runtime_dirs
 from lmcache_ec.config import load_config
 from lmcache_ec.metrics_export import register
@@ -92,9 +91,11 @@ def _taken(base):
     return base / f"lmcache-ec-{os.getuid()}"
 
 
-def test_a_taken_directory_gives_way_to_one_only_this_user_knows(shared, disk_dir, caplog):
+def test_a_taken_directory_gives_way_to_one_only_this_user_knows(
+    shared, disk_dir, caplog, make_cache
+):
     with caplog.at_level(logging.WARNING):
-        cache = ECCache.from_config(_config(shared, disk_dir, node_tier=True), model="m/squat")
+        cache = make_cache(_config(shared, disk_dir, node_tier=True), model="m/squat")
     with cache:
         assert cache.tiers == ["node", "disk"]
         tensor = make_tensor((8, 64), torch.float16)
@@ -135,11 +136,11 @@ def test_a_taken_directory_gives_way_to_one_only_this_user_knows(shared, disk_di
 
 
 def test_without_a_private_directory_the_node_tier_is_off_and_the_engine_serves(
-    no_alternative, disk_dir, caplog
+    no_alternative, disk_dir, caplog, make_cache
 ):
     config = _config(no_alternative, disk_dir, node_tier=True)
     with caplog.at_level(logging.WARNING):
-        cache = ECCache.from_config(config, model="m/no-node")
+        cache = make_cache(config, model="m/no-node")
     with cache:
         assert cache.tiers == ["cpu", "disk"]
         tensors = {f"img-{i}": make_tensor((8, 64), torch.float16, seed=i) for i in range(3)}

@@ -9,7 +9,6 @@ import time
 
 import torch
 
-from lmcache_ec import ECCache
 from lmcache_ec.purge.marker import log_name
 
 from .conftest import populate, write_config
@@ -63,7 +62,7 @@ def test_purge_dry_run_deletes_nothing(config_file, disk_dir, invoke):
     assert _files(disk_dir) == before
 
 
-def test_purge_by_model_and_namespace(config_file, disk_dir, invoke, invoke_json):
+def test_purge_by_model_and_namespace(config_file, disk_dir, invoke, invoke_json, make_cache):
     a = populate(config_file, "org/model-a", "tenant-1", 3)
     populate(config_file, "org/model-b", "tenant-1", 2)
     populate(config_file, "org/model-a", "tenant-2", 1)
@@ -78,13 +77,13 @@ def test_purge_by_model_and_namespace(config_file, disk_dir, invoke, invoke_json
         ("org/model-b", "tenant-1"),
     ]
     # The engine no longer finds the purged entries after a restart.
-    with ECCache.from_config(config_file, model="org/model-a", namespace="tenant-1") as cache:
+    with make_cache(config_file, model="org/model-a", namespace="tenant-1") as cache:
         assert all(cache.get(h) is None for h in a)
     invoke("purge", "--config", config_file, "--namespace", "tenant-1")
     assert [r["namespace"] for r in invoke_json("ls", "--config", config_file)] == ["tenant-2"]
 
 
-def test_purge_running_engine_turns_entries_into_misses(config_file, disk_dir, invoke):
+def test_purge_running_engine_turns_entries_into_misses(config_file, disk_dir, invoke, make_cache):
     config = {
         "local_cpu": False,
         "max_local_cpu_size": 0.0625,
@@ -92,11 +91,11 @@ def test_purge_running_engine_turns_entries_into_misses(config_file, disk_dir, i
         "max_local_disk_size": 1.0,
     }
     hashes = populate(config_file, "org/model-a", "default", 2)
-    with ECCache.from_config(config, model="org/model-a") as cache:
-        assert cache.get(hashes[0]) is not None
-        invoke("purge", "--config", config_file, "--all")
-        assert cache.get(hashes[0]) is None
-        assert cache.get(hashes[1]) is None
+    cache = make_cache(config, model="org/model-a")
+    assert cache.get(hashes[0]) is not None
+    invoke("purge", "--config", config_file, "--all")
+    assert cache.get(hashes[0]) is None
+    assert cache.get(hashes[1]) is None
 
 
 def test_purge_older_than(config_file, disk_dir, invoke):
@@ -135,12 +134,12 @@ def test_missing_config_file_is_a_usage_error(tmp_path, invoke):
 
 
 def test_model_served_from_a_tmp_path_is_listed_indexed_and_kept(
-    config_file, disk_dir, invoke, invoke_json
+    config_file, disk_dir, invoke, invoke_json, make_cache
 ):
     """A model path like /tmp/models/x puts ``.tmp-`` into storage names."""
     model = "/tmp/models/x"
     tensor = torch.ones(4, 8, dtype=torch.bfloat16)
-    with ECCache.from_config(config_file, model=model) as cache:
+    with make_cache(config_file, model=model) as cache:
         assert cache.put("image", tensor)
         assert cache.flush(10)
     [name] = os.listdir(disk_dir)
@@ -151,7 +150,7 @@ def test_model_served_from_a_tmp_path_is_listed_indexed_and_kept(
     listed = invoke_json("ls", "--config", config_file, "--model", model)
     assert [row["mm_hash"] for row in listed] == ["image"]
     assert invoke_json("stats", "--config", config_file)["tiers"]["disk"]["entries"] == 1
-    with ECCache.from_config(config_file, model=model) as restarted:  # indexed, not deleted
+    with make_cache(config_file, model=model) as restarted:  # indexed, not deleted
         assert restarted.contains("image") == "disk"
         assert torch.equal(restarted.get("image"), tensor)
     assert os.listdir(disk_dir) == [name]
@@ -160,9 +159,9 @@ def test_model_served_from_a_tmp_path_is_listed_indexed_and_kept(
     assert invoke_json("stats", "--config", config_file)["tiers"]["disk"]["entries"] == 0
 
 
-def test_purge_and_ls_by_weights_version(config_file, disk_dir, invoke, invoke_json):
+def test_purge_and_ls_by_weights_version(config_file, disk_dir, invoke, invoke_json, make_cache):
     for weights in ("v1", "v2", None):
-        with ECCache.from_config(config_file, model="org/model-a", weights=weights) as cache:
+        with make_cache(config_file, model="org/model-a", weights=weights) as cache:
             assert cache.put("image", torch.ones(4, 8, dtype=torch.bfloat16))
     rows = invoke_json("ls", "--config", config_file, "--weights", "v1")
     assert [r["weights"] for r in rows] == ["v1"]
@@ -174,11 +173,11 @@ def test_purge_and_ls_by_weights_version(config_file, disk_dir, invoke, invoke_j
     assert len(_files(disk_dir)) == 2
 
 
-def test_stats_reports_the_whole_shared_directory(config_file, disk_dir, invoke_json):
+def test_stats_reports_the_whole_shared_directory(config_file, disk_dir, invoke_json, make_cache):
     """Entries of every process on the directory, the limit, nothing in flight."""
     with (
-        ECCache.from_config(config_file, model="org/model-a") as first,
-        ECCache.from_config(config_file, model="org/model-b") as second,
+        make_cache(config_file, model="org/model-a") as first,
+        make_cache(config_file, model="org/model-b") as second,
     ):
         for i in range(3):
             assert first.put(f"a{i}", torch.ones(4, 8, dtype=torch.bfloat16))
@@ -191,7 +190,7 @@ def test_stats_reports_the_whole_shared_directory(config_file, disk_dir, invoke_
     assert disk["writing_bytes"] == 0
 
 
-def test_node_tier_is_listed_and_purged(tmp_path, disk_dir, invoke, invoke_json):
+def test_node_tier_is_listed_and_purged(tmp_path, disk_dir, invoke, invoke_json, make_cache):
     node_dir = tempfile.mkdtemp(prefix="ec-node-cli-", dir="/dev/shm")
     try:
         config = write_config(
@@ -202,7 +201,7 @@ def test_node_tier_is_listed_and_purged(tmp_path, disk_dir, invoke, invoke_json)
             max_node_size=0.01,
         )
         tensor = torch.ones(4, 8, dtype=torch.bfloat16)
-        with ECCache.from_config(config, model="org/model-a") as cache:
+        with make_cache(config, model="org/model-a") as cache:
             assert cache.put("image", tensor)
             assert cache.flush(10)
             assert cache.contains("image") == "node"

@@ -82,8 +82,8 @@ def test_integrity_failure_is_counted(cache, disk_dir):
     )
 
 
-def test_http_endpoint_and_stats_command(local_config, config_file, invoke_json):
-    with ECCache.from_config(config_file, model="test/model") as cache:
+def test_http_endpoint_and_stats_command(config_file, invoke_json, make_cache):
+    with make_cache(config_file, model="test/model") as cache:
         server, _thread = start_http_server(cache, port=0)
         try:
             url = f"http://127.0.0.1:{server.server_port}/metrics"

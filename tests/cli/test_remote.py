@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-from lmcache_ec import ECCache
-
 from .conftest import populate, write_config
 
 
@@ -21,7 +19,9 @@ def _redis_config(tmp_path, disk_dir, url: str) -> str:
     )
 
 
-def test_ls_purge_stats_see_the_redis_tier(tmp_path, disk_dir, redis_url, invoke, invoke_json):
+def test_ls_purge_stats_see_the_redis_tier(
+    tmp_path, disk_dir, redis_url, invoke, invoke_json, make_cache
+):
     config = _redis_config(tmp_path, disk_dir, redis_url)
     hashes = populate(config, "org/model-a", "tenant-1", 3)
     populate(config, "org/model-b", "tenant-1", 2)
@@ -44,8 +44,8 @@ def test_ls_purge_stats_see_the_redis_tier(tmp_path, disk_dir, redis_url, invoke
     left = invoke_json("ls", "--config", config)
     assert {r["model"] for r in left} == {"org/model-b"} and len(left) == 4
     # A fresh engine (empty CPU tier) finds the purged entries nowhere.
-    with ECCache.from_config(config, model="org/model-a", namespace="tenant-1") as cache:
-        assert [cache.contains(h) for h in hashes] == [None, None, None]
+    cache = make_cache(config, model="org/model-a", namespace="tenant-1")
+    assert [cache.contains(h) for h in hashes] == [None, None, None]
 
 
 def test_doctor_checks_redis(tmp_path, disk_dir, redis_url, invoke):

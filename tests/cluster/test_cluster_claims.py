@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.remote.test_claims import open_stores
+from tests.remote.conftest import open_stores
 
 
 @pytest.mark.parametrize("ttl", [0.001, 3600.0])

@@ -60,11 +60,11 @@ def files_under(path) -> set:
     return {p for p in path.rglob("*") if p.is_file()}
 
 
-def test_hostile_mm_hashes_stay_inside_the_cache_dir(tmp_path, local_config, disk_dir, monkeypatch):
+def test_hostile_mm_hashes_stay_inside_the_cache_dir(tmp_path, disk_dir, monkeypatch, make_cache):
     monkeypatch.chdir(tmp_path)  # a shell-interpreted name would create ./pwned here
     before = files_under(tmp_path)
     tensors = {h: make_tensor((4, 8), torch.float32, seed=i) for i, h in enumerate(CORPUS)}
-    with ECCache.from_config(local_config, model="../../model", namespace="../ns") as cache:
+    with make_cache(model="../../model", namespace="../ns") as cache:
         for mm_hash, tensor in tensors.items():
             assert cache.put(mm_hash, tensor)
         assert cache.flush()
@@ -73,7 +73,7 @@ def test_hostile_mm_hashes_stay_inside_the_cache_dir(tmp_path, local_config, dis
     for path in created:
         assert path.parent == disk_dir
         assert ECKey.is_storage_name(path.name.removesuffix(".pt"))
-    with ECCache.from_config(local_config, model="../../model", namespace="../ns") as cache:
+    with make_cache(model="../../model", namespace="../ns") as cache:
         for mm_hash, tensor in tensors.items():
             assert cache.contains(mm_hash) == "disk"
             assert bit_equal(cache.get(mm_hash), tensor)
@@ -85,10 +85,10 @@ def test_hostile_mm_hashes_stay_inside_the_cache_dir(tmp_path, local_config, dis
     assert not (tmp_path / "pwned").exists()
 
 
-def test_hostile_mm_hashes_through_the_remote(remote, fault_table):
+def test_hostile_mm_hashes_through_the_remote(remote, fault_table, make_cache):
     tensors = {h: make_tensor((4, 8), torch.bfloat16, seed=i) for i, h in enumerate(CORPUS)}
     config = remote_config(**remote)
-    with ECCache.from_config(config, model="../../model", namespace="$(id)") as writer:
+    with make_cache(config, model="../../model", namespace="$(id)") as writer:
         for mm_hash, tensor in tensors.items():
             assert put_checked(writer, mm_hash, tensor)
         assert writer.flush(30)
@@ -105,7 +105,7 @@ def test_hostile_mm_hashes_through_the_remote(remote, fault_table):
         assert len(stored) == len(tensors)
     assert len(names) == len(tensors)
     assert all(SAFE_STORAGE_NAME.match(name) for name in names), names
-    with ECCache.from_config(config, model="../../model", namespace="$(id)") as reader:
+    with make_cache(config, model="../../model", namespace="$(id)") as reader:
         assert all(get_checked(reader, h, t) for h, t in tensors.items())
         assert snapshot(reader)["hits"] == {"remote": len(tensors)}
     if raw.kind == "s3":
@@ -117,7 +117,7 @@ def test_hostile_mm_hashes_through_the_remote(remote, fault_table):
         )
 
 
-def test_tenants_never_read_each_other(remote, disk_dir, fault_table):
+def test_tenants_never_read_each_other(remote, disk_dir, fault_table, make_cache):
     hashes = [f"shared-image-{i}" for i in range(4)] + ["../../etc/x"]
     tenants = {"tenant-a": 0, "tenant-b": 100, "../tenant-b": 200}
     config = {**remote_config(**remote), "local_disk": str(disk_dir)}
@@ -126,7 +126,7 @@ def test_tenants_never_read_each_other(remote, disk_dir, fault_table):
         return make_tensor((8, 16), torch.float16, seed=tenants[tenant] + hashes.index(mm_hash))
 
     for tenant in tenants:
-        with ECCache.from_config(config, model="m", namespace=tenant) as cache:
+        with make_cache(config, namespace=tenant) as cache:
             for mm_hash in hashes:
                 assert put_checked(cache, mm_hash, expected(tenant, mm_hash))
             assert cache.flush(30)
@@ -135,19 +135,19 @@ def test_tenants_never_read_each_other(remote, disk_dir, fault_table):
     remote_only = remote_config(**remote)
     for source in (config, remote_only):
         for tenant in tenants:
-            with ECCache.from_config(source, model="m", namespace=tenant) as cache:
+            with make_cache(source, namespace=tenant) as cache:
                 for mm_hash in hashes:
                     assert get_checked(cache, mm_hash, expected(tenant, mm_hash))
-        with ECCache.from_config(source, model="m", namespace="tenant-c") as outsider:
+        with make_cache(source, namespace="tenant-c") as outsider:
             assert not any(get_checked(outsider, h, expected("tenant-a", h)) for h in hashes)
             assert snapshot(outsider)["misses"] == len(hashes)
 
     # A's entry copied under B's name (disk) and into B's remote slot: rejected.
     raw = RawRemote(remote["url"], remote.get("endpoint"))
     try:
-        with ECCache.from_config(config, model="m", namespace="tenant-a") as a:
+        with make_cache(config, namespace="tenant-a") as a:
             a_key = a.key(hashes[0])
-        with ECCache.from_config(config, model="m", namespace="tenant-b") as b:
+        with make_cache(config, namespace="tenant-b") as b:
             b_key = b.key(hashes[0])
             shutil.copyfile(disk_path(disk_dir, a_key), disk_path(disk_dir, b_key))
             raw.set(b_key.storage_name, raw.get(a_key.storage_name))
@@ -167,8 +167,8 @@ def test_tenants_never_read_each_other(remote, disk_dir, fault_table):
         )
 
 
-def test_entry_larger_than_cpu_tier_is_refused_and_evicts_nothing(fault_table):
-    with ECCache.from_config({"max_local_cpu_size": 2 / 1024}, model="m") as cache:  # 2 MB
+def test_entry_larger_than_cpu_tier_is_refused_and_evicts_nothing(fault_table, make_cache):
+    with make_cache({"max_local_cpu_size": 2 / 1024}) as cache:  # 2 MB
         small = make_tensor((16, 16), torch.float32)
         assert cache.put("small", small)
         with pytest.raises(ValueError, match="exceeds the CPU tier"):
@@ -192,33 +192,33 @@ def test_entry_larger_than_cpu_tier_is_refused_and_evicts_nothing(fault_table):
     )
 
 
-def test_entry_larger_than_the_disk_tier_stays_in_cpu(disk_dir):
+def test_entry_larger_than_the_disk_tier_stays_in_cpu(disk_dir, make_cache):
     tensor = make_tensor((512, 512), torch.float32)  # 1 MB
     config = {
         "max_local_cpu_size": 4 / 1024,
         "local_disk": str(disk_dir),
         "max_local_disk_size": 0.5 / 1024,  # 512 KB
     }
-    with ECCache.from_config(config, model="m") as cache:
-        assert put_checked(cache, "big", tensor)
-        assert cache.flush(10)
-        assert contains_checked(cache, "big") == "cpu"
-        assert not list(disk_dir.glob("*.pt"))
-        assert snapshot(cache)["tiers"]["disk"]["skipped_too_large"] == 1
-        assert get_checked(cache, "big", tensor)
+    cache = make_cache(config)
+    assert put_checked(cache, "big", tensor)
+    assert cache.flush(10)
+    assert contains_checked(cache, "big") == "cpu"
+    assert not list(disk_dir.glob("*.pt"))
+    assert snapshot(cache)["tiers"]["disk"]["skipped_too_large"] == 1
+    assert get_checked(cache, "big", tensor)
 
 
-def test_batch_larger_than_the_cpu_pool_reads_every_entry(disk_dir):
+def test_batch_larger_than_the_cpu_pool_reads_every_entry(disk_dir, make_cache):
     """get_many of entries totalling 3x the CPU pool (disk hits stage through it)."""
     tensors = {f"img-{i}": make_tensor((256, 512), torch.float32, seed=i) for i in range(6)}
     config = {"local_cpu": False, "max_local_cpu_size": 2 / 1024, "local_disk": str(disk_dir)}
-    with ECCache.from_config(config, model="m") as cache:
-        for name, tensor in tensors.items():  # 512 KB each, 3 MB in all
-            assert put_checked(cache, name, tensor)
-            assert cache.flush(10)
-        assert all(get_many_checked(cache, list(tensors), list(tensors.values())))
-        assert snapshot(cache)["hits"] == {"disk": len(tensors)}
-        assert snapshot(cache)["tiers"]["disk"].get("read_skipped_no_memory", 0) == 0
+    cache = make_cache(config)
+    for name, tensor in tensors.items():  # 512 KB each, 3 MB in all
+        assert put_checked(cache, name, tensor)
+        assert cache.flush(10)
+    assert all(get_many_checked(cache, list(tensors), list(tensors.values())))
+    assert snapshot(cache)["hits"] == {"disk": len(tensors)}
+    assert snapshot(cache)["tiers"]["disk"].get("read_skipped_no_memory", 0) == 0
 
 
 MALFORMED = {

@@ -159,7 +159,7 @@ def _verify_frame(data: bytes, name: str) -> None:
     codec.decode_payload(buffer, ECKey.from_storage_name(name))
 
 
-def test_writer_killed_mid_write_leaves_no_torn_entry(disk_dir, redis_url, fault_table):
+def test_writer_killed_mid_write_leaves_no_torn_entry(disk_dir, redis_url, fault_table, make_cache):
     config = {**remote_config(redis_url), "local_disk": str(disk_dir), "local_cpu": False}
     disk_only = {"local_cpu": False, "max_local_cpu_size": 0.05, "local_disk": str(disk_dir)}
     expected = {}
@@ -201,7 +201,7 @@ def test_writer_killed_mid_write_leaves_no_torn_entry(disk_dir, redis_url, fault
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()[-3000:]
         threading.Thread(target=follow_progress, daemon=True).start()
-        with ECCache.from_config(config, model="killed") as reader:
+        with make_cache(config, model="killed") as reader:
             thread = threading.Thread(target=read_concurrently, args=(reader,))
             thread.start()
             try:
@@ -218,7 +218,7 @@ def test_writer_killed_mid_write_leaves_no_torn_entry(disk_dir, redis_url, fault
             assert f".tmp-{proc.pid}-" in os.path.basename(tmp)
             assert 0 < os.path.getsize(tmp) < int(frame_bytes)
             assert not final.exists()
-            with ECCache.from_config(disk_only, model="killed") as on_disk:
+            with make_cache(disk_only, model="killed") as on_disk:
                 assert not get_checked(on_disk, f"gen-{PAUSE_AT}", tensor(PAUSE_AT))
                 assert snapshot(on_disk)["integrity_failures"] == 0
             proc.kill()
@@ -254,7 +254,7 @@ def test_writer_killed_mid_write_leaves_no_torn_entry(disk_dir, redis_url, fault
     finally:
         raw.close()
     # A fresh process's view: exact or miss for every generation, nothing torn.
-    with ECCache.from_config(config, model="killed") as fresh:
+    with make_cache(config, model="killed") as fresh:
         hits = [
             exact_or_miss(fresh.get(f"gen-{i}"), tensor(i))
             for i in range(max(0, written - 14), written + 2)

@@ -9,13 +9,14 @@ and removed from the tier that held it, and the slot works again.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 
 import pytest
 import torch
 
-from lmcache_ec import ECCache, codec
+from lmcache_ec import codec
 from lmcache_ec import key as key_module
 from tests.conftest import bit_equal, make_tensor
 from tests.faults.checks import exact_or_miss, get_checked, put_checked, snapshot
@@ -34,9 +35,9 @@ def only_file(disk_dir):
     "damage",
     ["flip-payload", "flip-header", "truncate", "truncate-to-prefix", "empty", "garbage"],
 )
-def test_damaged_file_is_a_miss_and_is_removed(local_config, disk_dir, damage):
+def test_damaged_file_is_a_miss_and_is_removed(disk_dir, damage, make_cache):
     tensor = make_tensor((256, 2560), torch.bfloat16)
-    with ECCache.from_config(local_config, model="m") as cache:
+    with make_cache() as cache:
         cache.put("img", tensor)
     path = only_file(disk_dir)
     data = bytearray(path.read_bytes())
@@ -54,14 +55,14 @@ def test_damaged_file_is_a_miss_and_is_removed(local_config, disk_dir, damage):
         data = bytearray(os.urandom(len(data)))
     path.write_bytes(bytes(data))
 
-    with ECCache.from_config(local_config, model="m") as cache:
-        assert not get_checked(cache, "img", tensor)
-        assert not path.exists()
-        assert cache.stats.snapshot()["integrity_failures"] == 1
-        assert cache.contains("img") is None
-        # The slot is usable again.
-        assert cache.put("img", tensor)
-        assert bit_equal(cache.get("img"), tensor)
+    cache = make_cache()
+    assert not get_checked(cache, "img", tensor)
+    assert not path.exists()
+    assert cache.stats.snapshot()["integrity_failures"] == 1
+    assert cache.contains("img") is None
+    # The slot is usable again.
+    assert cache.put("img", tensor)
+    assert bit_equal(cache.get("img"), tensor)
 
 
 def _disk_only(disk_dir) -> dict:
@@ -69,11 +70,11 @@ def _disk_only(disk_dir) -> dict:
     return {"local_cpu": False, "max_local_cpu_size": 0.05, "local_disk": str(disk_dir)}
 
 
-def test_random_byte_flips_and_truncations_on_disk(disk_dir, fault_table):
+def test_random_byte_flips_and_truncations_on_disk(disk_dir, fault_table, make_cache):
     """Fuzz one stored frame: each read of a damaged copy is exact or a counted miss."""
     tensor = make_tensor((64, 96), torch.float16, seed=3)
     rng = random.Random(1234)
-    with ECCache.from_config(_disk_only(disk_dir), model=MODEL, dtype=torch.float16) as cache:
+    with make_cache(_disk_only(disk_dir), model=MODEL, dtype=torch.float16) as cache:
         assert put_checked(cache, "img", tensor)
         assert cache.flush(10)
         path = disk_path(disk_dir, cache.key("img"))
@@ -116,19 +117,21 @@ def _damage_config(remote: dict) -> dict:
     return remote_config(**remote)
 
 
-def _remote_reader(remote: dict, dtype=torch.float32) -> ECCache:
-    return ECCache.from_config(_damage_config(remote), model=MODEL, dtype=dtype)
+@pytest.fixture
+def remote_reader(make_cache, remote):
+    """``remote_reader()``: a new engine on the test's remote."""
+    return functools.partial(make_cache, _damage_config(remote), model=MODEL, dtype=torch.float32)
 
 
 REMOTE_DAMAGE = ["flip-payload", "flip-header", "truncate", "empty", "garbage", "prefix-only"]
 
 
 @pytest.mark.parametrize("damage", REMOTE_DAMAGE)
-def test_damaged_remote_entry_is_a_miss_and_is_removed(remote, damage, fault_table):
+def test_damaged_remote_entry_is_a_miss_and_is_removed(remote_reader, remote, damage, fault_table):
     tensor = make_tensor((128, 256), torch.float32, seed=5)
     raw = RawRemote(remote["url"], remote.get("endpoint"))
     try:
-        with _remote_reader(remote) as writer:
+        with remote_reader() as writer:
             assert put_checked(writer, "img", tensor)
             assert writer.flush(10)
             name = writer.key("img").storage_name
@@ -147,16 +150,16 @@ def test_damaged_remote_entry_is_a_miss_and_is_removed(remote, damage, fault_tab
             data = bytearray(os.urandom(len(data)))
         raw.set(name, bytes(data))
 
-        with _remote_reader(remote) as reader:
+        with remote_reader() as reader:
             assert not get_checked(reader, "img", tensor)
             state = snapshot(reader)
             assert state["integrity_failures"] == 1
             assert raw.get(name) is None  # removed from the store
             assert state["tiers"]["remote"]["available"] is True  # damage is not an outage
-        with _remote_reader(remote) as rewriter:  # the slot works again
+        with remote_reader() as rewriter:  # the slot works again
             assert put_checked(rewriter, "img", tensor)
             assert rewriter.flush(10)
-        with _remote_reader(remote) as reader:
+        with remote_reader() as reader:
             assert get_checked(reader, "img", tensor)
     finally:
         raw.close()
@@ -185,7 +188,9 @@ def _crafts(key, dims_tensor: torch.Tensor) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("tier", ["disk", "redis", "s3"])
-def test_wrong_shape_and_dtype_entries_are_rejected(tier, disk_dir, request, fault_table):
+def test_wrong_shape_and_dtype_entries_are_rejected(
+    tier, disk_dir, request, fault_table, make_cache
+):
     """Planted frames whose header lies about shape or dtype: misses, never tensors."""
     expected = make_tensor((4, 8), torch.float32, seed=8)
     if tier == "disk":
@@ -202,7 +207,7 @@ def test_wrong_shape_and_dtype_entries_are_rejected(tier, disk_dir, request, fau
         config, raw = _damage_config(remote), RawRemote(remote["url"], remote.get("endpoint"))
     rejected = []
     try:
-        with ECCache.from_config(config, model=MODEL, dtype=torch.float32) as cache:
+        with make_cache(config, model=MODEL, dtype=torch.float32) as cache:
             key = cache.key("img")
             crafts = _crafts(key, expected)
             for kind, frame in crafts.items():
@@ -234,7 +239,9 @@ def test_wrong_shape_and_dtype_entries_are_rejected(tier, disk_dir, request, fau
         )
 
 
-def test_entries_of_another_key_format_version(disk_dir, redis_url, monkeypatch, fault_table):
+def test_entries_of_another_key_format_version(
+    disk_dir, redis_url, monkeypatch, fault_table, make_cache
+):
     """A v2 writer shares the disk directory and Redis with a v1 reader."""
     config = {**remote_config(redis_url), "local_disk": str(disk_dir), "local_cpu": False}
     tensors = {f"img-{i}": make_tensor((8, 16), torch.bfloat16, seed=i) for i in range(3)}
@@ -242,7 +249,7 @@ def test_entries_of_another_key_format_version(disk_dir, redis_url, monkeypatch,
     try:
         with monkeypatch.context() as patch:
             patch.setattr(key_module, "KEY_FORMAT_VERSION", 2)
-            with ECCache.from_config(config, model=MODEL) as future:
+            with make_cache(config, model=MODEL) as future:
                 for name, tensor in tensors.items():
                     assert put_checked(future, name, tensor)
                 assert future.flush(10)
@@ -252,7 +259,7 @@ def test_entries_of_another_key_format_version(disk_dir, redis_url, monkeypatch,
         assert len(v2_files) == len(tensors)
 
         # Another version's entries have other names: plain misses, left alone.
-        with ECCache.from_config(config, model=MODEL) as current:
+        with make_cache(config, model=MODEL) as current:
             assert not any(get_checked(current, n, t) for n, t in tensors.items())
             state = snapshot(current)
             assert state["misses"] == len(tensors) and state["integrity_failures"] == 0
@@ -260,7 +267,7 @@ def test_entries_of_another_key_format_version(disk_dir, redis_url, monkeypatch,
         assert all(raw.get(name) is not None for name in v2_names)
 
         # The same bytes under this version's name fail the identity check.
-        with ECCache.from_config(config, model=MODEL) as current:
+        with make_cache(config, model=MODEL) as current:
             for i, (name, tensor) in enumerate(tensors.items()):
                 v1 = current.key(name)
                 v2_frame = raw.get(sorted(v2_names)[i])
@@ -289,18 +296,18 @@ def test_entries_of_another_key_format_version(disk_dir, redis_url, monkeypatch,
     )
 
 
-def test_a_hit_is_exact_after_corruption_elsewhere(disk_dir):
+def test_a_hit_is_exact_after_corruption_elsewhere(disk_dir, make_cache):
     """Damage to one entry never affects the answers for its neighbours."""
     tensors = {f"img-{i}": make_tensor((32, 64), torch.bfloat16, seed=i) for i in range(6)}
-    with ECCache.from_config(_disk_only(disk_dir), model=MODEL) as cache:
-        for name, tensor in tensors.items():
-            assert put_checked(cache, name, tensor)
-        assert cache.flush(10)
-        victim = disk_path(disk_dir, cache.key("img-2"))
-        data = bytearray(victim.read_bytes())
-        data[-1] ^= 0xFF
-        victim.write_bytes(bytes(data))
-        answers = cache.get_many(list(tensors))
-        hits = [exact_or_miss(a, t) for a, t in zip(answers, tensors.values(), strict=True)]
-        assert hits == [True, True, False, True, True, True]
-        assert snapshot(cache)["integrity_failures"] == 1
+    cache = make_cache(_disk_only(disk_dir), model=MODEL)
+    for name, tensor in tensors.items():
+        assert put_checked(cache, name, tensor)
+    assert cache.flush(10)
+    victim = disk_path(disk_dir, cache.key("img-2"))
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    answers = cache.get_many(list(tensors))
+    hits = [exact_or_miss(a, t) for a, t in zip(answers, tensors.values(), strict=True)]
+    assert hits == [True, True, False, True, True, True]
+    assert snapshot(cache)["integrity_failures"] == 1

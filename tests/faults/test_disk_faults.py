@@ -63,8 +63,8 @@ def _recovers(cache: ECCache, disk_dir, prefix: str) -> float:
     return wait_for(written, NEVER_RECOVERS, "disk writes after the fault ended")
 
 
-def test_disk_full(full_disk, disk_dir, fault_table):
-    with ECCache.from_config(_config(disk_dir), model="m") as cache:
+def test_disk_full(full_disk, disk_dir, fault_table, make_cache):
+    with make_cache(_config(disk_dir)) as cache:
         before = {f"before-{i}": _tensor(i) for i in range(2)}
         for name, tensor in before.items():
             assert put_checked(cache, name, tensor)
@@ -106,9 +106,9 @@ def test_disk_full(full_disk, disk_dir, fault_table):
     assert time.monotonic() - freed < NEVER_RECOVERS
 
 
-def test_directory_deleted_under_a_running_engine(disk_dir, fault_table):
+def test_directory_deleted_under_a_running_engine(disk_dir, fault_table, make_cache):
     config = _config(disk_dir, local_cpu=False)
-    with ECCache.from_config(config, model="m") as cache:
+    with make_cache(config) as cache:
         tensors = {f"img-{i}": _tensor(i) for i in range(3)}
         for name, tensor in tensors.items():
             assert put_checked(cache, name, tensor)
@@ -136,23 +136,22 @@ def test_directory_deleted_under_a_running_engine(disk_dir, fault_table):
     assert time.monotonic() - deleted < NEVER_RECOVERS
 
 
-def test_file_deleted_under_the_engine_is_a_plain_miss(local_config, disk_dir):
-    config = dict(local_config, local_cpu=False)
-    with ECCache.from_config(config, model="m") as cache:
-        cache.put("img", torch.ones(4, 4))
-        assert cache.flush()
-        (path,) = disk_dir.glob("*.pt")
-        path.unlink()
-        assert cache.get("img") is None
-        assert cache.stats.snapshot()["integrity_failures"] == 0
-        assert _disk_state(cache)["vanished"] == 1
+def test_file_deleted_under_the_engine_is_a_plain_miss(disk_dir, make_cache):
+    cache = make_cache(local_cpu=False)
+    cache.put("img", torch.ones(4, 4))
+    assert cache.flush()
+    (path,) = disk_dir.glob("*.pt")
+    path.unlink()
+    assert cache.get("img") is None
+    assert cache.stats.snapshot()["integrity_failures"] == 0
+    assert _disk_state(cache)["vanished"] == 1
 
 
-def test_read_only_directory(read_only, disk_dir, fault_table):
+def test_read_only_directory(read_only, disk_dir, fault_table, make_cache):
     config = _config(disk_dir)
     good = {f"good-{i}": _tensor(i) for i in range(2)}
     damaged = _tensor(99)
-    with ECCache.from_config(config, model="m") as writer:
+    with make_cache(config) as writer:
         for name, tensor in {**good, "damaged": damaged}.items():
             assert put_checked(writer, name, tensor)
         damaged_path = disk_path(disk_dir, writer.key("damaged"))
@@ -161,7 +160,7 @@ def test_read_only_directory(read_only, disk_dir, fault_table):
     damaged_path.write_bytes(bytes(data))
 
     read_only.protect()
-    with ECCache.from_config(config, model="m") as cache:
+    with make_cache(config) as cache:
         assert all(get_checked(cache, n, t) for n, t in good.items())  # read from disk
         # A damaged entry that cannot be removed: a miss each time, counted.
         assert not get_checked(cache, "damaged", damaged)

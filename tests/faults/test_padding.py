@@ -16,7 +16,6 @@ import tracemalloc
 
 import torch
 
-from lmcache_ec import ECCache
 from tests.conftest import make_tensor
 from tests.faults.checks import get_checked, put_checked, snapshot
 from tests.faults.stores import RawRemote, disk_path
@@ -73,44 +72,44 @@ def _body_reads(cache) -> list[int]:
     return taken
 
 
-def test_padded_disk_entry_is_a_counted_miss_and_its_tail_is_never_read(disk_dir):
+def test_padded_disk_entry_is_a_counted_miss_and_its_tail_is_never_read(disk_dir, make_cache):
     tensor = make_tensor(ENTRY, torch.float32, seed=1)
     config = {"local_cpu": False, "max_local_cpu_size": 0.05, "local_disk": str(disk_dir)}
-    with ECCache.from_config(config, model=MODEL, dtype=torch.float32) as cache:
-        assert put_checked(cache, "img", tensor)
-        assert cache.flush(10)
-        path = disk_path(disk_dir, cache.key("img"))
-        size = path.stat().st_size
-        os.truncate(path, size + 256 * MiB)  # a sparse 256 MiB tail
-        hit, peak = _peak_of(lambda: get_checked(cache, "img", tensor))
-        assert not hit
-        assert peak < BOUND, peak
-        assert snapshot(cache)["integrity_failures"] == 1
-        assert not path.exists()
+    cache = make_cache(config, model=MODEL, dtype=torch.float32)
+    assert put_checked(cache, "img", tensor)
+    assert cache.flush(10)
+    path = disk_path(disk_dir, cache.key("img"))
+    size = path.stat().st_size
+    os.truncate(path, size + 256 * MiB)  # a sparse 256 MiB tail
+    hit, peak = _peak_of(lambda: get_checked(cache, "img", tensor))
+    assert not hit
+    assert peak < BOUND, peak
+    assert snapshot(cache)["integrity_failures"] == 1
+    assert not path.exists()
 
-        # The promotion path (a read into a CPU-pool buffer) sizes it the same way.
-        assert put_checked(cache, "img", tensor)
-        assert cache.flush(10)
-        os.truncate(path, size + 256 * MiB)
-        asked: list[int] = []
-        disk = cache._disk
-        assert disk.read_into_pool(cache.key("img"), lambda n: asked.append(n)) is None
-        assert asked == []  # nothing allocated for a damaged entry
-        assert disk.counters["damaged"] == 1
-        os.truncate(path, size)  # whole again: read at exactly its size
-        buffer = disk.read_into_pool(cache.key("img"), disk._pool_buffer)
-        assert buffer is not None and buffer.get_physical_size() >= size
-        buffer.ref_count_down()
+    # The promotion path (a read into a CPU-pool buffer) sizes it the same way.
+    assert put_checked(cache, "img", tensor)
+    assert cache.flush(10)
+    os.truncate(path, size + 256 * MiB)
+    asked: list[int] = []
+    disk = cache._disk
+    assert disk.read_into_pool(cache.key("img"), lambda n: asked.append(n)) is None
+    assert asked == []  # nothing allocated for a damaged entry
+    assert disk.counters["damaged"] == 1
+    os.truncate(path, size)  # whole again: read at exactly its size
+    buffer = disk.read_into_pool(cache.key("img"), disk._pool_buffer)
+    assert buffer is not None and buffer.get_physical_size() >= size
+    buffer.ref_count_down()
 
 
-def test_padded_remote_entry_is_a_counted_miss_and_its_tail_is_never_read(remote):
+def test_padded_remote_entry_is_a_counted_miss_and_its_tail_is_never_read(remote, make_cache):
     tensor = make_tensor(ENTRY, torch.float32, seed=2)
     config = remote_config(
         **remote, local_cpu=False, max_local_cpu_size=1 / 1024, purge_check_s=3600
     )
     raw = RawRemote(remote["url"], remote.get("endpoint"))
     try:
-        with ECCache.from_config(config, model=MODEL, dtype=torch.float32) as writer:
+        with make_cache(config, model=MODEL, dtype=torch.float32) as writer:
             assert put_checked(writer, "img", tensor)
             assert put_checked(writer, "warm-up", tensor)
             assert writer.flush(10)
@@ -118,7 +117,7 @@ def test_padded_remote_entry_is_a_counted_miss_and_its_tail_is_never_read(remote
         frame = raw.get(name)
         tail = 32 * MiB if raw.kind == "redis" else 8 * MiB
         raw.set(name, frame + bytes(tail))
-        with ECCache.from_config(config, model=MODEL, dtype=torch.float32) as cache:
+        with make_cache(config, model=MODEL, dtype=torch.float32) as cache:
             _quiet(cache)
             # A first read builds what the client builds once (botocore's response model).
             assert get_checked(cache, "warm-up", tensor)

@@ -89,8 +89,8 @@ def _first_remote_hit(writer: ECCache, reader: ECCache, prefix: str) -> float:
     return wait_for(remote_hit, NEVER_RECOVERS, "remote hits after recovery", interval=0.05)
 
 
-def test_close_is_prompt_with_a_remote(remote):
-    cache = ECCache.from_config(outage_config(**remote), model=MODEL)
+def test_close_is_prompt_with_a_remote(remote, make_cache):
+    cache = make_cache(outage_config(**remote), model=MODEL)
     cache.put("a", make_tensor((3, 8), torch.bfloat16))
     assert cache.get("a") is not None
     _assert_closed_promptly(cache)
@@ -155,7 +155,7 @@ def test_silent_server_calls_return_within_the_timeout(
     )
 
 
-def test_unreachable_at_start_then_server_appears(tmp_path, fault_table):
+def test_unreachable_at_start_then_server_appears(tmp_path, fault_table, make_cache):
     port = free_port()  # nothing listens here yet
     url = f"redis://127.0.0.1:{port}"
     config = outage_config(url, local_disk=str(tmp_path / "disk"))
@@ -179,7 +179,7 @@ def test_unreachable_at_start_then_server_appears(tmp_path, fault_table):
         recovery = time.monotonic() - started
         cache.put("late", tensor)
         assert cache.flush(10)
-        with ECCache.from_config(outage_config(url), model=MODEL) as reader:
+        with make_cache(outage_config(url), model=MODEL) as reader:
             assert bit_equal(reader.get("late"), tensor)
         assert bit_equal(cache.get("early"), tensor)  # local entries were never lost
         _assert_closed_promptly(cache)
@@ -192,11 +192,11 @@ def test_unreachable_at_start_then_server_appears(tmp_path, fault_table):
     )
 
 
-def test_redis_killed_mid_workload(redis_process, tmp_path, fault_table):
+def test_redis_killed_mid_workload(redis_process, tmp_path, fault_table, make_cache):
     """Writer and reader share Redis; it dies and returns while they work."""
     url = redis_process.url
-    writer = ECCache.from_config(outage_config(url), model=MODEL)
-    reader = ECCache.from_config(outage_config(url), model=MODEL)
+    writer = make_cache(outage_config(url), model=MODEL)
+    reader = make_cache(outage_config(url), model=MODEL)
     written: dict[str, torch.Tensor] = {}
     answers = {"hit": 0, "miss": 0}
     killed_at = restarted_at = resumed_at = None
@@ -247,10 +247,10 @@ def test_redis_killed_mid_workload(redis_process, tmp_path, fault_table):
 
 
 def test_writes_made_during_an_outage_reach_the_remote_when_it_returns(
-    redis_process, tmp_path, fault_table
+    redis_process, tmp_path, fault_table, make_cache
 ):
     url = redis_process.url
-    writer = ECCache.from_config(outage_config(url, local_disk=str(tmp_path / "disk")), model=MODEL)
+    writer = make_cache(outage_config(url, local_disk=str(tmp_path / "disk")), model=MODEL)
     tensors = {f"offline-{i}": make_tensor((8, 32), torch.bfloat16, seed=i) for i in range(6)}
     try:
         redis_process.kill()
@@ -269,7 +269,7 @@ def test_writes_made_during_an_outage_reach_the_remote_when_it_returns(
         assert writer.flush(10)
         resent_after = time.monotonic() - restarted_at
         # Another instance with empty local tiers now finds every entry remotely.
-        with ECCache.from_config(outage_config(url), model=MODEL) as reader:
+        with make_cache(outage_config(url), model=MODEL) as reader:
             for name, tensor in tensors.items():
                 assert bit_equal(reader.get(name), tensor)
         assert writer.stats.snapshot()["tiers"]["remote"]["awaiting_resend"] == 0
@@ -282,11 +282,11 @@ def test_writes_made_during_an_outage_reach_the_remote_when_it_returns(
     )
 
 
-def test_redis_stalled_mid_workload(redis_process, fault_table):
+def test_redis_stalled_mid_workload(redis_process, fault_table, make_cache):
     """SIGSTOP: connections are still accepted by the kernel, nothing answers."""
     url = redis_process.url
-    writer = ECCache.from_config(outage_config(url), model=MODEL)
-    reader = ECCache.from_config(outage_config(url), model=MODEL)
+    writer = make_cache(outage_config(url), model=MODEL)
+    reader = make_cache(outage_config(url), model=MODEL)
     tensors = {f"before-{i}": make_tensor((8, 32), torch.float16, seed=i) for i in range(5)}
     try:
         for name, tensor in tensors.items():
@@ -333,15 +333,15 @@ def test_redis_stalled_mid_workload(redis_process, fault_table):
     )
 
 
-def test_s3_server_killed_mid_workload(aws_env, fault_table):
+def test_s3_server_killed_mid_workload(aws_env, fault_table, make_cache):
     server = S3Process()
     server.start()
     bucket = "ec-faults"
     server.client().create_bucket(Bucket=bucket)
     config = outage_config(f"s3://{bucket}/ec", endpoint=server.endpoint)
     try:
-        writer = ECCache.from_config(config, model=MODEL)
-        reader = ECCache.from_config(config, model=MODEL)
+        writer = make_cache(config, model=MODEL)
+        reader = make_cache(config, model=MODEL)
     except BaseException:
         server.kill()
         raise
@@ -385,7 +385,7 @@ def test_s3_server_killed_mid_workload(aws_env, fault_table):
             NEVER_RECOVERS,
             "outage writes re-sent",
         )
-        with ECCache.from_config(config, model=MODEL) as fresh:
+        with make_cache(config, model=MODEL) as fresh:
             for name, tensor in during.items():
                 assert get_checked(fresh, name, tensor)
             # Entries the crashed server lost are misses, never wrong tensors.

@@ -187,30 +187,30 @@ def _config(disk_dir, **extra) -> dict:
     }
 
 
-def test_bad_records_are_logged_once_and_later_purges_still_apply(disk_dir, caplog):
+def test_bad_records_are_logged_once_and_later_purges_still_apply(disk_dir, caplog, make_cache):
     disk_dir.mkdir(exist_ok=True)
-    with ECCache.from_config(_config(disk_dir), model=MODEL) as cache:
-        assert cache.put("img", torch.ones(SHAPE))
-        assert cache.flush(10)
-        assert _hit_tier(cache, "img") == "cpu"
-        caplog.set_level(logging.WARNING, logger="lmcache_ec.purge.marker")
-        watch = cache._purges.watch
-        _plant(disk_dir, "default", *HOSTILE.values())
-        _wait_for(lambda: watch.bad_records == len(HOSTILE), "the bad records read")
-        assert _hit_tier(cache, "img") == "cpu"  # nothing purged, nothing raised
-        # The log changes (a purge of another model): read again, the same bad records.
-        append_disk(str(disk_dir), slug("default"), _line(model="org/another"))
-        _wait_for(lambda: _purges_seen(cache) == 1, "the other model's purge")
-        assert watch.bad_records == 2 * len(HOSTILE)
-        assert _hit_tier(cache, "img") == "cpu"
-        warned = [r for r in caplog.records if "bad record" in r.getMessage()]
-        assert len(warned) == len(HOSTILE)  # each logged once
-        append_disk(str(disk_dir), slug("default"), _line(model=MODEL))
-        _wait_for(lambda: _hit_tier(cache, "img") != "cpu", "the valid purge applied")
-        assert _purges_seen(cache) == 2
+    cache = make_cache(_config(disk_dir), model=MODEL)
+    assert cache.put("img", torch.ones(SHAPE))
+    assert cache.flush(10)
+    assert _hit_tier(cache, "img") == "cpu"
+    caplog.set_level(logging.WARNING, logger="lmcache_ec.purge.marker")
+    watch = cache._purges.watch
+    _plant(disk_dir, "default", *HOSTILE.values())
+    _wait_for(lambda: watch.bad_records == len(HOSTILE), "the bad records read")
+    assert _hit_tier(cache, "img") == "cpu"  # nothing purged, nothing raised
+    # The log changes (a purge of another model): read again, the same bad records.
+    append_disk(str(disk_dir), slug("default"), _line(model="org/another"))
+    _wait_for(lambda: _purges_seen(cache) == 1, "the other model's purge")
+    assert watch.bad_records == 2 * len(HOSTILE)
+    assert _hit_tier(cache, "img") == "cpu"
+    warned = [r for r in caplog.records if "bad record" in r.getMessage()]
+    assert len(warned) == len(HOSTILE)  # each logged once
+    append_disk(str(disk_dir), slug("default"), _line(model=MODEL))
+    _wait_for(lambda: _hit_tier(cache, "img") != "cpu", "the valid purge applied")
+    assert _purges_seen(cache) == 2
 
 
-def test_a_hostile_log_never_breaks_start_up_or_the_scheduler(disk_dir, redis_url):
+def test_a_hostile_log_never_breaks_start_up_or_the_scheduler(disk_dir, redis_url, make_cache):
     """A 5 KB nested record (and the rest) on disk and in Redis: the engine
     starts, the scheduler's lookups answer, and both watches keep running."""
     disk_dir.mkdir(exist_ok=True)
@@ -228,7 +228,7 @@ def test_a_hostile_log_never_breaks_start_up_or_the_scheduler(disk_dir, redis_ur
         purge_check_s=INTERVAL,
     )
     try:
-        with ECCache.from_config(config, model=MODEL) as cache:
+        with make_cache(config, model=MODEL) as cache:
             assert cache.put("img", torch.ones(SHAPE))
             assert cache.flush(10)
             name = cache.key("img").mm_hash
@@ -248,7 +248,7 @@ def test_a_hostile_log_never_breaks_start_up_or_the_scheduler(disk_dir, redis_ur
 
 
 @pytest.mark.parametrize("kind", ["fifo", "link"])
-def test_only_a_regular_file_is_read_as_the_disk_log(disk_dir, tmp_path, kind, caplog):
+def test_only_a_regular_file_is_read_as_the_disk_log(disk_dir, tmp_path, kind, caplog, make_cache):
     disk_dir.mkdir(exist_ok=True)
     path = disk_path(str(disk_dir), "default")
     if kind == "fifo":
@@ -260,7 +260,7 @@ def test_only_a_regular_file_is_read_as_the_disk_log(disk_dir, tmp_path, kind, c
     done = threading.Event()
 
     def start_and_read() -> None:
-        with ECCache.from_config(_config(disk_dir), model=MODEL) as cache:
+        with make_cache(_config(disk_dir), model=MODEL) as cache:
             assert cache.put("img", torch.ones(SHAPE))
             for _ in range(3):
                 time.sleep(INTERVAL)
@@ -275,27 +275,27 @@ def test_only_a_regular_file_is_read_as_the_disk_log(disk_dir, tmp_path, kind, c
     assert len([r for r in caplog.records if "purge log" in r.getMessage()]) == 1
 
 
-def test_the_watch_thread_survives_any_exception(disk_dir, redis_url):
+def test_the_watch_thread_survives_any_exception(disk_dir, redis_url, make_cache):
     config = _config(disk_dir, remote_url=redis_url, remote_timeout=5)
-    with ECCache.from_config(config, model=MODEL) as cache:
-        assert cache.put("img", torch.ones(SHAPE))
-        assert cache.flush(10)
-        watch = cache._purges.watch
-        failures = []
-        poll = watch.poll_disk
+    cache = make_cache(config, model=MODEL)
+    assert cache.put("img", torch.ones(SHAPE))
+    assert cache.flush(10)
+    watch = cache._purges.watch
+    failures = []
+    poll = watch.poll_disk
 
-        def failing_poll(*args):
-            if len(failures) < 3:
-                failures.append(1)
-                raise RuntimeError("a check went wrong")
-            return poll(*args)
+    def failing_poll(*args):
+        if len(failures) < 3:
+            failures.append(1)
+            raise RuntimeError("a check went wrong")
+        return poll(*args)
 
-        watch.poll_disk = failing_poll
-        _wait_for(lambda: len(failures) == 3, "three failed checks")
-        with open_catalog(load_config(config)) as catalog:
-            append_remote(catalog, slug("default"), _line(model=MODEL))
-        _wait_for(lambda: _purges_seen(cache) == 1, "a purge applied after the failures")
-        assert cache._purges._thread.is_alive()
+    watch.poll_disk = failing_poll
+    _wait_for(lambda: len(failures) == 3, "three failed checks")
+    with open_catalog(load_config(config)) as catalog:
+        append_remote(catalog, slug("default"), _line(model=MODEL))
+    _wait_for(lambda: _purges_seen(cache) == 1, "a purge applied after the failures")
+    assert cache._purges._thread.is_alive()
 
 
 # -- no purge lost, each within its own namespace -------------------------------
@@ -304,6 +304,7 @@ def test_the_watch_thread_survives_any_exception(disk_dir, redis_url):
 def test_two_tenants_purging_within_one_interval_are_both_applied(
     tmp_path,
     remote,
+    make_cache,
 ):
     """Tenants a and b purge at once (a twice), all between two looks of the
     running engines at their logs; each applies its own namespace's purges,
@@ -314,7 +315,7 @@ def test_two_tenants_purging_within_one_interval_are_both_applied(
         disk = tmp_path / f"disk-{ns}"
         # One look at start, then only the looks this test makes: one interval.
         config = remote_config(**remote, local_disk=str(disk), purge_check_s=3600)
-        engines[ns] = ECCache.from_config(config, model=MODEL, namespace=ns)
+        engines[ns] = make_cache(config, model=MODEL, namespace=ns)
     catalog_config = load_config(remote_config(**remote))
     try:
         for cache in engines.values():
@@ -345,14 +346,14 @@ def test_two_tenants_purging_within_one_interval_are_both_applied(
             cache.close()
 
 
-def test_a_record_selects_only_its_own_namespace(tmp_path, redis_url):
+def test_a_record_selects_only_its_own_namespace(tmp_path, redis_url, make_cache):
     """Engines of two namespaces share one disk directory. An unscoped record in
     a's log purges a's entries only; one in a's log naming b is rejected."""
     disk = tmp_path / "shared-disk"
     config = _config(disk, remote_url=redis_url, remote_timeout=5)
     with (
-        ECCache.from_config(config, model=MODEL, namespace="a") as a,
-        ECCache.from_config(config, model=MODEL, namespace="b") as b,
+        make_cache(config, model=MODEL, namespace="a") as a,
+        make_cache(config, model=MODEL, namespace="b") as b,
     ):
         for cache in (a, b):
             assert cache.put("img", torch.ones(SHAPE))
@@ -372,12 +373,12 @@ def test_a_record_selects_only_its_own_namespace(tmp_path, redis_url):
         assert _hit_tier(b, "img") == "cpu" and _purges_seen(b) == 0
 
 
-def test_a_purge_of_one_weights_version_keeps_the_others_cpu_entries(disk_dir):
+def test_a_purge_of_one_weights_version_keeps_the_others_cpu_entries(disk_dir, make_cache):
     disk_dir.mkdir(exist_ok=True)
     config = _config(disk_dir)
     with (
-        ECCache.from_config(config, model=MODEL, weights="v1") as old,
-        ECCache.from_config(config, model=MODEL, weights="v2") as new,
+        make_cache(config, model=MODEL, weights="v1") as old,
+        make_cache(config, model=MODEL, weights="v2") as new,
     ):
         for cache in (old, new):
             assert cache.put("img", torch.ones(SHAPE))

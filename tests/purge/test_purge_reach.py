@@ -24,7 +24,6 @@ import pytest
 import torch
 import yaml
 
-from lmcache_ec import ECCache
 from lmcache_ec.config import load_config
 from lmcache_ec.key import slug
 from lmcache_ec.purge import inventory
@@ -289,7 +288,7 @@ def _node_files(base: str) -> list[str]:
     return [n for d in node_dirs(base) for n in os.listdir(d) if entry_stem(n) is not None]
 
 
-def test_entries_written_after_a_purge_are_kept(tmp_path, redis_url):
+def test_entries_written_after_a_purge_are_kept(tmp_path, redis_url, make_cache):
     """A purge an engine applies late selects only entries created before it."""
     served_disk = tmp_path / "served-disk"
     served_disk.mkdir()
@@ -302,35 +301,35 @@ def test_entries_written_after_a_purge_are_kept(tmp_path, redis_url):
         "remote_timeout": REMOTE_TIMEOUT,
         "purge_check_s": INTERVAL,
     }
-    with ECCache.from_config(config, model=MODEL) as cache:
-        assert cache.put("old", torch.ones(4, 8, dtype=torch.bfloat16))
+    cache = make_cache(config, model=MODEL)
+    assert cache.put("old", torch.ones(4, 8, dtype=torch.bfloat16))
+    time.sleep(0.05)
+    purged_at = time.time()
+    time.sleep(0.05)
+    assert cache.put("new", torch.ones(4, 8, dtype=torch.bfloat16))
+    assert cache.flush(30)
+    marker = PurgeMarker("f" * 32, purged_at, model=MODEL)
+    with open_catalog(load_config(config)) as catalog:
+        # Only the record: the store keeps both entries.
+        append_remote(catalog, slug("default"), marker.to_line())
+    deadline = time.monotonic() + INTERVAL + REMOTE_TIMEOUT + 5
+    while cache.stats.snapshot()["purges_seen"] < 1:
+        assert time.monotonic() < deadline
         time.sleep(0.05)
-        purged_at = time.time()
-        time.sleep(0.05)
-        assert cache.put("new", torch.ones(4, 8, dtype=torch.bfloat16))
-        assert cache.flush(30)
-        marker = PurgeMarker("f" * 32, purged_at, model=MODEL)
-        with open_catalog(load_config(config)) as catalog:
-            # Only the record: the store keeps both entries.
-            append_remote(catalog, slug("default"), marker.to_line())
-        deadline = time.monotonic() + INTERVAL + REMOTE_TIMEOUT + 5
-        while cache.stats.snapshot()["purges_seen"] < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        files = {n.removesuffix(".pt") for n in os.listdir(served_disk) if n.endswith(".pt")}
-        assert files == {cache.key("new").storage_name}
-        assert inventory.scan_cpu(cache) == []  # the CPU tier keeps no creation time
+    files = {n.removesuffix(".pt") for n in os.listdir(served_disk) if n.endswith(".pt")}
+    assert files == {cache.key("new").storage_name}
+    assert inventory.scan_cpu(cache) == []  # the CPU tier keeps no creation time
 
 
-def test_marker_is_never_an_entry(tmp_path, disk_dir, local_config):
+def test_marker_is_never_an_entry(tmp_path, disk_dir, make_cache):
     append_disk(str(disk_dir), slug("default"), PurgeMarker.new(Selector(model="m")).to_line())
     log = log_name("default")
-    with ECCache.from_config(local_config, model="m") as cache:
+    with make_cache() as cache:
         assert cache.put("x", torch.ones(2, 8))
         assert cache.flush(30)
         assert [key for key, *_ in cache._disk.entries()] == [cache.key("x")]
         assert cache.stats.snapshot()["purges_seen"] == 0  # written before it started
-    with ECCache.from_config(local_config, model="m"):
+    with make_cache():
         pass  # a restart indexes and sweeps the directory
     assert [e.name for e in inventory.scan_disk(str(disk_dir))] == [cache.key("x").storage_name]
     assert len(records(read_disk(str(disk_dir), "default"))) == 1

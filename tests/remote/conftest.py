@@ -8,7 +8,9 @@ from collections.abc import Iterator
 
 from redis.connection import AbstractConnection
 
+from lmcache_ec.config import load_config
 from lmcache_ec.remote.redis_store import PACKER
+from lmcache_ec.remote.store import open_store
 
 TIMEOUT = 0.5  # remote_timeout of the outage tests, which bound calls by it
 RETRY = 0.2  # remote_retry_interval used by the fault tests
@@ -31,6 +33,12 @@ def remote_config(url: str, *, endpoint: str | None = None, **extra) -> dict:
         config["s3_endpoint_url"] = endpoint
     config.update(extra)
     return config
+
+
+def open_stores(url: str, endpoint: str | None = None, count: int = 2) -> list:
+    """``count`` store clients of one remote, as ``count`` instances would hold."""
+    settings = load_config(remote_config(url, endpoint=endpoint)).remote
+    return [open_store(settings) for _ in range(count)]
 
 
 def outage_config(url: str, *, endpoint: str | None = None, **extra) -> dict:

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from lmcache_ec import ECCache, codec
+from lmcache_ec import codec
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import RemoteCatalogError, open_catalog
 from tests.conftest import make_tensor
@@ -19,15 +19,15 @@ def test_no_remote_no_catalog(local_config):
     assert open_catalog(load_config(local_config)) is None
 
 
-def test_exists_list_header_delete(remote):
+def test_exists_list_header_delete(remote, make_cache):
     config = remote_config(**remote)
     tensors = {f"h{i}": make_tensor((i + 1, 48), torch.bfloat16, seed=i) for i in range(3)}
-    with ECCache.from_config(config, model=MODEL) as cache:
+    with make_cache(config, model=MODEL) as cache:
         cache.put_many(tensors)
         assert cache.flush(10)
         names = {cache.key(h).storage_name: h for h in tensors}
         prefix = cache.identity.storage_prefix
-        with ECCache.from_config(config, model="another/model") as other:
+        with make_cache(config, model="another/model") as other:
             other.put("h0", tensors["h0"])
             assert other.flush(10)
 
@@ -59,10 +59,10 @@ def test_exists_list_header_delete(remote):
         assert catalog.lookup_many([]) == []
 
 
-def test_header_longer_than_one_ranged_read(remote):
+def test_header_longer_than_one_ranged_read(remote, make_cache):
     config = remote_config(**remote)
     long_hash = "m" * 6000  # the full mm_hash lives in the header
-    with ECCache.from_config(config, model=MODEL) as cache:
+    with make_cache(config, model=MODEL) as cache:
         cache.put(long_hash, make_tensor((2, 4), torch.float32))
         assert cache.flush(10)
         name = cache.key(long_hash).storage_name

@@ -13,17 +13,11 @@ import time
 
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import open_catalog
-from lmcache_ec.remote.store import open_store
-from tests.remote.conftest import outage_config, remote_config
+from tests.remote.conftest import open_stores, outage_config, remote_config
 
 # Long enough for the second client's first call to see the first claim
 # unexpired on a loaded 2-core machine (0.4 s was not, once, with moto).
 TTL = 1.0
-
-
-def open_stores(url: str, endpoint: str | None = None, count: int = 2):
-    settings = load_config(remote_config(url, endpoint=endpoint)).remote
-    return [open_store(settings) for _ in range(count)]
 
 
 def test_one_holder_until_release(remote):
@@ -146,17 +140,16 @@ def test_catalog_claim_goes_ahead_when_the_store_cannot_answer(black_hole):
         catalog.release("ec-claim.item")
 
 
-def test_a_claim_never_touches_the_entry_it_names(remote):
+def test_a_claim_never_touches_the_entry_it_names(remote, make_cache):
     """A claim lives beside the entry (``<name>.claim``): claiming and releasing
     the storage name of a stored entry leaves the entry readable and listed."""
     import torch
 
-    from lmcache_ec import ECCache
     from tests.conftest import bit_equal, make_tensor
 
     tensor = make_tensor((16, 64), torch.float16)
     config = remote_config(**remote)
-    with ECCache.from_config(config, model="org/claim-model") as cache:
+    with make_cache(config, model="org/claim-model") as cache:
         cache.put("img", tensor)
         cache.flush()
         name = cache.key("img").storage_name
@@ -171,5 +164,5 @@ def test_a_claim_never_touches_the_entry_it_names(remote):
         assert data is not None
     finally:
         store.close()
-    with ECCache.from_config(config, model="org/claim-model") as reader:
-        assert bit_equal(reader.get("img"), tensor)
+    reader = make_cache(config, model="org/claim-model")
+    assert bit_equal(reader.get("img"), tensor)

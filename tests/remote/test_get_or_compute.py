@@ -7,9 +7,11 @@ goes down is a redis-server killed while a caller waits on a claim in it.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import time
 
+import pytest
 import torch
 
 from lmcache_ec import ECCache
@@ -30,11 +32,12 @@ from tests.test_get_or_compute import (
 )
 
 
-def open_cache(config: dict) -> ECCache:
-    return ECCache.from_config(config, model="test/get-or-compute", dtype=DTYPE)
+@pytest.fixture
+def open_cache(make_cache):
+    return functools.partial(make_cache, model="test/get-or-compute", dtype=DTYPE)
 
 
-def test_an_instance_loads_what_another_computes(remote):
+def test_an_instance_loads_what_another_computes(remote, open_cache):
     config = remote_config(**remote)
     with open_cache(config) as first, open_cache(config) as second:
         holding = Computation(seed=1, hold=True)
@@ -63,7 +66,7 @@ def _hold_a_claim(config: dict, name: str, claimed) -> None:
     time.sleep(600)
 
 
-def test_a_killed_holder_delays_others_at_most_the_bound(remote):
+def test_a_killed_holder_delays_others_at_most_the_bound(remote, open_cache):
     config = remote_config(**remote)
     with open_cache(config) as cache:
         name = cache.key("orphaned").storage_name
@@ -84,7 +87,7 @@ def test_a_killed_holder_delays_others_at_most_the_bound(remote):
         assert cache.stats.snapshot()["get_or_compute"]["waits"] == 1
 
 
-def test_a_store_going_down_mid_wait_falls_back_to_computing(redis_process):
+def test_a_store_going_down_mid_wait_falls_back_to_computing(redis_process, open_cache):
     config = outage_config(redis_process.url)
     other = open_store(load_config(config).remote)
     with open_cache(config) as cache:
@@ -99,7 +102,7 @@ def test_a_store_going_down_mid_wait_falls_back_to_computing(redis_process):
     other.close()
 
 
-def test_a_hostile_result_stores_nothing_in_the_shared_tier(remote):
+def test_a_hostile_result_stores_nothing_in_the_shared_tier(remote, open_cache):
     config = remote_config(**remote)
     with open_cache(config) as first, open_cache(config) as second:
         bad = make_tensor(SHAPE, torch.float16)
@@ -143,7 +146,7 @@ def _compute_many(hashes: list[str]) -> list[torch.Tensor]:
     return [make_tensor(SHAPE, DTYPE, 50) for _ in hashes]
 
 
-def test_the_batched_form_claims_any_number_of_new_keys_in_one_round_trip(redis_url):
+def test_the_batched_form_claims_any_number_of_new_keys_in_one_round_trip(redis_url, open_cache):
     with open_cache(remote_config(redis_url)) as cache:
         cache.get_or_compute("opening", Computation())  # connections opened, scripts loaded
         trips = {}
@@ -159,7 +162,9 @@ def test_the_batched_form_claims_any_number_of_new_keys_in_one_round_trip(redis_
         assert cache.stats.snapshot()["get_or_compute"]["computes"] == 23
 
 
-def test_a_batched_wait_claims_and_looks_up_every_key_in_one_round_trip_a_look(redis_url):
+def test_a_batched_wait_claims_and_looks_up_every_key_in_one_round_trip_a_look(
+    redis_url, open_cache
+):
     config = remote_config(redis_url)
     with open_cache(config) as cache:
         hashes = [f"held-{i}" for i in range(20)]

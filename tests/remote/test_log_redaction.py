@@ -6,7 +6,6 @@ import logging
 
 import torch
 
-from lmcache_ec import ECCache
 from tests.remote.conftest import remote_config
 from tests.servers import REDIS_PASSWORD
 
@@ -27,7 +26,7 @@ class _Capture(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def test_password_is_redacted_in_every_log_line(redis_server_auth):
+def test_password_is_redacted_in_every_log_line(redis_server_auth, make_cache):
     capture = _Capture()
     levels = {}
     for name in LMCACHE_LOGGERS:
@@ -38,11 +37,11 @@ def test_password_is_redacted_in_every_log_line(redis_server_auth):
     try:
         url = redis_server_auth.url
         assert REDIS_PASSWORD in url
-        with ECCache.from_config(remote_config(url), model="m") as cache:
+        with make_cache(remote_config(url)) as cache:
             assert cache.put("a", torch.ones(2, 2))
             assert cache.flush(10)
         bad = remote_config(url.replace(REDIS_PASSWORD, REDIS_PASSWORD + "-wrong"))
-        with ECCache.from_config(bad, model="m") as cache:
+        with make_cache(bad) as cache:
             assert cache.get("a") is None
     finally:
         for name in LMCACHE_LOGGERS:

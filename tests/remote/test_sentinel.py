@@ -11,7 +11,6 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from lmcache_ec import ECCache
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import open_catalog
 from tests.conftest import bit_equal, make_tensor
@@ -51,15 +50,15 @@ def sentinel_url(redis_process, tmp_path) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-def test_two_instances_share_entries_through_sentinel(sentinel_url, redis_process):
+def test_two_instances_share_entries_through_sentinel(sentinel_url, redis_process, make_cache):
     config = remote_config(sentinel_url)
     tensors = {f"s{i}": make_tensor((3, 16), torch.bfloat16, seed=i) for i in range(4)}
-    with ECCache.from_config(config, model=MODEL) as writer, frames_sent_in_place() as sent:
+    with make_cache(config, model=MODEL) as writer, frames_sent_in_place() as sent:
         assert all(writer.put_many(tensors))
         assert writer.flush(10)
         names = {writer.key(h).storage_name for h in tensors}
     assert len(sent) == len(tensors)  # sent from the pool buffers
-    with ECCache.from_config(config, model=MODEL) as reader:
+    with make_cache(config, model=MODEL) as reader:
         got = reader.get_many(list(tensors))
         assert all(
             t is not None and bit_equal(t, tensors[h]) for h, t in zip(tensors, got, strict=True)

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmcache_ec import ECCache
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import open_catalog
 from tests.conftest import bit_equal, make_tensor
@@ -48,10 +47,10 @@ def _read_in_other_process(config: dict, hashes: list[str]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_process_b_reads_everything_process_a_wrote(remote, tmp_path):
+def test_process_b_reads_everything_process_a_wrote(remote, tmp_path, make_cache):
     entries = _entries(12)
     writer_config = remote_config(**remote, local_disk=str(tmp_path / "a-disk"))
-    with ECCache.from_config(writer_config, model=MODEL) as writer:
+    with make_cache(writer_config, model=MODEL) as writer:
         assert all(writer.put_many(entries))
         assert writer.flush(30)
 
@@ -64,20 +63,20 @@ def test_process_b_reads_everything_process_a_wrote(remote, tmp_path):
     assert answer["hits"] == {"remote": len(entries)}
 
 
-def test_remote_hit_is_promoted_to_local_tiers(remote, tmp_path):
+def test_remote_hit_is_promoted_to_local_tiers(remote, tmp_path, make_cache):
     tensor = make_tensor((5, 40), torch.bfloat16)
-    with ECCache.from_config(remote_config(**remote), model=MODEL) as writer:
+    with make_cache(remote_config(**remote), model=MODEL) as writer:
         writer.put("x", tensor)
         assert writer.flush(10)
     config = remote_config(**remote, local_disk=str(tmp_path / "disk"))
-    with ECCache.from_config(config, model=MODEL) as reader:
-        assert reader.contains("x") == "remote"
-        assert bit_equal(reader.get("x"), tensor)
-        assert reader.flush(10)
-        assert reader.contains("x") == "cpu"
-        assert bit_equal(reader.get("x"), tensor)
-        assert reader.stats.snapshot()["hits"] == {"remote": 1, "cpu": 1}
-        assert (tmp_path / "disk" / f"{reader.key('x').storage_name}.pt").exists()
+    reader = make_cache(config, model=MODEL)
+    assert reader.contains("x") == "remote"
+    assert bit_equal(reader.get("x"), tensor)
+    assert reader.flush(10)
+    assert reader.contains("x") == "cpu"
+    assert bit_equal(reader.get("x"), tensor)
+    assert reader.stats.snapshot()["hits"] == {"remote": 1, "cpu": 1}
+    assert (tmp_path / "disk" / f"{reader.key('x').storage_name}.pt").exists()
 
 
 def _set_calls(remote: dict) -> int:
@@ -89,15 +88,15 @@ def _set_calls(remote: dict) -> int:
     return stats.get("cmdstat_set", {}).get("calls", 0)
 
 
-def test_put_of_a_stored_key_is_not_uploaded_again(remote):
+def test_put_of_a_stored_key_is_not_uploaded_again(remote, make_cache):
     tensor = make_tensor((4, 16), torch.float16)
-    with ECCache.from_config(remote_config(**remote), model=MODEL) as first:
+    with make_cache(remote_config(**remote), model=MODEL) as first:
         first.put("dup", tensor)
         assert first.flush(10)
         assert first._storage.storage_backends["RemoteBackend"].counters["uploads"] == 1
     writes_before = _set_calls(remote)
     # Another instance (empty local tiers) computes the same output and puts it.
-    with ECCache.from_config(remote_config(**remote), model=MODEL) as second:
+    with make_cache(remote_config(**remote), model=MODEL) as second:
         assert second.put("dup", tensor)
         assert second.flush(10)
         counters = second._storage.storage_backends["RemoteBackend"].counters
@@ -106,14 +105,14 @@ def test_put_of_a_stored_key_is_not_uploaded_again(remote):
     assert _set_calls(remote) == writes_before
 
 
-def test_upload_sends_the_staged_frame_in_place_without_waking_the_event_loop(remote):
+def test_upload_sends_the_staged_frame_in_place_without_waking_the_event_loop(remote, make_cache):
     """A put only queues its upload on the store's threads. A hop through
     LMCache's event loop would wake it with a socket write, handing it the
     GIL in the middle of the caller's put; a private copy of the frame would
     cost a second pass over its bytes. The staging buffer is freed once sent."""
     tensor = make_tensor((64, 256), torch.bfloat16)
     config = remote_config(**remote, local_cpu=False)
-    with ECCache.from_config(config, model=MODEL) as cache:
+    with make_cache(config, model=MODEL) as cache:
         backend = cache._storage.storage_backends["RemoteBackend"]
         store = backend.connection.getWrappedConnector().store
         sends = []
@@ -148,8 +147,8 @@ def test_upload_sends_the_staged_frame_in_place_without_waking_the_event_loop(re
         # Redis: the frame went to the socket as that view (not the hiredis packer's copies).
         frame = send.__self__.get(cache.key("x").storage_name)
         assert packed == ([len(frame)] if remote["url"].startswith("redis") else [])
-    with ECCache.from_config(remote_config(**remote), model=MODEL) as reader:
-        assert bit_equal(reader.get("x"), tensor)
+    reader = make_cache(remote_config(**remote), model=MODEL)
+    assert bit_equal(reader.get("x"), tensor)
 
 
 def _corrupt(remote: dict, storage_name: str) -> None:
@@ -172,17 +171,17 @@ def _corrupt(remote: dict, storage_name: str) -> None:
     client.put_object(Bucket=bucket, Key=key, Body=bytes(body))
 
 
-def test_corrupt_remote_entry_is_a_miss_and_is_removed(remote):
+def test_corrupt_remote_entry_is_a_miss_and_is_removed(remote, make_cache):
     tensor = make_tensor((9, 24), torch.float32)
     config = remote_config(**remote)
-    with ECCache.from_config(config, model=MODEL) as writer:
+    with make_cache(config, model=MODEL) as writer:
         writer.put("bad", tensor)
         assert writer.flush(10)
         name = writer.key("bad").storage_name
     _corrupt(remote, name)
     catalog = open_catalog(load_config(config))
     assert catalog is not None and catalog.exists(name)
-    with ECCache.from_config(config, model=MODEL) as reader:
+    with make_cache(config, model=MODEL) as reader:
         assert reader.get("bad") is None
         assert reader.stats.snapshot()["integrity_failures"] == 1
         assert reader.contains("bad") is None
@@ -190,19 +189,19 @@ def test_corrupt_remote_entry_is_a_miss_and_is_removed(remote):
     catalog.close()
 
 
-def test_redis_password_in_url(redis_server_auth):
+def test_redis_password_in_url(redis_server_auth, make_cache):
     tensor = make_tensor((2, 8), torch.bfloat16)
     good = remote_config(redis_server_auth.url)
-    with ECCache.from_config(good, model=MODEL) as writer:
+    with make_cache(good, model=MODEL) as writer:
         writer.put("secret", tensor)
         assert writer.flush(10)
-    with ECCache.from_config(good, model=MODEL) as reader:
+    with make_cache(good, model=MODEL) as reader:
         assert bit_equal(reader.get("secret"), tensor)
     # Wrong password: a clean miss, never an exception.
     bad_url = redis_server_auth.url.replace(REDIS_PASSWORD, "wrong")
-    with ECCache.from_config(remote_config(bad_url), model=MODEL) as intruder:
-        assert intruder.get("secret") is None
-        assert intruder.contains("secret") is None
+    intruder = make_cache(remote_config(bad_url), model=MODEL)
+    assert intruder.get("secret") is None
+    assert intruder.contains("secret") is None
 
 
 @pytest.mark.parametrize("url", ["resp://127.0.0.1:6379", "valkey://127.0.0.1:6379"])
@@ -213,20 +212,20 @@ def test_schemes_that_corrupt_encoder_tensors_are_refused(url):
         load_config({"remote_url": url})
 
 
-def test_redis_entry_whose_data_was_evicted_is_cleaned_up(redis_url):
+def test_redis_entry_whose_data_was_evicted_is_cleaned_up(redis_url, make_cache):
     import redis
 
     tensor = make_tensor((3, 12), torch.bfloat16)
     config = remote_config(redis_url)
-    with ECCache.from_config(config, model=MODEL) as writer:
+    with make_cache(config, model=MODEL) as writer:
         writer.put("evicted", tensor)
         assert writer.flush(10)
         name = writer.key("evicted").storage_name
     redis.Redis.from_url(redis_url).delete(name + "kv_bytes")  # as maxmemory eviction would
-    with ECCache.from_config(config, model=MODEL) as reader:
+    with make_cache(config, model=MODEL) as reader:
         assert reader.get("evicted") is None
         assert reader.contains("evicted") is None  # the orphan metadata is gone
         assert reader.put("evicted", tensor)  # so the entry is uploaded again
         assert reader.flush(10)
-    with ECCache.from_config(config, model=MODEL) as third:
-        assert bit_equal(third.get("evicted"), tensor)
+    third = make_cache(config, model=MODEL)
+    assert bit_equal(third.get("evicted"), tensor)

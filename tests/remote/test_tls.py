@@ -15,7 +15,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from lmcache_ec import ECCache
 from lmcache_ec.remote.catalog import open_catalog
 from tests.conftest import bit_equal, make_tensor
 from tests.remote.conftest import frames_sent_in_place, remote_config
@@ -119,30 +118,30 @@ def tls_redis(tmp_path):
         process.wait(10)
 
 
-def test_entries_travel_over_tls(tls_redis, tmp_path):
+def test_entries_travel_over_tls(tls_redis, tmp_path, make_cache):
     url, _ = tls_redis
     tensors = {f"img-{i}": make_tensor((16, 64), torch.bfloat16, seed=i) for i in range(4)}
     with (
-        ECCache.from_config(remote_config(url), model="tls/model") as writer,
+        make_cache(remote_config(url), model="tls/model") as writer,
         frames_sent_in_place() as sent,
     ):
         assert all(writer.put_many(tensors))
         assert writer.flush(10)
     assert len(sent) == len(tensors)  # sent from the pool buffers
-    with ECCache.from_config(remote_config(url), model="tls/model") as reader:
-        for name, tensor in tensors.items():
-            assert reader.contains(name) == "remote"
-            assert bit_equal(reader.get(name), tensor)
-        catalog = open_catalog(reader.config)
-        assert catalog is not None
-        with catalog:
-            assert catalog.exists(reader.key("img-0").storage_name)
+    reader = make_cache(remote_config(url), model="tls/model")
+    for name, tensor in tensors.items():
+        assert reader.contains(name) == "remote"
+        assert bit_equal(reader.get(name), tensor)
+    catalog = open_catalog(reader.config)
+    assert catalog is not None
+    with catalog:
+        assert catalog.exists(reader.key("img-0").storage_name)
 
 
-def test_plain_connection_to_a_tls_port_is_a_clean_miss(tls_redis):
+def test_plain_connection_to_a_tls_port_is_a_clean_miss(tls_redis, make_cache):
     _, port = tls_redis
     plain = f"redis://:s3cret@{HOST}:{port}"
-    with ECCache.from_config(remote_config(plain), model="tls/model") as cache:
-        assert cache.put("x", torch.ones(2, 2))  # the CPU tier still takes it
-        assert cache.get("never-stored") is None
-        assert cache.stats.snapshot()["tiers"]["remote"]["available"] is False
+    cache = make_cache(remote_config(plain), model="tls/model")
+    assert cache.put("x", torch.ones(2, 2))  # the CPU tier still takes it
+    assert cache.get("never-stored") is None
+    assert cache.stats.snapshot()["tiers"]["remote"]["available"] is False

@@ -7,7 +7,6 @@ import threading
 import pytest
 import torch
 
-from lmcache_ec import ECCache
 from lmcache_ec.config import ConfigError, load_config
 from lmcache_ec.storage.read_pool import ReadPool
 from tests.conftest import bit_equal, make_tensor
@@ -113,15 +112,14 @@ def test_thread_counts_below_one_are_refused():
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])
-def test_get_many_reads_cpu_and_disk_hits_and_misses_in_order(local_config, threads):
+def test_get_many_reads_cpu_and_disk_hits_and_misses_in_order(threads, make_cache):
     items = {f"img-{i}": make_tensor((64 + i, 128), torch.bfloat16, seed=i) for i in range(8)}
-    config = {**local_config, "read_threads": threads}
-    with ECCache.from_config(config, model="m") as writer:
+    with make_cache(read_threads=threads) as writer:
         assert all(writer.put_many(items))
         assert writer.flush(10)
     names = ["absent", *items, "img-3", "img-3"]
     before = set(_reader_threads())
-    with ECCache.from_config(config, model="m") as cache:  # a new engine: every hit is on disk
+    with make_cache(read_threads=threads) as cache:  # a new engine: every hit is on disk
         assert cache.get("img-0") is not None and cache.flush(10)  # img-0 promoted to the CPU tier
         got = cache.get_many(names)
         assert got[0] is None
@@ -144,7 +142,7 @@ def test_a_batch_of_cpu_hits_is_copied_on_the_callers_thread(cache):
     assert set(_reader_threads()) == before  # no helper was started
 
 
-def test_get_many_reads_node_tier_hits_on_two_threads(tmp_path):
+def test_get_many_reads_node_tier_hits_on_two_threads(tmp_path, make_cache):
     config = {
         "local_cpu": True,  # the node tier takes its role: the pool only stages
         "max_local_cpu_size": 0.05,
@@ -156,12 +154,12 @@ def test_get_many_reads_node_tier_hits_on_two_threads(tmp_path):
         "read_threads": 2,
     }
     items = {f"img-{i}": make_tensor((48, 96), torch.bfloat16, seed=i) for i in range(6)}
-    with ECCache.from_config(config, model="m") as writer:
-        assert all(writer.put_many(items))
-        assert writer.flush(10)
-        # Another process's view (while the writer uses the tier, its entries stay).
-        with ECCache.from_config(config, model="m") as reader:
-            got = reader.get_many([*items, "absent"])
-            assert got[-1] is None
-            assert all(bit_equal(out, t) for out, t in zip(got, items.values(), strict=False))
-            assert reader.stats.snapshot()["hits"] == {"node": len(items)}
+    writer = make_cache(config)
+    assert all(writer.put_many(items))
+    assert writer.flush(10)
+    # Another process's view (while the writer uses the tier, its entries stay).
+    with make_cache(config) as reader:
+        got = reader.get_many([*items, "absent"])
+        assert got[-1] is None
+        assert all(bit_equal(out, t) for out, t in zip(got, items.values(), strict=False))
+        assert reader.stats.snapshot()["hits"] == {"node": len(items)}

@@ -87,47 +87,47 @@ def _add_plugin(cache: ECCache) -> None:
     assert created == {PLUGIN: "DictStore"}
 
 
-def test_a_storage_plugin_is_wrapped_and_read_through_the_contract():
+def test_a_storage_plugin_is_wrapped_and_read_through_the_contract(make_cache):
     config = {"local_cpu": True, "max_local_cpu_size": 0.02}
-    with ECCache.from_config(config, model="org/plugin-model") as cache:
-        _add_plugin(cache)
-        tiers = cache._storage.tiers()
-        assert [tier.name for tier in tiers] == ["cpu", PLUGIN]
-        plugin = tiers[-1]
-        assert isinstance(plugin, PluginTier) and isinstance(plugin, Tier)
-        assert plugin.kind is TierKind.PLUGIN and plugin.backend_name == PLUGIN
-        assert cache._storage.tiers()[-1] is plugin  # one adapter per backend
-        assert cache.tiers == ["cpu", PLUGIN]
+    cache = make_cache(config, model="org/plugin-model")
+    _add_plugin(cache)
+    tiers = cache._storage.tiers()
+    assert [tier.name for tier in tiers] == ["cpu", PLUGIN]
+    plugin = tiers[-1]
+    assert isinstance(plugin, PluginTier) and isinstance(plugin, Tier)
+    assert plugin.kind is TierKind.PLUGIN and plugin.backend_name == PLUGIN
+    assert cache._storage.tiers()[-1] is plugin  # one adapter per backend
+    assert cache.tiers == ["cpu", PLUGIN]
 
-        tensor = make_tensor((16, 64), torch.float16, seed=3)
-        assert cache.put("img", tensor)
-        key = cache.key("img")
-        assert cache._cpu.remove(key, force=True)
-        assert cache.contains("img") == PLUGIN
+    tensor = make_tensor((16, 64), torch.float16, seed=3)
+    assert cache.put("img", tensor)
+    key = cache.key("img")
+    assert cache._cpu.remove(key, force=True)
+    assert cache.contains("img") == PLUGIN
 
-        # A plugin hit is verified, served and promoted to the CPU tier.
-        got = cache.get("img")
-        assert got is not None and torch.equal(got, tensor)
-        assert cache.stats.snapshot()["hits"] == {PLUGIN: 1}
-        assert cache.contains("img") == "cpu"
+    # A plugin hit is verified, served and promoted to the CPU tier.
+    got = cache.get("img")
+    assert got is not None and torch.equal(got, tensor)
+    assert cache.stats.snapshot()["hits"] == {PLUGIN: 1}
+    assert cache.contains("img") == "cpu"
 
-        assert cache.remove("img")
-        assert cache.contains("img") is None
-        assert cache.get("img") is None
+    assert cache.remove("img")
+    assert cache.contains("img") is None
+    assert cache.get("img") is None
 
 
-def test_a_corrupt_plugin_entry_is_a_miss_and_dropped_everywhere():
+def test_a_corrupt_plugin_entry_is_a_miss_and_dropped_everywhere(make_cache):
     config = {"local_cpu": True, "max_local_cpu_size": 0.02}
-    with ECCache.from_config(config, model="org/plugin-model") as cache:
-        _add_plugin(cache)
-        tensor = make_tensor((16, 64), torch.float16, seed=4)
-        assert cache.put("img", tensor)
-        key = cache.key("img")
-        assert cache._cpu.remove(key, force=True)
-        store = cache._storage.storage_backends[PLUGIN]
-        frame = store.entries[key]
-        frame[-1] ^= 0xFF  # flipped payload bytes
-        frame[len(frame) // 2] ^= 0xFF
-        assert cache.get("img") is None
-        assert cache.stats.snapshot()["integrity_failures"] == 1
-        assert key not in store.entries
+    cache = make_cache(config, model="org/plugin-model")
+    _add_plugin(cache)
+    tensor = make_tensor((16, 64), torch.float16, seed=4)
+    assert cache.put("img", tensor)
+    key = cache.key("img")
+    assert cache._cpu.remove(key, force=True)
+    store = cache._storage.storage_backends[PLUGIN]
+    frame = store.entries[key]
+    frame[-1] ^= 0xFF  # flipped payload bytes
+    frame[len(frame) // 2] ^= 0xFF
+    assert cache.get("img") is None
+    assert cache.stats.snapshot()["integrity_failures"] == 1
+    assert key not in store.entries

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmcache_ec import ECCache
 from lmcache_ec.key import EncoderIdentity
 from lmcache_ec.tiers.budget import DirectoryBudget
 from lmcache_ec.tiers.disk_layout import TEMP_PREFIX, DirectoryLayout
@@ -70,7 +69,7 @@ WRITER = textwrap.dedent(
 
 
 @pytest.mark.parametrize("residency", [0.0, 5.0], ids=["global-lru", "fresh-protected"])
-def test_three_processes_share_one_limit(disk_dir, residency):
+def test_three_processes_share_one_limit(disk_dir, residency, make_cache):
     limit_frames = 8
     config = _config(disk_dir, limit_frames, residency)
     limit = int(FRAME * limit_frames)
@@ -101,17 +100,17 @@ def test_three_processes_share_one_limit(disk_dir, residency):
         assert all(c.get("skipped_no_room", 0) == 0 for c in counters)
     # Whatever survived, from whichever process, reads back exact.
     names = {e.name for e in DirectoryLayout(str(disk_dir)).scan().entries}
-    with ECCache.from_config(config, model="org/vlm") as cache:
-        kept = {
-            (rank, i)
-            for rank in range(3)
-            for i in range(per_process)
-            if cache.key(f"r{rank}-{i}").storage_name in names
-        }
-        assert len(kept) == len(names) >= limit_frames // 2
-        for rank, i in kept:
-            expected = make_tensor(SHAPE, torch.float16, seed=i)
-            assert bit_equal(cache.get(f"r{rank}-{i}"), expected)
+    cache = make_cache(config, model="org/vlm")
+    kept = {
+        (rank, i)
+        for rank in range(3)
+        for i in range(per_process)
+        if cache.key(f"r{rank}-{i}").storage_name in names
+    }
+    assert len(kept) == len(names) >= limit_frames // 2
+    for rank, i in kept:
+        expected = make_tensor(SHAPE, torch.float16, seed=i)
+        assert bit_equal(cache.get(f"r{rank}-{i}"), expected)
 
 
 def test_a_write_in_progress_counts_in_full_when_another_process_rescans(disk_dir):
@@ -128,12 +127,12 @@ def test_a_write_in_progress_counts_in_full_when_another_process_rescans(disk_di
     assert layout.scan().total == 100
 
 
-def test_a_burst_never_evicts_another_process_fresh_entries(disk_dir):
+def test_a_burst_never_evicts_another_process_fresh_entries(disk_dir, make_cache):
     tensors = [make_tensor(SHAPE, torch.float16, seed=i) for i in range(8)]
     config = _config(disk_dir, 4.5, residency=600)
     with (
-        ECCache.from_config(config, model="m") as first,
-        ECCache.from_config(config, model="m") as second,
+        make_cache(config) as first,
+        make_cache(config) as second,
     ):
         for i in range(3):
             assert first.put(f"a{i}", tensors[i])
@@ -149,12 +148,12 @@ def test_a_burst_never_evicts_another_process_fresh_entries(disk_dir):
         assert all(bit_equal(first.get(f"a{i}"), tensors[i]) for i in range(3))
 
 
-def test_idle_entries_of_any_process_go_least_recently_used_first(disk_dir):
+def test_idle_entries_of_any_process_go_least_recently_used_first(disk_dir, make_cache):
     tensors = [make_tensor(SHAPE, torch.float16, seed=i) for i in range(4)]
     config = _config(disk_dir, 3.5, residency=0)
     with (
-        ECCache.from_config(config, model="m") as first,
-        ECCache.from_config(config, model="m") as second,
+        make_cache(config) as first,
+        make_cache(config) as second,
     ):
         for i in range(3):
             assert first.put(f"e{i}", tensors[i])
@@ -167,19 +166,19 @@ def test_idle_entries_of_any_process_go_least_recently_used_first(disk_dir):
         assert stored == ["e0", "e2", "e3"]
 
 
-def test_dead_writers_temp_files_are_reclaimed_at_once(local_config, disk_dir):
+def test_dead_writers_temp_files_are_reclaimed_at_once(disk_dir, make_cache):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     orphan = disk_dir / f"{TEMP_PREFIX}{dead.pid}-0.ec1.a.b"
     live = disk_dir / f"{TEMP_PREFIX}{os.getpid()}-0.ec1.a.b"
     orphan.write_bytes(b"half a frame")
     live.write_bytes(b"being written")
-    with ECCache.from_config(local_config, model="m"):
+    with make_cache():
         pass
     assert not orphan.exists() and live.exists()
 
 
-def test_concurrent_writers_in_one_process_keep_the_limit(disk_dir):
+def test_concurrent_writers_in_one_process_keep_the_limit(disk_dir, make_cache):
     config = _config(disk_dir, 6, residency=0)
     samples: list[int] = []
     done = threading.Event()
@@ -191,7 +190,7 @@ def test_concurrent_writers_in_one_process_keep_the_limit(disk_dir):
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
-        with ECCache.from_config(config, model="m") as cache:
+        with make_cache(config) as cache:
             for i in range(30):
                 assert cache.put(f"x{i}", make_tensor(SHAPE, torch.float16, seed=i))
             assert cache.flush(30)
@@ -222,50 +221,50 @@ def test_idle_ledgers_are_pruned_but_never_one_in_use(tmp_path):
     assert sorted(os.listdir(ledgers)) == ["1-1", "1-3"]
 
 
-def test_a_ledger_pruned_while_waiting_is_opened_again(disk_dir):
+def test_a_ledger_pruned_while_waiting_is_opened_again(disk_dir, make_cache):
     """A writer blocked on the ledger's lock while it is pruned must not keep
     accounting in the unlinked file while others use the new one."""
     import fcntl
     import time
 
-    with ECCache.from_config(_config(disk_dir, frames=8), model="m/ledger") as cache:
-        budget = cache._storage.storage_backends["LocalDiskBackend"].budget
-        path = budget._ledger_path()
-        with open(path, "a"):
-            pass
-        links: list[int] = []
+    cache = make_cache(_config(disk_dir, frames=8), model="m/ledger")
+    budget = cache._storage.storage_backends["LocalDiskBackend"].budget
+    path = budget._ledger_path()
+    with open(path, "a"):
+        pass
+    links: list[int] = []
 
-        def writer() -> None:
-            with budget._locked() as fd:
-                links.append(os.fstat(fd).st_nlink)
+    def writer() -> None:
+        with budget._locked() as fd:
+            links.append(os.fstat(fd).st_nlink)
 
-        with open(path, "rb+") as pruner:
-            fcntl.flock(pruner, fcntl.LOCK_EX)
-            thread = threading.Thread(target=writer)
-            thread.start()
-            time.sleep(0.2)  # the writer has opened the old file and waits for its lock
-            os.unlink(path)
-        thread.join(10)
-        assert links == [1] and os.path.exists(path)
+    with open(path, "rb+") as pruner:
+        fcntl.flock(pruner, fcntl.LOCK_EX)
+        thread = threading.Thread(target=writer)
+        thread.start()
+        time.sleep(0.2)  # the writer has opened the old file and waits for its lock
+        os.unlink(path)
+    thread.join(10)
+    assert links == [1] and os.path.exists(path)
 
 
-def test_the_ledger_equals_the_bytes_on_disk_after_a_removal_and_a_lost_race(disk_dir):
+def test_the_ledger_equals_the_bytes_on_disk_after_a_removal_and_a_lost_race(disk_dir, make_cache):
     """The ledger only over-counts when a writer dies or files go behind its back:
     a removal by the tier and a publish lost to another writer both give their
     bytes back at once."""
     tensors = {f"e{i}": make_tensor(SHAPE, torch.float16, seed=i) for i in range(3)}
-    with ECCache.from_config(_config(disk_dir, 8, residency=0), model="m") as cache:
-        disk, budget = cache._disk, cache._disk.budget
-        assert all(cache.put_many(tensors))
-        assert cache.flush(10)
-        assert budget.ledger() == _directory_bytes(disk_dir) > 0
-        assert cache.remove("e0")
-        assert budget.ledger() == _directory_bytes(disk_dir)
-        # Another writer published e1 first: this write reserves, writes, loses.
-        frame = os.path.getsize(disk.path_of(cache.key("e1")))
-        memory_obj = cache._cpu.allocate_frame(frame)
-        memory_obj.ref_count_up()  # what submit_put_task takes for the write
-        disk.write_entry(cache.key("e1"), memory_obj, None)
-        memory_obj.ref_count_down()
-        assert disk.counters["skipped_existing"] == 1
-        assert budget.ledger() == _directory_bytes(disk_dir)
+    cache = make_cache(_config(disk_dir, 8, residency=0))
+    disk, budget = cache._disk, cache._disk.budget
+    assert all(cache.put_many(tensors))
+    assert cache.flush(10)
+    assert budget.ledger() == _directory_bytes(disk_dir) > 0
+    assert cache.remove("e0")
+    assert budget.ledger() == _directory_bytes(disk_dir)
+    # Another writer published e1 first: this write reserves, writes, loses.
+    frame = os.path.getsize(disk.path_of(cache.key("e1")))
+    memory_obj = cache._cpu.allocate_frame(frame)
+    memory_obj.ref_count_up()  # what submit_put_task takes for the write
+    disk.write_entry(cache.key("e1"), memory_obj, None)
+    memory_obj.ref_count_down()
+    assert disk.counters["skipped_existing"] == 1
+    assert budget.ledger() == _directory_bytes(disk_dir)

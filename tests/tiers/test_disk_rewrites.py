@@ -6,15 +6,14 @@ import os
 
 import torch
 
-from lmcache_ec import ECCache
 from tests.conftest import bit_equal, make_tensor
 
 
-def test_entry_written_by_another_engine_is_not_rewritten(local_config, disk_dir):
+def test_entry_written_by_another_engine_is_not_rewritten(disk_dir, make_cache):
     tensor = make_tensor((64, 128), torch.bfloat16, seed=3)
     with (
-        ECCache.from_config(local_config, model="org/vlm", dtype=torch.bfloat16) as first,
-        ECCache.from_config(local_config, model="org/vlm", dtype=torch.bfloat16) as second,
+        make_cache(model="org/vlm", dtype=torch.bfloat16) as first,
+        make_cache(model="org/vlm", dtype=torch.bfloat16) as second,
     ):
         # Both started on an empty directory: neither has the other's entry indexed.
         assert first.put("image", tensor)

@@ -33,33 +33,33 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_entries_written_by_another_process_survive_its_exit(local_config, disk_dir):
+def test_entries_written_by_another_process_survive_its_exit(disk_dir, make_cache):
     subprocess.run(
         [sys.executable, "-c", WRITER, str(disk_dir), "12"],
         check=True,
         cwd=ROOT,
         env={**os.environ, "LMCACHE_LOG_LEVEL": "ERROR"},
     )
-    with ECCache.from_config(local_config, model="org/vlm", dtype=torch.bfloat16) as cache:
-        for i in range(12):
-            assert cache.contains(f"image-{i}") == "disk"
-            out = cache.get(f"image-{i}")
-            assert out is not None
-            assert bit_equal(out, make_tensor((256, 2560), torch.bfloat16, seed=i))
-        assert cache.get("image-12") is None
+    cache = make_cache(model="org/vlm", dtype=torch.bfloat16)
+    for i in range(12):
+        assert cache.contains(f"image-{i}") == "disk"
+        out = cache.get(f"image-{i}")
+        assert out is not None
+        assert bit_equal(out, make_tensor((256, 2560), torch.bfloat16, seed=i))
+    assert cache.get("image-12") is None
 
 
-def test_entries_written_while_running_are_found(local_config, disk_dir):
-    with ECCache.from_config(local_config, model="org/vlm", dtype=torch.bfloat16) as cache:
-        assert cache.contains("image-0") is None
-        subprocess.run(
-            [sys.executable, "-c", WRITER, str(disk_dir), "2"],
-            check=True,
-            cwd=ROOT,
-            env={**os.environ, "LMCACHE_LOG_LEVEL": "ERROR"},
-        )
-        assert cache.contains("image-1") == "disk"
-        assert bit_equal(cache.get("image-0"), make_tensor((256, 2560), torch.bfloat16, seed=0))
+def test_entries_written_while_running_are_found(disk_dir, make_cache):
+    cache = make_cache(model="org/vlm", dtype=torch.bfloat16)
+    assert cache.contains("image-0") is None
+    subprocess.run(
+        [sys.executable, "-c", WRITER, str(disk_dir), "2"],
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "LMCACHE_LOG_LEVEL": "ERROR"},
+    )
+    assert cache.contains("image-1") == "disk"
+    assert bit_equal(cache.get("image-0"), make_tensor((256, 2560), torch.bfloat16, seed=0))
 
 
 def _disk_only(disk_dir, frames: float, frame: int) -> dict:
@@ -77,14 +77,14 @@ def _stored(cache: ECCache, names: list[str]) -> list[str]:
     return [name for name in names if cache.contains(name) == "disk"]
 
 
-def test_disk_capacity_evicts_least_recently_used(disk_dir):
+def test_disk_capacity_evicts_least_recently_used(disk_dir, make_cache):
     frame = 256 * 1024 * 2 + 4096
     config = _disk_only(disk_dir, 3.5, frame)
     names = [f"img-{i}" for i in range(5)]
     tensors = {
         name: make_tensor((256, 1024), torch.float16, seed=i) for i, name in enumerate(names)
     }
-    with ECCache.from_config(config, model="m") as cache:
+    with make_cache(config) as cache:
         for name in names[:3]:
             assert cache.put(name, tensors[name])
             assert cache.flush()
@@ -100,34 +100,34 @@ def test_disk_capacity_evicts_least_recently_used(disk_dir):
         assert cache.flush()
         assert _stored(cache, names) == ["img-2", "img-3", "img-4"]
     # Restarting over a directory larger than the configured size trims it.
-    with ECCache.from_config(_disk_only(disk_dir, 2.5, frame), model="m") as cache:
-        assert len(list(disk_dir.glob("*.pt"))) == 2
-        assert cache.contains("img-4") == "disk"
+    cache = make_cache(_disk_only(disk_dir, 2.5, frame))
+    assert len(list(disk_dir.glob("*.pt"))) == 2
+    assert cache.contains("img-4") == "disk"
 
 
-def test_lru_order_survives_restart(disk_dir):
+def test_lru_order_survives_restart(disk_dir, make_cache):
     frame = 64 * 1024 * 4 + 4096
     names = [f"img-{i}" for i in range(4)]
     tensors = {name: make_tensor((64, 1024), torch.float32, seed=i) for i, name in enumerate(names)}
-    with ECCache.from_config(_disk_only(disk_dir, 1024, frame), model="m") as cache:
+    with make_cache(_disk_only(disk_dir, 1024, frame)) as cache:
         for name in names[:3]:
             assert cache.put(name, tensors[name])
             assert cache.flush()
             time.sleep(0.01)  # distinct mtimes
     # The rebuilt index is in write order: trimming takes the oldest entry.
-    with ECCache.from_config(_disk_only(disk_dir, 2.5, frame), model="m") as cache:
+    with make_cache(_disk_only(disk_dir, 2.5, frame)) as cache:
         assert _stored(cache, names[:3]) == ["img-1", "img-2"]
     # And hits on the rebuilt index refresh recency: img-1 read, img-2 goes.
-    with ECCache.from_config(_disk_only(disk_dir, 2.5, frame), model="m") as cache:
+    with make_cache(_disk_only(disk_dir, 2.5, frame)) as cache:
         assert bit_equal(cache.get("img-1"), tensors["img-1"])
         assert cache.put("img-3", tensors["img-3"])
         assert cache.flush()
         assert _stored(cache, names) == ["img-1", "img-3"]
-    with ECCache.from_config(_disk_only(disk_dir, 2.5, frame), model="m") as cache:
-        assert _stored(cache, names) == ["img-1", "img-3"]
+    cache = make_cache(_disk_only(disk_dir, 2.5, frame))
+    assert _stored(cache, names) == ["img-1", "img-3"]
 
 
-def test_stale_temporary_files_are_cleaned_and_fresh_ones_kept(local_config, disk_dir):
+def test_stale_temporary_files_are_cleaned_and_fresh_ones_kept(disk_dir, make_cache):
     writer = os.getpid()  # alive: only age makes its temp file stale
     stale = disk_dir / f"{TEMP_PREFIX}{writer}-2.ec1.a.b"
     fresh = disk_dir / f"{TEMP_PREFIX}{writer}-4.ec1.a.b"
@@ -136,7 +136,7 @@ def test_stale_temporary_files_are_cleaned_and_fresh_ones_kept(local_config, dis
     old = time.time() - 7200
     os.utime(stale, (old, old))
     (disk_dir / "unrelated.txt").write_text("kept")
-    with ECCache.from_config(local_config, model="m") as cache:
+    with make_cache() as cache:
         assert cache.contains("anything") is None
     assert not stale.exists() and fresh.exists()
     assert (disk_dir / "unrelated.txt").exists()
@@ -152,7 +152,7 @@ def _mode(path) -> int:
     ids=["private", "group-shared"],
 )
 def test_directory_and_entries_are_private_unless_shared_with_a_group(
-    tmp_path, group_shared, dir_mode, file_mode
+    tmp_path, group_shared, dir_mode, file_mode, make_cache
 ):
     """Stored embeddings can reveal image content: by default only this user can
     read them, whatever the umask; a group-shared directory is an explicit setting."""
@@ -164,7 +164,7 @@ def test_directory_and_entries_are_private_unless_shared_with_a_group(
     }
     umask = os.umask(0o022)  # the usual default, which would give 0755 / 0644
     try:
-        with ECCache.from_config(config, model="m") as cache:
+        with make_cache(config) as cache:
             assert cache.put("x", make_tensor((4, 8), torch.float32))
             assert cache.flush(10)
             shutil.rmtree(directory)  # deleted under a running engine: made again alike

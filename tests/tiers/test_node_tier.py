@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmcache_ec import ECCache
 from lmcache_ec.tiers.disk_layout import TEMP_PREFIX, DirectoryLayout
 from lmcache_ec.tiers.node import node_path
 from tests.conftest import bit_equal, make_tensor
@@ -73,12 +72,12 @@ RANK = textwrap.dedent(
 )
 
 
-def test_four_ranks_hold_each_image_once(node_base):
+def test_four_ranks_hold_each_image_once(node_base, make_cache):
     config = _config(node_base)
     directory = node_path(node_base, "node-test")
     # A process of the node using the tier throughout (an engine's other rank,
     # a co-located engine): the entries outlive the four ranks for as long.
-    with ECCache.from_config(config, model="org/vlm", dtype=torch.bfloat16):
+    with make_cache(config, model="org/vlm", dtype=torch.bfloat16):
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", RANK, json.dumps(config), str(IMAGES)],
@@ -128,40 +127,40 @@ def _mapped_file(address: int) -> str | None:
     return None
 
 
-def test_reads_are_private_copies(node_base):
+def test_reads_are_private_copies(node_base, make_cache):
     tensor = _tensor(1)
-    with ECCache.from_config(_config(node_base), model="m", dtype=torch.bfloat16) as cache:
-        assert cache.put("img", tensor)
-        out = cache.get("img")
-        assert bit_equal(out, tensor)
-        path = cache._storage.storage_backends["NodeBackend"].path_of(cache.key("img"))
-        # Not a mapping of the shared file: a truncation of it cannot reach the caller.
-        assert _mapped_file(out.data_ptr()) != path
-        out.fill_(0)  # the caller owns what it got
-        assert bit_equal(cache.get("img"), tensor)
-        assert cache._cpu.used_bytes() == 0
+    cache = make_cache(_config(node_base), dtype=torch.bfloat16)
+    assert cache.put("img", tensor)
+    out = cache.get("img")
+    assert bit_equal(out, tensor)
+    path = cache._storage.storage_backends["NodeBackend"].path_of(cache.key("img"))
+    # Not a mapping of the shared file: a truncation of it cannot reach the caller.
+    assert _mapped_file(out.data_ptr()) != path
+    out.fill_(0)  # the caller owns what it got
+    assert bit_equal(cache.get("img"), tensor)
+    assert cache._cpu.used_bytes() == 0
 
 
 PADDING = 256 * 1024**2  # sparse on tmpfs: costs nothing until read
 
 
-def test_padded_entry_is_a_miss_removed_without_reading_its_padding(node_base):
+def test_padded_entry_is_a_miss_removed_without_reading_its_padding(node_base, make_cache):
     """A frame's file must be exactly header + payload: a longer one is damaged,
     and reading it must not allocate what the padding claims."""
-    with ECCache.from_config(_config(node_base), model="m", dtype=torch.bfloat16) as cache:
-        assert cache.put("img", _tensor(1))
-        path = cache._storage.storage_backends["NodeBackend"].path_of(cache.key("img"))
-        size = os.path.getsize(path)
-        os.truncate(path, size + PADDING)
-        tracemalloc.start()
-        try:
-            assert cache.get("img") is None
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-        assert peak < 4 * size
-        assert cache.stats.snapshot()["integrity_failures"] == 1
-        assert not os.path.exists(path)
+    cache = make_cache(_config(node_base), dtype=torch.bfloat16)
+    assert cache.put("img", _tensor(1))
+    path = cache._storage.storage_backends["NodeBackend"].path_of(cache.key("img"))
+    size = os.path.getsize(path)
+    os.truncate(path, size + PADDING)
+    tracemalloc.start()
+    try:
+        assert cache.get("img") is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * size
+    assert cache.stats.snapshot()["integrity_failures"] == 1
+    assert not os.path.exists(path)
 
 
 KILLED = textwrap.dedent(
@@ -202,9 +201,9 @@ KILLED = textwrap.dedent(
 )
 
 
-def test_writer_killed_mid_write_leaves_the_node_tier_consistent(node_base):
+def test_writer_killed_mid_write_leaves_the_node_tier_consistent(node_base, make_cache):
     config = _config(node_base)
-    holder = ECCache.from_config(config, model="m", dtype=torch.bfloat16)  # keeps the tier in use
+    holder = make_cache(config, dtype=torch.bfloat16)  # keeps the tier in use
     try:
         child = subprocess.Popen(
             [sys.executable, "-c", KILLED, json.dumps(config)],
@@ -224,7 +223,7 @@ def test_writer_killed_mid_write_leaves_the_node_tier_consistent(node_base):
                 child.kill()
             child.stdout.close()
         assert os.path.exists(temp)  # the torn write is only a temp file
-        with ECCache.from_config(config, model="m", dtype=torch.bfloat16) as cache:
+        with make_cache(config, dtype=torch.bfloat16) as cache:
             assert not os.path.exists(temp)  # reclaimed at start: its writer is dead
             assert cache.contains("killed") is None
             assert cache.get("killed") is None
@@ -243,10 +242,10 @@ def test_writer_killed_mid_write_leaves_the_node_tier_consistent(node_base):
     assert DirectoryLayout(directory).scan().entries == []
 
 
-def test_the_last_user_to_leave_clears_the_node_tier(node_base):
+def test_the_last_user_to_leave_clears_the_node_tier(node_base, make_cache):
     config = _config(node_base)
-    first = ECCache.from_config(config, model="m", dtype=torch.bfloat16)
-    with ECCache.from_config(config, model="m", dtype=torch.bfloat16) as second:
+    first = make_cache(config, dtype=torch.bfloat16)
+    with make_cache(config, dtype=torch.bfloat16) as second:
         assert first.put("img", _tensor(1))
         first.close()  # another user remains: the entry stays
         assert bit_equal(second.get("img"), _tensor(1))
@@ -255,17 +254,17 @@ def test_the_last_user_to_leave_clears_the_node_tier(node_base):
     assert DirectoryLayout(directory).scan().temp_bytes == 0
 
 
-def test_entries_nobody_uses_are_removed_by_the_next_user(node_base, tmp_path):
+def test_entries_nobody_uses_are_removed_by_the_next_user(node_base, tmp_path, make_cache):
     """Files a process left without closing (killed, crashed) and nobody uses."""
     config = _config(node_base)
-    with ECCache.from_config(config, model="m", dtype=torch.bfloat16) as cache:
+    with make_cache(config, dtype=torch.bfloat16) as cache:
         assert cache.put("img", _tensor(1))
         node = cache._storage.storage_backends["NodeBackend"]
         path = node.path_of(cache.key("img"))
         shutil.copy2(path, tmp_path / "left")
     shutil.copy2(tmp_path / "left", path)  # as a process that ended without leaving left it
-    with ECCache.from_config(config, model="m", dtype=torch.bfloat16) as cache:
-        assert not os.path.exists(path)
-        assert cache.get("img") is None
-        node = cache._storage.storage_backends["NodeBackend"]
-        assert node.budget.ledger() == 0
+    cache = make_cache(config, dtype=torch.bfloat16)
+    assert not os.path.exists(path)
+    assert cache.get("img") is None
+    node = cache._storage.storage_backends["NodeBackend"]
+    assert node.budget.ledger() == 0

@@ -82,7 +82,7 @@ def test_mixed_allocator_builds_an_empty_arena_and_allocates_from_pin_allocator(
     obj.ref_count_down()
 
 
-def test_the_encoder_tier_calls_none_of_lmcaches_device_ops(monkeypatch, tmp_path):
+def test_the_encoder_tier_calls_none_of_lmcaches_device_ops(monkeypatch, tmp_path, make_cache):
     """LMCache binds its compiled ``cuda_ops`` into ``lmcache.device_ops`` when the
     extension loads for the installed torch, and keeps torch fallbacks otherwise
     (lmcache 0.5.6 under torch 2.14). The encoder tier's pool, puts and reads use
@@ -106,11 +106,11 @@ def test_the_encoder_tier_calls_none_of_lmcaches_device_ops(monkeypatch, tmp_pat
         "max_local_disk_size": 0.01,
     }
     tensor = torch.randn(16, 32).to(torch.bfloat16)
-    with ECCache.from_config(config, model=MODEL) as cache:
+    with make_cache(config, model=MODEL) as cache:
         cache.put("device-ops", tensor)
         assert torch.equal(cache.get("device-ops"), tensor)
         assert cache.flush(10)
-    with ECCache.from_config(config, model=MODEL) as cache:  # a fresh process: disk
+    with make_cache(config, model=MODEL) as cache:  # a fresh process: disk
         assert torch.equal(cache.get_many(["device-ops"])[0], tensor)
     HostPoolAllocator(1 << 20).close()
     assert calls == [], f"the encoder tier now calls LMCache's device ops {sorted(set(calls))}"

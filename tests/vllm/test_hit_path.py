@@ -13,7 +13,6 @@ import time
 import pytest
 import torch
 
-from lmcache_ec import ECCache
 from lmcache_ec.integration.vllm.connector_options import ConnectorSettings
 from lmcache_ec.integration.vllm.switch_interval import LOADING_SWITCH_INTERVAL_S
 from lmcache_ec.integration.vllm.worker import TierWorker
@@ -60,7 +59,7 @@ def test_a_lone_hit_records_its_way_in_order(model_config, extra, runner, monkey
     assert events["scheduled"] <= worker["loaded"]
 
 
-def test_a_staged_disk_hit_is_promoted_right_after_its_answer(tmp_path):
+def test_a_staged_disk_hit_is_promoted_right_after_its_answer(tmp_path, make_cache):
     """Promoting a disk hit into the CPU tier is work for the interpreter; left to
     the cache's own thread it lands in the step that loads the hit. The worker
     does it right after answering the stage order instead."""
@@ -71,35 +70,35 @@ def test_a_staged_disk_hit_is_promoted_right_after_its_answer(tmp_path):
         "max_local_disk_size": 0.05,
     }
     identifiers = [image_hash(f"promote-{n}.png") for n in range(2)]
-    with ECCache.from_config(config, model="org/promote") as writer:
+    with make_cache(config, model="org/promote") as writer:
         for n, identifier in enumerate(identifiers):
             assert writer.put(identifier, torch.full((4, 8), float(n)))
         assert writer.flush()
-    with ECCache.from_config(config, model="org/promote") as cache:  # fresh: disk only
-        worker = TierWorker(
-            cache,
-            ConnectorSettings(),
-            persistable=lambda identifier: True,
-            is_producer=False,
-            is_consumer=True,
-        )
-        try:
-            worker.stage(identifiers, None, None)
-            staged, stats = set(), {}
-            deadline = time.monotonic() + 10
-            while "promoted_after_staging" not in stats and time.monotonic() < deadline:
-                meta = worker.build_worker_meta()
-                if meta is not None:
-                    staged |= set(meta.staged)
-                    for name, value in meta.stats.items():
-                        stats[name] = stats.get(name, 0) + value
-                time.sleep(0.002)
-            assert staged == set(identifiers)
-            assert stats.get("promoted_after_staging") == len(identifiers)
-            assert stats.get("hits_disk") == len(identifiers)
-            assert {cache.contains(identifier) for identifier in identifiers} == {"cpu"}
-        finally:
-            worker.close()
+    cache = make_cache(config, model="org/promote")  # fresh: disk only
+    worker = TierWorker(
+        cache,
+        ConnectorSettings(),
+        persistable=lambda identifier: True,
+        is_producer=False,
+        is_consumer=True,
+    )
+    try:
+        worker.stage(identifiers, None, None)
+        staged, stats = set(), {}
+        deadline = time.monotonic() + 10
+        while "promoted_after_staging" not in stats and time.monotonic() < deadline:
+            meta = worker.build_worker_meta()
+            if meta is not None:
+                staged |= set(meta.staged)
+                for name, value in meta.stats.items():
+                    stats[name] = stats.get(name, 0) + value
+            time.sleep(0.002)
+        assert staged == set(identifiers)
+        assert stats.get("promoted_after_staging") == len(identifiers)
+        assert stats.get("hits_disk") == len(identifiers)
+        assert {cache.contains(identifier) for identifier in identifiers} == {"cpu"}
+    finally:
+        worker.close()
 
 
 @pytest.mark.parametrize("role", ["ec_both", "ec_producer"])

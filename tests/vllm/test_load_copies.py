@@ -54,13 +54,13 @@ def _stage_and_load(worker: TierWorker, identifiers: list[str]) -> tuple[dict, l
 
 
 @pytest.mark.parametrize("tier", ["cpu", "disk"])
-def test_copies_per_load(tier, tmp_path):
+def test_copies_per_load(tier, tmp_path, make_cache):
     config = {"local_cpu": tier == "cpu", "max_local_cpu_size": 0.05}
     if tier == "disk":
         config |= {"local_disk": str(tmp_path), "max_local_disk_size": 0.05}
     identifiers = [f"img-{i}" for i in range(3)]
     tensors = {i: make_tensor((32, 128), torch.bfloat16, seed=n) for n, i in enumerate(identifiers)}
-    with ECCache.from_config(config, model="org/copies") as cache:
+    with make_cache(config, model="org/copies") as cache:
         for identifier, tensor in tensors.items():
             assert cache.put(identifier, tensor)
         assert cache.flush()
@@ -78,9 +78,9 @@ def test_copies_per_load(tier, tmp_path):
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])
-def test_save_hands_the_tensor_over_without_a_tensor_op(requires_grad):
+def test_save_hands_the_tensor_over_without_a_tensor_op(requires_grad, make_cache):
     tensor = make_tensor((32, 128), torch.float32).requires_grad_(requires_grad)
-    with ECCache.from_config({"max_local_cpu_size": 0.05}, model="org/copies") as cache:
+    with make_cache({"max_local_cpu_size": 0.05}, model="org/copies") as cache:
         worker = _tier_worker(cache, producer=True)
         worker.set_weights("weights-1")
         handed: list[torch.Tensor] = []

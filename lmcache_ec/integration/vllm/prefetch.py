@@ -69,9 +69,6 @@ class PrefetchQueue:
         """Identifiers waiting for room, in arrival order."""
         return list(self._queued)
 
-    def queued_deadline(self, identifier: str) -> float:
-        return self._queued[identifier].deadline
-
     def dispatch(self) -> list[tuple[str, float]]:
         """Move queue heads in flight while the bounds allow, in arrival order.
 
