@@ -98,6 +98,9 @@ def test_a_promotion_that_lands_after_newer_puts_ranks_behind_them(disk_dir, mak
     assert cache.put("new-0", new["new-0"])
     # The promotions land now, after new-0 (contains finishes a pending one).
     assert [cache.contains(name) for name in old] == ["cpu", "cpu"]
+    # new-0's disk write done: a write in flight pins its CPU buffer, which
+    # would keep it from eviction whatever its place in the use order.
+    assert cache.flush(10)
     for name in ("new-1", "new-2"):
         assert cache.put(name, new[name])
     assert cache.flush(10)
