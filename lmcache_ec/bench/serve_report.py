@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .serve import SUBJECTS
+from .serve_rows import SUBJECTS
 from .serve_timeline import EVENTS
 
 

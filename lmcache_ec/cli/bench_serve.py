@@ -75,9 +75,10 @@ def serve(
     TTFT of a multimodal chat workload at 0/50/80/100 % reuse, a cold restart and a second
     instance, against a text-only floor; prints one table, writes JSON, Markdown and a chart."""
 
-    from ..bench.serve import SUBJECTS, ServeSettings, run_serve
+    from ..bench.serve import ServeSettings, run_serve
     from ..bench.serve_report import draw_chart, print_table
     from ..bench.serve_report import markdown as to_markdown
+    from ..bench.serve_rows import SUBJECTS
     from ..bench.vllm_server import ServerError
 
     chosen = tuple(s.strip() for s in subjects.split(",") if s.strip())

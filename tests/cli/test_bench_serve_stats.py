@@ -11,7 +11,7 @@ import math
 import pytest
 
 from lmcache_ec.bench.paired import Verdict, order_statistic_rank, ratio_interval, verdict
-from lmcache_ec.bench.serve import add_targets
+from lmcache_ec.bench.serve_rows import add_targets
 from lmcache_ec.bench.serve_timeline import (
     intervals,
     parse_lines,
