@@ -44,6 +44,7 @@ class RemoteCatalog:
     def __init__(self, store: RemoteStore) -> None:
         self.store = store
         self.timeout = store.timeout
+        self.last_error = ""  # why the last lookup_many went unanswered, for the caller's log
 
     def exists(self, storage_name: str) -> bool:
         """True if the entry is stored; False if absent or on any error."""
@@ -66,6 +67,7 @@ class RemoteCatalog:
             return self.store.exists_many(storage_names)
         except Exception as exc:
             logger.debug("Remote exists of %d entries failed: %s", len(storage_names), exc)
+            self.last_error = f"{type(exc).__name__}: {exc}"
             return [None] * len(storage_names)
 
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:

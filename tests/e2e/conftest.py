@@ -113,13 +113,15 @@ class Fleet:
     writer_counters: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def _ec(role: str, disk: Path, remote: dict | None = None, **extra) -> dict:
+def _ec(
+    role: str, disk: Path, remote: dict | None = None, remote_timeout: float = 5.0, **extra
+) -> dict:
     tiers = {
         "local_cpu": True,
         "max_local_cpu_size": 0.25,
         "local_disk": str(disk),
         "max_local_disk_size": 1.0,
-        "remote_timeout": 5.0,
+        "remote_timeout": remote_timeout,
         **(remote or {}),
     }
     return ec_transfer_config(role, tiers, **extra)
@@ -202,8 +204,10 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
 
     # The defaults (a 50 ms remote lookup, 5 s to stage) turn a remote hit into
     # an encode when moto answers slowly on a loaded 2-core machine; these tests
-    # are about loads, not about those bounds (tests/vllm covers them).
-    patient = {"remote_lookup_timeout_s": 5.0, "stage_timeout_s": 20.0}
+    # are about loads, not about those bounds (tests/vllm covers them). A remote
+    # call past remote_timeout pauses remote lookups for 5 s (the index's
+    # backoff): every image asked meanwhile is encoded.
+    patient = {"remote_lookup_timeout_s": 10.0, "stage_timeout_s": 30.0, "remote_timeout": 10.0}
     readers = {
         "disk": server("disk", _ec("ec_both", root / "disk-a")),
         "redis": server("redis", _ec("ec_both", root / "disk-b-redis", redis, **patient)),

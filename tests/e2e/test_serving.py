@@ -89,10 +89,25 @@ def _check_loaded(fleet, reader: str, images, results, change, tokens: int | Non
         assert got.logprobs == expected.logprobs[:n], (reader, image)
         assert got.top_logprobs == expected.top_logprobs[:n], (reader, image)
     n = len(images)
-    assert change["saves"] == 0, f"{reader}: the encoder ran ({change})"
-    assert change["loads"] == n, f"{reader}: outputs not loaded from the tiers ({change})"
+    server = fleet.servers[reader]
+    assert change["saves"] == 0, f"{reader}: the encoder ran ({change}){_connector_log(server)}"
+    assert change["loads"] == n, (
+        f"{reader}: outputs not loaded from the tiers ({change}){_connector_log(server)}"
+    )
     assert change[HIT_COUNTER[reader]] >= n, f"{reader}: no tier hits ({change})"
     assert change["prefix_cached_tokens"] == 0, change
+
+
+# What the connector logs about its decisions: why an item was encoded, a
+# remote tier that did not answer, its periodic counters.
+_CONNECTOR_LINES = ("Encoder output", "Remote", "EC Transfer metrics", "Claim", "WARNING")
+
+
+def _connector_log(server, lines: int = 40) -> str:
+    """The server log's connector lines, newest last (for a failure message)."""
+    tail = server.log_tail(5000).splitlines()
+    kept = [line for line in tail if any(word in line for word in _CONNECTOR_LINES)]
+    return f"\n--- {server.log_path}: connector lines ---\n" + "\n".join(kept[-lines:])
 
 
 def _wait_idle(server, timeout: float = 30.0) -> None:

@@ -1380,6 +1380,14 @@ MUTATIONS += [
         '    "purges_seen_unused": (\n        "purges_seen_unused",\n',
         (f"{T_IDENTITY}test_stats_flow_into_vllm_logging_and_prometheus",),
     ),
+    Mutation(
+        "unanswered-lookup-not-asked-again",
+        "one unanswered remote existence check is asked again before lookups pause",
+        "lmcache_ec/integration/vllm/index.py",
+        "                        answers = _ask_twice(catalog, names)\n",
+        "                        answers = catalog.lookup_many(names)\n",
+        ("tests/vllm/test_index_ttl.py::test_one_unanswered_check_is_asked_again_not_paused",),
+    ),
     # -- benchmark jobs: forked from the job server, with the caller's environment
     Mutation(
         "job-runs-with-the-servers-environment",

@@ -64,3 +64,39 @@ def test_remote_answer_is_revalidated_in_the_background(redis_url):
         assert index.remote_lookups == 2
     finally:
         index.close()
+
+
+class _FirstAnswerLost:
+    """A catalog whose first existence check goes unanswered (a dropped connection)."""
+
+    def __init__(self, catalog) -> None:
+        self.catalog = catalog
+        self.calls = 0
+
+    def lookup_many(self, names):
+        self.calls += 1
+        return [None] * len(names) if self.calls == 1 else self.catalog.lookup_many(names)
+
+    def __getattr__(self, name):
+        return getattr(self.catalog, name)
+
+
+def test_one_unanswered_check_is_asked_again_not_paused(redis_url):
+    config = load_config({"remote_url": redis_url, "remote_timeout": 2})
+    index = TierIndex(
+        IDENTITY,
+        disk_dir=None,
+        open_catalog=lambda: _FirstAnswerLost(open_catalog(config)),
+        negative_ttl=60,
+    )
+    client = redis.Redis.from_url(redis_url)
+    data_key = redis_data_key(IDENTITY.key(ITEM).storage_name)
+    try:
+        client.set(data_key, b"frame")
+        assert index.lookup(ITEM) == PENDING
+        _wait_for(index, ITEM, "remote")
+        assert index.remote_failures == 0  # no backoff: later items are still asked
+        assert index.lookup("b" * 64) == PENDING
+    finally:
+        client.delete(data_key)
+        index.close()

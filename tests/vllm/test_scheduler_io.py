@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import redis
@@ -67,7 +68,8 @@ def test_unresponsive_remote_never_blocks_scheduling(model_config, black_hole):
         connector.shutdown()
 
 
-def test_failing_remote_pauses_lookups_instead_of_queuing(model_config, black_hole):
+def test_failing_remote_pauses_lookups_instead_of_queuing(model_config, black_hole, caplog):
+    caplog.set_level(logging.WARNING, logger="lmcache_ec.integration.vllm.index")
     connector = _scheduler_connector(model_config, f"redis://127.0.0.1:{black_hole.port}")
     index = connector.scheduler.index
     try:
@@ -81,6 +83,9 @@ def test_failing_remote_pauses_lookups_instead_of_queuing(model_config, black_ho
             assert index.lookup(image_hash(f"later-{i}.png")) is None
         assert not index._pending
         assert index.remote_lookups == 0  # an unanswered lookup is never cached
+        # One line says so, with the store's own error (here: its timeout).
+        paused = [r.getMessage() for r in caplog.records if "lookups paused" in r.getMessage()]
+        assert len(paused) == 1 and "Timeout" in paused[0], paused
     finally:
         connector.shutdown()
 

@@ -13,9 +13,10 @@
    ``fresh=True`` always ``stat``-s. Positive answers are remembered;
 3. the remote tier: answered from a cache filled by a background thread
    (``RemoteCatalog.lookup``). An item not yet checked is queued and reported
-   ``PENDING``; the caller decides how long to wait. While the store fails to
-   answer, or when too many lookups are queued, items are reported absent at
-   once (the encoder runs) instead of queuing behind a dead server.
+   ``PENDING``; the caller decides how long to wait. A check left unanswered
+   is asked once more at once; while the store still fails to answer (then
+   for 5 s), or when too many lookups are queued, items are reported absent
+   at once (the encoder runs) instead of queuing behind a dead server.
 
 A purge of this identity's namespace by another process (``lmcache-ec
 purge``, see ``purge/marker.py``) clears every remembered answer: the disk
@@ -146,6 +147,19 @@ class _LRU(OrderedDict):
         self.move_to_end(key)
         if len(self) > _MAX_ENTRIES:
             self.popitem(last=False)
+
+
+def _ask_twice(catalog: Any, names: list[str]) -> list[bool | None]:
+    """``catalog.lookup_many``, asking once more for the names left unanswered: a
+    dropped connection or one late reply costs a round trip, not the backoff's
+    seconds of encodes."""
+    answers = catalog.lookup_many(names)
+    unanswered = [i for i, present in enumerate(answers) if present is None]
+    if unanswered:
+        again = catalog.lookup_many([names[i] for i in unanswered])
+        for i, present in zip(unanswered, again, strict=True):
+            answers[i] = present
+    return answers
 
 
 class TierIndex:
@@ -311,7 +325,7 @@ class TierIndex:
                 if catalog is not None and time.monotonic() >= self._remote_down_until:
                     try:  # one round trip for everything asked meanwhile
                         names = [identity.storage_name(identifier) for identifier in batch]
-                        answers = catalog.lookup_many(names)
+                        answers = _ask_twice(catalog, names)
                     except Exception as exc:  # the catalog should not raise; be sure
                         logger.debug("Remote existence check failed: %s", exc)
                 with self._lock:
@@ -329,7 +343,8 @@ class TierIndex:
                         # Unanswered: not cached, so asked again after the backoff.
                         if time.monotonic() >= self._remote_down_until:
                             logger.warning(
-                                "Remote tier not answering; lookups paused for %.0fs",
+                                "Remote tier not answering (%s); lookups paused for %.0fs",
+                                getattr(catalog, "last_error", "") or "no catalog",
                                 _REMOTE_BACKOFF,
                             )
                         self._remote_down_until = time.monotonic() + _REMOTE_BACKOFF
