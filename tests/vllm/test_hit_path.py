@@ -29,7 +29,13 @@ def test_a_lone_hit_records_its_way_in_order(model_config, extra, runner, monkey
     timeline has every event, in order, from both sides."""
     image = image_hash("timeline.png")
     path = tmp_path / "timeline.jsonl"
-    timed = {**extra, "lmcache_config": dict(extra["lmcache_config"], timeline_path=str(path))}
+    timed = {
+        **extra,
+        # The step waits this long for the staging (0.5 s by default): a loaded
+        # test machine must not turn this test about order into one about time.
+        "idle_stage_wait_s": 5.0,
+        "lmcache_config": dict(extra["lmcache_config"], timeline_path=str(path)),
+    }
     configs = [make_vllm_config(model_config, "ec_both", e) for e in (extra, timed)]
     # VllmConfig refuses V2 without Triton; the connector only reads the flag.
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if runner == "v2" else "0")
