@@ -648,7 +648,7 @@ MUTATIONS: list[Mutation] = [
         "fingerprint-only-over-the-channel",
         "without a stage channel the scheduler takes the weights from the step reports",
         WORKER_LINK,
-        "            self._set_weights(meta.weights, now)",
+        "            self.owner.set_weights(meta.weights, now)",
         "            pass",
         (f"{T_NO_CHANNEL}::test_without_a_channel_the_fingerprint_arrives_with_the_step_reports",),
     ),
@@ -1327,7 +1327,7 @@ MUTATIONS += [
         "timeline-without-staged",
         "a hit's timeline records when every rank's staging answer was applied",
         WORKER_LINK,
-        '            self._mark(identifier, "staged")\n',
+        '            self.owner.mark(identifier, "staged")\n',
         "",
         (
             f"{T_HIT_PATH}test_a_lone_hit_records_its_way_in_order[v1]",

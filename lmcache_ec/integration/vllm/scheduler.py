@@ -121,11 +121,12 @@ class TierScheduler:
         )
         # Given by the connector on ec_both with claim_encodes only (see encode_claims.py).
         self.claims = (
-            EncodeClaims(claims, self.items, index, settings, self.step, self._count)
+            EncodeClaims(claims, self.items, index, settings, self.step, self.count)
             if claims is not None
             else None
         )
         self.link = WorkerLink(
+            self,
             channel,
             settings,
             self.items,
@@ -134,12 +135,7 @@ class TierScheduler:
             self.step,
             tp_size=max(1, tp_size),
             claims=self.claims,
-            weights=lambda: self.weights,
             weights_from_reports=weights_from_workers,
-            set_weights=self._set_weights,
-            give_up=self._give_up,
-            count=self._count,
-            mark=self._mark,
         )
         self.waits = RequestWaits(
             self.items, self.step, bytes_per_embed, self._look, self.link.poll
@@ -153,11 +149,11 @@ class TierScheduler:
         self.stats: dict[str, float] = {}
         self.timeline: SchedulerTimeline | None = None  # ec.timeline_path
 
-    def _mark(self, identifier: str, event: str) -> None:
+    def mark(self, identifier: str, event: str) -> None:
         if self.timeline is not None:
             self.timeline.item(identifier, event)
 
-    def _count(self, name: str, amount: float = 1) -> None:
+    def count(self, name: str, amount: float = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + amount
 
     @property
@@ -192,7 +188,7 @@ class TierScheduler:
         ``weight_updates.py``) without listing what it freed: fetch those items again."""
         for identifier in self.items.having(*_IN_VLLM):
             self.items.move(identifier, S.UNKNOWN)
-        self._count("encoder_cache_resets")
+        self.count("encoder_cache_resets")
 
     # -- before scheduling: which requests wait ------------------------------
 
@@ -230,7 +226,7 @@ class TierScheduler:
         if self.waits.failing(request_id):  # an item of it was just given up
             return False
         if wait.pending:
-            self._count("deferred_steps")
+            self.count("deferred_steps")
             return False
         self.waits.forget(request_id)
         return True
@@ -266,17 +262,17 @@ class TierScheduler:
         if state is S.QUEUED:
             if now < self.items.get(identifier).deadline:
                 return ItemAnswer.WAIT
-            self._give_up(identifier, now, "no room to prefetch it in time")
+            self.give_up(identifier, now, "no room to prefetch it in time")
             return ItemAnswer.COMPUTE
         if state is S.STAGING:
             item = self.items.get(identifier)
             if not item.direct and self._undelivered:
                 # An idle V1 step: the orders never reached the workers.
-                self._give_up(identifier, now, "idle step", fetch_failed=False)
+                self.give_up(identifier, now, "idle step", fetch_failed=False)
                 return ItemAnswer.COMPUTE
             if now < item.deadline:
                 return ItemAnswer.WAIT
-            self._give_up(identifier, now, "staging timed out")
+            self.give_up(identifier, now, "staging timed out")
             return ItemAnswer.COMPUTE
         return self._start_prefetch(identifier, now, nbytes, request_id)
 
@@ -302,7 +298,7 @@ class TierScheduler:
         elif tier != PENDING and looking:
             self.items.move(identifier, S.UNKNOWN)
         if tier != PENDING:
-            self._mark(identifier, "lookup")
+            self.mark(identifier, "lookup")
         return tier
 
     def _start_prefetch(
@@ -344,36 +340,36 @@ class TierScheduler:
 
     def _enqueue(self, identifier: str, now: float, nbytes: int) -> ItemAnswer:
         if not self.prefetch.fits_at_all(nbytes):
-            self._count("prefetch_too_large")
+            self.count("prefetch_too_large")
             self._fail(identifier, now)
             return ItemAnswer.COMPUTE
         deadline = now + self.settings.stage_timeout_s
         self.items.move(identifier, S.QUEUED, deadline)
         self.prefetch.enqueue(identifier, deadline, nbytes)
-        self._count("prefetch_queued")
+        self.count("prefetch_queued")
         return ItemAnswer.WAIT
 
-    def _set_weights(self, weights: str | None, now: float) -> None:
+    def set_weights(self, weights: str | None, now: float) -> None:
         """The workers' encoder weights are now ``weights`` (None: unknown): every
         fetch, lookup and claim made under the old ones is given up."""
         if not self.known.change(weights):
             return
         doomed = self.items.having(*_FETCHING)
         for identifier in doomed:
-            self._give_up(identifier, now, "the encoder weights changed", fetch_failed=False)
+            self.give_up(identifier, now, "the encoder weights changed", fetch_failed=False)
         # Failures, lookups and claims under the old weights say nothing now.
         self.items.forget_retries()
         if self.claims is not None:
             self.claims.release_all()
         for identifier in self.items.having(S.LOOKING_UP, *CLAIM_STATES):
             self.items.move(identifier, S.UNKNOWN)
-        self._count("weights_changes")
+        self.count("weights_changes")
 
     def _fail(self, identifier: str, now: float) -> None:
         """Compute ``identifier`` and fetch it again at the earliest after ``failed_retry_s``."""
         self.items.fail(identifier, now + self.settings.failed_retry_s)
 
-    def _give_up(self, identifier: str, now: float, why: str, *, fetch_failed: bool = True) -> None:
+    def give_up(self, identifier: str, now: float, why: str, *, fetch_failed: bool = True) -> None:
         """Stop waiting for ``identifier``: compute it, or fail its requests on a consumer."""
         state = self.items.state(identifier)
         waiters = self.prefetch.take_waiters(identifier)
@@ -385,7 +381,7 @@ class TierScheduler:
                 len(waiters),
             )
             self.waits.fail(waiters)
-            self._count("unavailable_requests", len(waiters))
+            self.count("unavailable_requests", len(waiters))
             self.items.move(identifier, S.UNKNOWN)
         else:
             logger.info("Encoder output %.24s will be computed: %s", identifier, why)
@@ -393,7 +389,7 @@ class TierScheduler:
         self.prefetch.done(identifier)
         self.index.forget(identifier)  # the next request looks again
         self.link.cancel(identifier, state)
-        self._count("stage_given_up")
+        self.count("stage_given_up")
 
     def _expire_due(self, now: float) -> None:
         """Items whose deadline passed: staged ones unused are released, the rest
@@ -407,7 +403,7 @@ class TierScheduler:
     # -- scheduling ----------------------------------------------------------
 
     def has_cache_item(self, identifier: str) -> bool:
-        self._count("lookups")
+        self.count("lookups")
         self._begin_step()
         state = self.items.state(identifier)
         if state in _IN_VLLM:
@@ -425,13 +421,13 @@ class TierScheduler:
                 and self.index.lookup(identifier) not in (None, PENDING)
             )
         if hit:
-            self._count("lookup_hits")
+            self.count("lookup_hits")
         return hit
 
     def _drop_stale(self, identifier: str) -> None:
         """vLLM asks about an item recorded in its encoder cache: it is no longer there."""
         self.items.move(identifier, S.UNKNOWN)
-        self._count("stale_items")
+        self.count("stale_items")
 
     def update_state_after_alloc(self, request: Any, index: int) -> None:
         feature = request.mm_features[index]
@@ -439,7 +435,7 @@ class TierScheduler:
         state = self.items.state(identifier)
         if self.is_consumer and state is S.PROMISED:
             self._loads[identifier] = feature.mm_position.get_num_embeds()
-            self._mark(identifier, "scheduled")
+            self.mark(identifier, "scheduled")
             self.prefetch.done(identifier)  # consumed from the workers' staging
             self.prefetch.take_waiters(identifier)
             self.items.move(identifier, S.LOADED)
@@ -507,7 +503,7 @@ class TierScheduler:
 
         """
         for name, value in self.link.take_channel_counts().items():
-            self._count(name, value)
+            self.count(name, value)
         merged = {f"scheduler_{k}": v for k, v in self.stats.items()}
         merged.update(self.link.take_worker_stats())
         self.stats = {}

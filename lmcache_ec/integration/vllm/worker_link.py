@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from typing import Protocol
 
 from .connector_options import ConnectorSettings
 from .encode_claims import EncodeClaims
@@ -36,11 +36,32 @@ logger = logging.getLogger(__name__)
 S = ItemState
 
 
+class LinkOwner(Protocol):
+    """What the link asks of its scheduler (``scheduler.py``)."""
+
+    @property
+    def weights(self) -> str | None:
+        """The weights orders are made and answers taken under."""
+
+    def set_weights(self, weights: str | None, now: float) -> None:
+        """The workers' weights changed: give up what the old ones fetched."""
+
+    def give_up(self, identifier: str, now: float, why: str) -> None:
+        """Stop waiting for ``identifier``'s staging."""
+
+    def count(self, name: str, amount: float = 1) -> None:
+        """Add to one of the scheduler's counters."""
+
+    def mark(self, identifier: str, event: str) -> None:
+        """Record ``event`` in ``identifier``'s timeline."""
+
+
 class WorkerLink:
     """Stage orders of one scheduler and the workers' answers to them."""
 
     def __init__(
         self,
+        owner: LinkOwner,
         channel: StageClient | None,
         settings: ConnectorSettings,
         items: ItemTable,
@@ -50,13 +71,9 @@ class WorkerLink:
         *,
         tp_size: int,
         claims: EncodeClaims | None,
-        weights: Callable[[], str | None],
         weights_from_reports: bool,
-        set_weights: Callable[[str | None, float], None],
-        give_up: Callable[[str, float, str], None],
-        count: Callable[[str, float], None],
-        mark: Callable[[str, str], None],
     ) -> None:
+        self.owner = owner
         self.channel = channel
         self.settings = settings
         self.items = items
@@ -65,13 +82,8 @@ class WorkerLink:
         self.step = step
         self.tp_size = tp_size
         self.claims = claims
-        self._weights = weights  # the scheduler's: orders are made, answers taken, under it
         # The workers fingerprint their weights: without a channel, their reports say it.
         self._weights_from_reports = weights_from_reports
-        self._set_weights = set_weights  # the scheduler's: gives up what the old ones fetched
-        self._give_up = give_up
-        self._count = count
-        self._mark = mark
         # Orders of this step not sent over the channel, handed out by take_orders.
         self._to_stage: list[str] = []
         self._to_release: list[str] = []
@@ -79,7 +91,7 @@ class WorkerLink:
 
     @property
     def weights(self) -> str | None:
-        return self._weights()
+        return self.owner.weights
 
     @property
     def connected(self) -> bool:
@@ -109,7 +121,7 @@ class WorkerLink:
                 case WorkerReport():
                     self.apply_report(ECTierWorkerMetadata.from_report(message), over_channel=True)
                 case WeightsAnnouncement(weights=weights):
-                    self._set_weights(weights, now)
+                    self.owner.set_weights(weights, now)
                 case StageAnswer(weights=weights) if weights == self.weights:
                     for identifier in message.staged:
                         self.staged(identifier, 1, now)
@@ -120,7 +132,7 @@ class WorkerLink:
         if not self.channel.connected:  # broke: nothing more will answer these
             for identifier in self.items.having(S.STAGING):
                 if self.staging_direct(identifier):
-                    self._give_up(identifier, now, "the stage channel broke")
+                    self.owner.give_up(identifier, now, "the stage channel broke")
 
     def take_channel_counts(self) -> dict[str, float]:
         """The stage channel's counters since the last call, after reading what the
@@ -145,8 +157,8 @@ class WorkerLink:
             self.items.stage(identifier, deadline, direct=direct)
             if not direct:
                 self._to_stage.append(identifier)
-            self._mark(identifier, "stage_sent")
-        self._count("stage_orders", len(dispatched))
+            self.owner.mark(identifier, "stage_sent")
+        self.owner.count("stage_orders", len(dispatched))
 
     def staging_direct(self, identifier: str) -> bool:
         """Whether ``identifier`` is staging on an order sent over the channel."""
@@ -188,13 +200,13 @@ class WorkerLink:
             return  # given up meanwhile; its release is already queued
         if self.items.add_ranks(identifier, ranks) >= self.tp_size:
             self.items.move(identifier, S.READY, now + self.settings.stage_timeout_s)
-            self._mark(identifier, "staged")
+            self.owner.mark(identifier, "staged")
 
     def failed(self, identifier: str, now: float) -> None:
         """A worker could not fetch ``identifier``."""
         self.index.forget(identifier)
         if self.items.state(identifier) in (S.STAGING, S.READY, S.PROMISED):
-            self._give_up(identifier, now, "a worker could not fetch it")
+            self.owner.give_up(identifier, now, "a worker could not fetch it")
 
     def apply_report(self, meta: ECTierWorkerMetadata | None, *, over_channel: bool) -> None:
         """Apply a workers' report (from step metadata, or ``over_channel``)."""
@@ -203,7 +215,7 @@ class WorkerLink:
         now = time.monotonic()
         if self._weights_from_reports and not over_channel and not self.connected:
             # No stage channel: the fingerprint comes with the step reports.
-            self._set_weights(meta.weights, now)
+            self.owner.set_weights(meta.weights, now)
         if meta.weights is not None and meta.weights == self.weights:
             for identifier in meta.saved:
                 self.index.note_present(identifier, "worker")
