@@ -41,22 +41,31 @@ def test_disk_answer_is_rechecked_after_the_ttl(tmp_path, monkeypatch):
     assert index.lookup(ITEM) is None
 
 
-def test_remote_answer_is_revalidated_in_the_background(redis_url):
+def _remote_index(redis_url: str, wrap=lambda catalog: catalog, **ttls) -> TierIndex:
+    """An index over the remote tier at ``redis_url`` (its catalog through ``wrap``)
+    whose entry for ``ITEM`` is stored; answered once, it says "remote"."""
     config = load_config({"remote_url": redis_url, "remote_timeout": 2})
     index = TierIndex(
         IDENTITY,
         disk_dir=None,
-        open_catalog=lambda: open_catalog(config),
+        open_catalog=lambda: wrap(open_catalog(config)),
         negative_ttl=60,
-        positive_ttl=0.2,
+        **ttls,
     )
-    client = redis.Redis.from_url(redis_url)
-    data_key = redis_data_key(IDENTITY.key(ITEM).storage_name)
+    redis.Redis.from_url(redis_url).set(_data_key(), b"frame")
+    assert index.lookup(ITEM) == PENDING
+    _wait_for(index, ITEM, "remote")
+    return index
+
+
+def _data_key() -> str:
+    return redis_data_key(IDENTITY.key(ITEM).storage_name)
+
+
+def test_remote_answer_is_revalidated_in_the_background(redis_url):
+    index = _remote_index(redis_url, positive_ttl=0.2)
     try:
-        client.set(data_key, b"frame")
-        assert index.lookup(ITEM) == PENDING
-        _wait_for(index, ITEM, "remote")
-        client.delete(data_key)  # purged elsewhere
+        redis.Redis.from_url(redis_url).delete(_data_key())  # purged elsewhere
         time.sleep(0.25)
         # Stale but believed present: answered at once, re-checked in the background.
         assert index.lookup(ITEM) == "remote"
@@ -82,21 +91,10 @@ class _FirstAnswerLost:
 
 
 def test_one_unanswered_check_is_asked_again_not_paused(redis_url):
-    config = load_config({"remote_url": redis_url, "remote_timeout": 2})
-    index = TierIndex(
-        IDENTITY,
-        disk_dir=None,
-        open_catalog=lambda: _FirstAnswerLost(open_catalog(config)),
-        negative_ttl=60,
-    )
-    client = redis.Redis.from_url(redis_url)
-    data_key = redis_data_key(IDENTITY.key(ITEM).storage_name)
+    index = _remote_index(redis_url, _FirstAnswerLost)
     try:
-        client.set(data_key, b"frame")
-        assert index.lookup(ITEM) == PENDING
-        _wait_for(index, ITEM, "remote")
         assert index.remote_failures == 0  # no backoff: later items are still asked
         assert index.lookup("b" * 64) == PENDING
     finally:
-        client.delete(data_key)
+        redis.Redis.from_url(redis_url).delete(_data_key())
         index.close()
