@@ -86,3 +86,5 @@ def print_channel(result: dict[str, Any]) -> None:
         f" ({verdict} busy_stage_wait_s + 1 ms = {result['target_ms']:.1f} ms); "
         f"max {result['all']['busy_max_ms']:.1f} ms over {result['all']['busy_steps']} busy steps."
     )
+    largest = ", ".join(f"{ms:.1f}" for ms in result["all"]["busy_largest_ms"])
+    console.print(f"Largest busy steps (ms): {largest}.")

@@ -24,6 +24,9 @@ def test_bench_channel_json(invoke, tmp_path):
         for name in SUMMARY:
             assert isinstance(phase[name], (int, float)) and phase[name] >= 0, name
         assert phase["busy_steps"] >= 1
+        largest = phase["busy_largest_ms"]
+        assert largest == sorted(largest, reverse=True) and largest[0] == phase["busy_max_ms"]
+        assert len(largest) == min(8, phase["busy_steps"])
     assert save["hostile_connections"] >= 1 and load["hostile_connections"] >= 1
     assert data["p99_within_target"] == (data["all"]["busy_p99_ms"] <= 11.0)
 
