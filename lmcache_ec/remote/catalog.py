@@ -44,7 +44,7 @@ class RemoteCatalog:
     def __init__(self, store: RemoteStore) -> None:
         self.store = store
         self.timeout = store.timeout
-        self.last_error = ""  # why the last lookup_many went unanswered, for the caller's log
+        self.last_error = ""  # why the last lookup_many raised, for the caller's log
 
     def exists(self, storage_name: str) -> bool:
         """True if the entry is stored; False if absent or on any error."""
@@ -63,6 +63,7 @@ class RemoteCatalog:
 
     def lookup_many(self, storage_names: list[str]) -> list[bool | None]:
         """``lookup`` of each name in as few round trips as the store allows."""
+        self.last_error = ""
         try:
             return self.store.exists_many(storage_names)
         except Exception as exc:

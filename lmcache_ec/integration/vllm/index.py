@@ -162,6 +162,12 @@ def _ask_twice(catalog: Any, names: list[str]) -> list[bool | None]:
     return answers
 
 
+def _why_unanswered(catalog: Any) -> str:
+    if catalog is None:
+        return "no catalog"
+    return getattr(catalog, "last_error", "") or "no answer"
+
+
 class TierIndex:
     """Where an identifier can be loaded from: ``worker``/``disk``/``remote``/None/PENDING."""
 
@@ -344,7 +350,7 @@ class TierIndex:
                         if time.monotonic() >= self._remote_down_until:
                             logger.warning(
                                 "Remote tier not answering (%s); lookups paused for %.0fs",
-                                getattr(catalog, "last_error", "") or "no catalog",
+                                _why_unanswered(catalog),
                                 _REMOTE_BACKOFF,
                             )
                         self._remote_down_until = time.monotonic() + _REMOTE_BACKOFF
