@@ -1388,6 +1388,14 @@ MUTATIONS += [
         "                        answers = catalog.lookup_many(names)\n",
         ("tests/vllm/test_index_ttl.py::test_one_unanswered_check_is_asked_again_not_paused",),
     ),
+    Mutation(
+        "lookup-pause-warning-without-its-cause",
+        "the one warning that pauses remote lookups names the store's error",
+        "lmcache_ec/integration/vllm/index.py",
+        '    return catalog.last_error or "no answer"\n',
+        '    return "no answer"\n',
+        ("tests/vllm/test_scheduler_io.py::test_failing_remote_pauses_lookups_instead_of_queuing",),
+    ),
     # -- benchmark jobs: forked from the job server, with the caller's environment
     Mutation(
         "job-runs-with-the-servers-environment",

@@ -165,7 +165,7 @@ def _ask_twice(catalog: Any, names: list[str]) -> list[bool | None]:
 def _why_unanswered(catalog: Any) -> str:
     if catalog is None:
         return "no catalog"
-    return getattr(catalog, "last_error", "") or "no answer"
+    return catalog.last_error or "no answer"
 
 
 class TierIndex:
