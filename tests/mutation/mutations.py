@@ -1384,7 +1384,7 @@ MUTATIONS += [
         "unanswered-lookup-not-asked-again",
         "one unanswered remote existence check is asked again before lookups pause",
         "lmcache_ec/integration/vllm/index.py",
-        "                        answers = _ask_twice(catalog, names)\n",
+        "                        answers = _ask_twice(catalog, names, self._closing)\n",
         "                        answers = catalog.lookup_many(names)\n",
         ("tests/vllm/test_index_ttl.py::test_one_unanswered_check_is_asked_again_not_paused",),
     ),
@@ -1395,6 +1395,16 @@ MUTATIONS += [
         '    return catalog.last_error or "no answer"\n',
         '    return "no answer"\n',
         ("tests/vllm/test_scheduler_io.py::test_failing_remote_pauses_lookups_instead_of_queuing",),
+    ),
+    Mutation(
+        "closed-index-check-retried-and-warned",
+        "a check still in flight when the index closes ends quietly: no retry, no warning",
+        "lmcache_ec/integration/vllm/index.py",
+        "                if self._closing.is_set():\n                    break\n",
+        "",
+        (
+            "tests/vllm/test_index_ttl.py::test_a_closed_index_ends_its_check_without_retry_or_warning",
+        ),
     ),
     # -- benchmark jobs: forked from the job server, with the caller's environment
     Mutation(

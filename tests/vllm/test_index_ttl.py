@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
 
 import redis
@@ -88,6 +90,43 @@ class _FirstAnswerLost:
 
     def __getattr__(self, name):
         return getattr(self.catalog, name)
+
+
+class _UnansweredUntilReleased:
+    """A catalog whose existence checks wait for ``release`` and go unanswered."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+        self.last_error = "TimeoutError: never answered"
+
+    def lookup_many(self, names):
+        self.calls += 1
+        self.asked.set()
+        self.release.wait(10)
+        return [None] * len(names)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_closed_index_ends_its_check_without_retry_or_warning(caplog):
+    # close() waits only so long; a check still in flight must then end quietly,
+    # not ask again and warn into whatever runs next in the process.
+    caplog.set_level(logging.WARNING, logger=index_module.__name__)
+    catalog = _UnansweredUntilReleased()
+    index = TierIndex(IDENTITY, disk_dir=None, open_catalog=lambda: catalog, negative_ttl=60)
+    thread = index._thread
+    assert index.lookup(ITEM) == PENDING
+    assert catalog.asked.wait(10)
+    index.close(timeout=0.01)  # the check is still waiting
+    catalog.release.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert catalog.calls == 1
+    assert index.remote_failures == 0
+    assert not [r for r in caplog.records if "lookups paused" in r.getMessage()]
 
 
 def test_one_unanswered_check_is_asked_again_not_paused(redis_url):

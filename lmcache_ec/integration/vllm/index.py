@@ -149,13 +149,13 @@ class _LRU(OrderedDict):
             self.popitem(last=False)
 
 
-def _ask_twice(catalog: Any, names: list[str]) -> list[bool | None]:
+def _ask_twice(catalog: Any, names: list[str], closing: threading.Event) -> list[bool | None]:
     """``catalog.lookup_many``, asking once more for the names left unanswered: a
     dropped connection or one late reply costs a round trip, not the backoff's
-    seconds of encodes."""
+    seconds of encodes. Not asked again once the index is closing."""
     answers = catalog.lookup_many(names)
     unanswered = [i for i, present in enumerate(answers) if present is None]
-    if unanswered:
+    if unanswered and not closing.is_set():
         again = catalog.lookup_many([names[i] for i in unanswered])
         for i, present in zip(unanswered, again, strict=True):
             answers[i] = present
@@ -204,6 +204,8 @@ class TierIndex:
             purge_check_s = float(SCHEMA["purge_check_s"].default)
         self._purges = MarkerWatch(disk_dir, identity.namespace, purge_check_s, self._purged)
         self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        # Set by close: a check still in flight then ends quietly (no retry, no warning).
+        self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         if open_catalog is not None:
             self._thread = threading.Thread(
@@ -331,9 +333,11 @@ class TierIndex:
                 if catalog is not None and time.monotonic() >= self._remote_down_until:
                     try:  # one round trip for everything asked meanwhile
                         names = [identity.storage_name(identifier) for identifier in batch]
-                        answers = _ask_twice(catalog, names)
+                        answers = _ask_twice(catalog, names, self._closing)
                     except Exception as exc:  # the catalog should not raise; be sure
                         logger.debug("Remote existence check failed: %s", exc)
+                if self._closing.is_set():
+                    break
                 with self._lock:
                     self._answered.notify_all()
                     self._answered_ids.update(batch)
@@ -387,6 +391,7 @@ class TierIndex:
         if self._disk is not None:
             self._disk.close(timeout)
         if self._thread is not None:
+            self._closing.set()
             self._queue.put(None)
             self._thread.join(timeout)
             self._thread = None
