@@ -7,8 +7,8 @@ to land (at most their own bound) and then load it.
 
 A claim is a hint, never a lock. It expires after its ``ttl_s``, so a holder
 that dies holds nobody up past the TTL; an expired claim is taken over by the
-next claimant. At worst (a takeover racing another) two instances encode the
-same item — a duplicate, never a wrong tensor.
+next claimant. At worst (a store that fails, so the claimant works anyway)
+two instances encode the same item: a duplicate, never a wrong tensor.
 
 A claim names its owner, and only the owner releases it: a holder too slow
 to release before its claim expired and was taken over leaves the new
@@ -24,6 +24,7 @@ and deletes on S3).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -47,6 +48,7 @@ def claims_dir_for(disk_dir: str) -> str:
 
 
 _SUFFIX = ".claim"
+_LOCK_NAME = ".lock"  # not a claim name: those never start with "."
 _MAX_BYTES = 4096
 _SWEEP_EVERY_S = 60.0  # expired claim files of dead holders are removed this often
 
@@ -77,23 +79,44 @@ def owner_token() -> str:
 class DirectoryClaims:
     """Claims as files ``<directory>/<name>.claim`` holding owner and expiry.
 
-    A claim is written to a private file and hard-linked into place (exclusive
-    like ``O_EXCL``, and never seen half-written), so of two claimants one wins. An
-    expired claim is first renamed away (one renamer succeeds), then created
-    afresh the same way. Expiry is wall-clock time (``time.time``): clocks
-    of nodes sharing the directory must roughly agree (within a TTL).
+    A free claim is made by hard-linking a complete private file into place:
+    exclusive like ``O_EXCL`` and never seen half-written, so of two claimants
+    one wins. Every change to an existing claim (a takeover of an expired one,
+    a renewal, a release, the sweep) is made under the directory's lock file
+    and replaces or removes the file in one step, so a claim is never absent
+    while it changes hands and no third claimant slips in. The lock is an
+    ``flock``: the kernel frees it if its holder dies. Expiry is wall-clock
+    time (``time.time``): clocks of nodes sharing the directory must roughly
+    agree (within a TTL).
     """
 
     def __init__(self, directory: str, owner: str | None = None) -> None:
         self.directory = directory
         self.owner = owner or owner_token()
         self._next_sweep = 0.0
+        self._lock_path = os.path.join(directory, _LOCK_NAME)
+        self._threads = threading.Lock()  # an flock does not exclude this process's threads
         os.makedirs(directory, mode=0o700, exist_ok=True)
 
     def _path(self, name: str) -> str:
         if not name or "/" in name or name.startswith("."):
             raise ValueError(f"not a claim name: {name!r:.80}")
         return os.path.join(self.directory, name + _SUFFIX)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._threads:
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # releases the flock
+
+    def _ours_to_take(self, held: tuple[str, float]) -> bool:
+        """Ours (then renewed) or expired (then taken over)."""
+        owner, expires = held
+        return owner == self.owner or time.time() >= expires
 
     def claim(self, name: str, ttl_s: float) -> bool:
         path = self._path(name)
@@ -102,15 +125,16 @@ class DirectoryClaims:
             if self._create(path, ttl_s):
                 return True
             held = _read(path)
-            if held is None:
-                return self._create(path, ttl_s)  # released meanwhile
-            owner, expires = held
-            if owner == self.owner:
-                self._renew(path, ttl_s)
+            if held is not None and not self._ours_to_take(held):
+                return False  # another's, live: saying so needs no lock
+            with self._locked():
+                held = _read(path)
+                if held is None:
+                    return self._create(path, ttl_s)  # released meanwhile
+                if not self._ours_to_take(held):
+                    return False  # taken over meanwhile
+                os.replace(self._record(path, ttl_s), path)  # never absent, never torn
                 return True
-            if time.time() < expires:
-                return False
-            return self._take_over(path, held, ttl_s)
         except OSError as exc:
             logger.debug("Claim of %.40s not made (%s); working on it anyway", name, exc)
             return True
@@ -120,20 +144,15 @@ class DirectoryClaims:
         held = _read(path)
         if held is None or held[0] != self.owner:
             return  # not ours: never touched
-        # Moved aside first, then checked: a takeover between the read and the
-        # move (ours had expired) is put back, never deleted.
-        aside = f"{path}.{secrets.token_hex(6)}.stale"
         try:
-            os.rename(path, aside)
-        except OSError:
-            return  # gone already
-        try:
-            if _read(aside) != held:
-                with contextlib.suppress(FileExistsError):
-                    os.link(aside, path)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(aside)
+            with self._locked():
+                # Checked again under the lock: ours may have expired and been
+                # taken over since; that claim stays.
+                held = _read(path)
+                if held is not None and held[0] == self.owner:
+                    os.unlink(path)
+        except OSError as exc:
+            logger.debug("Release of %.40s not made (%s); it expires", name, exc)
 
     def _record(self, path: str, ttl_s: float) -> str:
         """A complete claim record of ours in a new private file beside ``path``."""
@@ -146,9 +165,6 @@ class DirectoryClaims:
             os.close(fd)
         return aside
 
-    def _renew(self, path: str, ttl_s: float) -> None:
-        os.replace(self._record(path, ttl_s), path)  # atomic: never absent, never torn
-
     def _create(self, path: str, ttl_s: float) -> bool:
         """Create the claim file, complete, iff none exists (written aside, then linked)."""
         aside = self._record(path, ttl_s)
@@ -160,39 +176,21 @@ class DirectoryClaims:
         finally:
             os.unlink(aside)
 
-    def _take_over(self, path: str, expired: tuple[str, float], ttl_s: float) -> bool:
-        """Replace the expired claim ``expired`` by ours; False if someone was faster."""
-        aside = f"{path}.{secrets.token_hex(6)}.stale"
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            return False  # another claimant is taking it over right now
-        try:
-            if _read(aside) != expired:
-                # A fresh claim made meanwhile: put it back unless yet another exists.
-                with contextlib.suppress(FileExistsError):
-                    os.link(aside, path)
-                return False
-            return self._create(path, ttl_s)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(aside)
-
     def _sweep(self) -> None:
         """Remove claim files long expired (holders that died), now and then."""
         now = time.time()
         if now < self._next_sweep:
             return
         self._next_sweep = now + _SWEEP_EVERY_S
-        with os.scandir(self.directory) as scan:
+        with self._locked(), os.scandir(self.directory) as scan:
             for entry in scan:
-                if not entry.name.endswith((_SUFFIX, ".stale", ".tmp")):
+                if not entry.name.endswith((_SUFFIX, ".tmp")):
                     continue
                 try:
                     if entry.name.endswith(_SUFFIX):
                         held = _read(entry.path)
                         stale = held is not None and held[1] < now
-                    else:  # a file of a claim or takeover in progress, or of one that died
+                    else:  # a record being written, or one of a claimant that died
                         stale = entry.stat().st_mtime < now - _SWEEP_EVERY_S
                     if stale:
                         os.unlink(entry.path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 
 from lmcache_ec.claims import ClaimStore, DirectoryClaims
 
@@ -53,8 +54,40 @@ def test_a_slow_holders_release_leaves_a_takeover_alone(tmp_path, monkeypatch):
     assert DirectoryClaims(str(tmp_path)).claim("item", 60)
 
 
+def test_a_takeover_racing_another_leaves_one_holder(tmp_path, monkeypatch):
+    """B finds the dead holder's claim expired; A takes it over before B acts on
+    that; D comes last. A alone holds the claim."""
+    from lmcache_ec import claims as module
+
+    directory = str(tmp_path)
+    assert DirectoryClaims(directory).claim("item", 0)  # expired at once: a dead holder's
+    a, b, d = (DirectoryClaims(directory) for _ in range(3))
+    b._next_sweep = float("inf")  # the sweep's reads are not the one this test times
+    read = module._read
+    won: dict[str, bool] = {}
+
+    def taken_over_after_bs_look(path):
+        found = read(path)
+        monkeypatch.setattr(module, "_read", read)
+        won["a"] = a.claim("item", 60)
+        return found
+
+    monkeypatch.setattr(module, "_read", taken_over_after_bs_look)
+    won["b"] = b.claim("item", 60)
+    won["d"] = d.claim("item", 60)
+    assert won == {"a": True, "b": False, "d": False}
+    assert read(str(tmp_path / "item.claim"))[0] == a.owner
+
+
 def test_claiming_again_renews(tmp_path):
+    from lmcache_ec.claims import _read
+
     first, second = DirectoryClaims(str(tmp_path)), DirectoryClaims(str(tmp_path))
+    assert first.claim("item", 60)
+    assert first.claim("item", 3600)  # ours and live: renewed for the new TTL
+    assert _read(str(tmp_path / "item.claim"))[1] > time.time() + 3000
+    assert not second.claim("item", 60)
+    first.release("item")
     assert first.claim("item", 0)  # expired at once
     assert first.claim("item", 60)  # ours: renewed
     assert not second.claim("item", 60)
@@ -104,4 +137,4 @@ def test_processes_racing_for_an_expired_claim_one_wins(tmp_path):
     assert DirectoryClaims(str(tmp_path)).claim("old", 0)
     assert _race_processes(str(tmp_path), "old", 4).count(True) == 1
     leftovers = [n for n in os.listdir(tmp_path) if not n.endswith(".claim")]
-    assert leftovers == []
+    assert leftovers == [".lock"]  # the directory's lock file; no record left aside

@@ -469,19 +469,28 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "directory-release-unchecked",
-        "a directory claim taken over during its release is put back",
+        "a directory claim taken over during its release is left alone",
         "lmcache_ec/claims.py",
-        "            if _read(aside) != held:\n",
-        "            if False:\n",
+        "                if held is not None and held[0] == self.owner:\n",
+        "                if True:\n",
         ("tests/test_claims.py::test_a_slow_holders_release_leaves_a_takeover_alone",),
     ),
     Mutation(
         "directory-claim-not-renewed",
         "claiming a directory claim one holds renews it",
         "lmcache_ec/claims.py",
-        "                self._renew(path, ttl_s)\n",
-        "",
+        "        return owner == self.owner or time.time() >= expires\n",
+        "        return time.time() >= expires\n",
         ("tests/test_claims.py::test_claiming_again_renews",),
+    ),
+    Mutation(
+        "directory-takeover-not-checked-again",
+        "an expired directory claim is taken over only if it is still expired under the lock",
+        "lmcache_ec/claims.py",
+        "                if not self._ours_to_take(held):\n"
+        "                    return False  # taken over meanwhile\n",
+        "",
+        ("tests/test_claims.py::test_a_takeover_racing_another_leaves_one_holder",),
     ),
     # -- an upload sends the pool buffer in place: it must hold it until sent
     Mutation(
