@@ -47,6 +47,24 @@ def test_a_failing_job_names_its_error():
         run_in_worker({"job": "tape"}, {}, 120, lambda _: None)
 
 
+def _fails_then_lingers(job, env, connection, output) -> None:
+    """A job process that reports its error, closes its pipe, and takes a while to exit."""
+    with open(output, "a") as stream:
+        stream.write("ValueError: planted failure\n")
+    connection.close()
+    time.sleep(0.5)  # still exiting when the parent sees the pipe close
+    os._exit(3)
+
+
+def test_a_job_still_exiting_after_its_pipe_closed_keeps_its_own_status(monkeypatch):
+    # The forked target is found by name in the job server: this module's function.
+    from lmcache_ec.bench import job_process
+
+    monkeypatch.setattr(job_process, "run_forked", _fails_then_lingers)
+    with pytest.raises(RuntimeError, match=r"^exit 3: ValueError: planted failure$"):
+        run_in_worker({"job": "never-run"}, {}, 120, lambda _: None)
+
+
 def test_an_overrunning_job_is_stopped_and_shows_where_it_waited(redis_url):
     """A fleet node whose partner never comes waits at the barrier; the parent
     stops it at its timeout and says where it was."""
