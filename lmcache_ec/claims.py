@@ -48,7 +48,6 @@ def claims_dir_for(disk_dir: str) -> str:
 
 
 _SUFFIX = ".claim"
-_LOCK_NAME = ".lock"  # not a claim name: those never start with "."
 _MAX_BYTES = 4096
 _SWEEP_EVERY_S = 60.0  # expired claim files of dead holders are removed this often
 
@@ -82,19 +81,18 @@ class DirectoryClaims:
     A free claim is made by hard-linking a complete private file into place:
     exclusive like ``O_EXCL`` and never seen half-written, so of two claimants
     one wins. Every change to an existing claim (a takeover of an expired one,
-    a renewal, a release, the sweep) is made under the directory's lock file
-    and replaces or removes the file in one step, so a claim is never absent
-    while it changes hands and no third claimant slips in. The lock is an
-    ``flock``: the kernel frees it if its holder dies. Expiry is wall-clock
-    time (``time.time``): clocks of nodes sharing the directory must roughly
-    agree (within a TTL).
+    a renewal, a release, the sweep) is made under an ``flock`` on the
+    directory, as the purge log's appends are, and replaces or removes the
+    file in one step, so a claim is never absent while it changes hands and no
+    third claimant slips in. The kernel frees the lock if its holder dies.
+    Expiry is wall-clock time (``time.time``): clocks of nodes sharing the
+    directory must roughly agree (within a TTL).
     """
 
     def __init__(self, directory: str, owner: str | None = None) -> None:
         self.directory = directory
         self.owner = owner or owner_token()
         self._next_sweep = 0.0
-        self._lock_path = os.path.join(directory, _LOCK_NAME)
         self._threads = threading.Lock()  # an flock does not exclude this process's threads
         os.makedirs(directory, mode=0o700, exist_ok=True)
 
@@ -106,7 +104,7 @@ class DirectoryClaims:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         with self._threads:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 yield
