@@ -49,6 +49,9 @@ def claims_dir_for(disk_dir: str) -> str:
 
 _SUFFIX = ".claim"
 _MAX_BYTES = 4096
+# Holders keep the directory's lock for a read and a rename; one that keeps it
+# longer (stopped, or a hung mount) costs a duplicate encode, never a wait.
+_LOCK_WAIT_S = 0.1
 _SWEEP_EVERY_S = 60.0  # expired claim files of dead holders are removed this often
 
 
@@ -106,7 +109,7 @@ class DirectoryClaims:
         with self._threads:
             fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                _flock_within(fd, _LOCK_WAIT_S)
                 yield
             finally:
                 os.close(fd)  # releases the flock
@@ -194,6 +197,20 @@ class DirectoryClaims:
                         os.unlink(entry.path)
                 except OSError:
                     continue
+
+
+def _flock_within(fd: int, seconds: float) -> None:
+    """An exclusive flock on ``fd``, or TimeoutError (an OSError: the claimant
+    then works anyway) if a holder keeps it past ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"claims directory locked for over {seconds} s") from None
+            time.sleep(0.001)
 
 
 def _read(path: str) -> tuple[str, float] | None:

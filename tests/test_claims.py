@@ -79,6 +79,30 @@ def test_a_takeover_racing_another_leaves_one_holder(tmp_path, monkeypatch):
     assert read(str(tmp_path / "item.claim"))[0] == a.owner
 
 
+def test_a_lock_held_too_long_is_a_duplicate_not_a_wait(tmp_path):
+    """Another process keeps the directory's lock (stopped while holding it): a
+    claimant of an expired claim works anyway within the lock's bound."""
+    import fcntl
+    import threading
+
+    directory = str(tmp_path)
+    assert DirectoryClaims(directory).claim("item", 0)  # expired: a dead holder's
+    held = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        answers: list[bool] = []
+        claimant = threading.Thread(
+            target=lambda: answers.append(DirectoryClaims(directory).claim("item", 60)),
+            daemon=True,
+        )
+        claimant.start()
+        claimant.join(5)
+        assert not claimant.is_alive(), "the claimant waited on the lock"
+        assert answers == [True]  # works on it anyway: at worst a duplicate encode
+    finally:
+        os.close(held)
+
+
 def test_claiming_again_renews(tmp_path):
     from lmcache_ec.claims import _read
 

@@ -484,6 +484,14 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_claims.py::test_claiming_again_renews",),
     ),
     Mutation(
+        "directory-claim-lock-waits-forever",
+        "a directory claim waits at most a bound for the directory's lock, then works anyway",
+        "lmcache_ec/claims.py",
+        "            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n",
+        "            fcntl.flock(fd, fcntl.LOCK_EX)\n",
+        ("tests/test_claims.py::test_a_lock_held_too_long_is_a_duplicate_not_a_wait",),
+    ),
+    Mutation(
         "directory-takeover-not-checked-again",
         "an expired directory claim is taken over only if it is still expired under the lock",
         "lmcache_ec/claims.py",
