@@ -14,6 +14,13 @@ servers, each wave in parallel:
 
 Readers keep running for the whole session; each test uses its own images
 so counters can be read as before/after deltas.
+
+A test module that needs a server of its own (other tiers, another user's
+directories) registers it with ``@companion(name)``; every companion of the
+modules collected starts in the readers' wave, ``fleet.servers[name]``
+beside the readers, with what its builder returned in
+``fleet.companions[name]``. Servers started together share the CPU their
+start-ups take: a lone start costs about a minute of one core.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,8 +117,34 @@ class Fleet:
     disk_a: Path
     reference: dict[int, ChatResult]
     servers: dict[str, VLLMServer] = field(default_factory=dict)
+    companions: dict[str, object] = field(default_factory=dict)
     start_s: dict[str, float] = field(default_factory=dict)
     writer_counters: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Site:
+    """What a companion's builder gets: a directory of its own, the fleet's
+    model and Redis, and the fleet's way to make a server (a core of its own)."""
+
+    root: Path
+    model: Path
+    redis_url: str
+    server: Callable[..., VLLMServer]  # (name, ec config, *, extra_args, env) -> server
+
+
+Builder = Callable[[Site], tuple[VLLMServer, object]]
+COMPANIONS: dict[str, Builder] = {}
+
+
+def companion(name: str) -> Callable[[Builder], Builder]:
+    """Register a module's own server, started with the fleet's readers."""
+
+    def register(build: Builder) -> Builder:
+        COMPANIONS[name] = build
+        return build
+
+    return register
 
 
 def _ec(
@@ -179,7 +212,9 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
     cores = sorted(os.sched_getaffinity(0))
     started = itertools.count()
 
-    def server(name: str, ec: dict, **more_env: str) -> VLLMServer:
+    def server(
+        name: str, ec: dict, *, extra_args: tuple[str, ...] = ARGS, **more_env: str | None
+    ) -> VLLMServer:
         # vLLM pins every CPU worker to the same core (its default binding); the
         # servers here start and run side by side, so each gets a core in turn
         # (three started together: ready in 98 s instead of 120 s). One OpenMP
@@ -191,7 +226,7 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
             logs / f"{name}.log",
             ec_config=ec,
             env={**env, "VLLM_CPU_OMP_THREADS_BIND": str(core), **more_env},
-            extra_args=ARGS,
+            extra_args=extra_args,
             ready_timeout=600,
         )
 
@@ -203,10 +238,20 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
     }
     try:
         _start_all(writers, fleet)
-        for image in IMAGES:
-            fleet.reference[image] = ask(writers["a"], image)
-            ask(writers["a_s3"], image)
-            ask(writers["producer"], image, max_tokens=1, ignore_eos=False)
+        # Each writer gets the images one at a time, the writers side by side.
+        kwargs = {"producer": {"max_tokens": 1, "ignore_eos": False}}
+        with ThreadPoolExecutor(len(writers)) as pool:
+            answers = {
+                name: pool.submit(
+                    lambda w, more: [ask(w, image, **more) for image in IMAGES],
+                    writer,
+                    kwargs.get(name, {}),
+                )
+                for name, writer in writers.items()
+            }
+            fleet.reference = dict(zip(IMAGES, answers["a"].result(), strict=True))
+            for answer in answers.values():
+                answer.result()
         for name, writer in writers.items():
             fleet.writer_counters[name] = counters(writer)
     finally:
@@ -226,6 +271,10 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
         # On D beside "disk"; its weights are reloaded in place (dev endpoints).
         "weights": server("weights", _ec("ec_both", root / "disk-a"), VLLM_SERVER_DEV_MODE="1"),
     }
+    for name, build in COMPANIONS.items():
+        site = Site(root / name, model, redis_server.url, server)
+        site.root.mkdir()
+        readers[name], fleet.companions[name] = build(site)
     fleet.servers = readers
     try:
         _start_all(readers, fleet)
