@@ -1,4 +1,4 @@
-"""Real ``vllm serve`` processes with the connector, started once per session.
+"""Real ``vllm serve`` processes with the connector, started once for ``tests/e2e``.
 
 Every start costs about a minute of CPU, so the suite starts two waves of
 servers, each wave in parallel:
@@ -12,15 +12,8 @@ servers, each wave in parallel:
    (ec_both, empty disk, Redis), ``s3`` (ec_both, empty disk, S3) and
    ``consumer`` (ec_consumer, empty disk, Redis namespace ``epd``).
 
-Readers keep running for the whole session; each test uses its own images
+Readers keep running until the last test of ``tests/e2e``; each test uses its own images
 so counters can be read as before/after deltas.
-
-A test module that needs a server of its own (other tiers, another user's
-directories) registers it with ``@companion(name)``; every companion of the
-modules collected starts in the readers' wave, ``fleet.servers[name]``
-beside the readers, with what its builder returned in
-``fleet.companions[name]``. Servers started together share the CPU their
-start-ups take: a lone start costs about a minute of one core.
 """
 
 from __future__ import annotations
@@ -30,7 +23,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,34 +110,8 @@ class Fleet:
     disk_a: Path
     reference: dict[int, ChatResult]
     servers: dict[str, VLLMServer] = field(default_factory=dict)
-    companions: dict[str, object] = field(default_factory=dict)
     start_s: dict[str, float] = field(default_factory=dict)
     writer_counters: dict[str, dict[str, float]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Site:
-    """What a companion's builder gets: a directory of its own, the fleet's
-    model and Redis, and the fleet's way to make a server (a core of its own)."""
-
-    root: Path
-    model: Path
-    redis_url: str
-    server: Callable[..., VLLMServer]  # (name, ec config, *, extra_args, env) -> server
-
-
-Builder = Callable[[Site], tuple[VLLMServer, object]]
-COMPANIONS: dict[str, Builder] = {}
-
-
-def companion(name: str) -> Callable[[Builder], Builder]:
-    """Register a module's own server, started with the fleet's readers."""
-
-    def register(build: Builder) -> Builder:
-        COMPANIONS[name] = build
-        return build
-
-    return register
 
 
 def _ec(
@@ -192,7 +159,10 @@ def _stop_all(servers: dict[str, VLLMServer]) -> None:
         list(pool.map(lambda s: s.stop(), servers.values()))
 
 
-@pytest.fixture(scope="session")
+# Package scope: the readers (about 3 GB of memory each) stop once the last
+# e2e test ran, not at the end of the session, so the rest of the suite has
+# that memory back.
+@pytest.fixture(scope="package")
 def fleet(redis_server, s3_server) -> Iterator[Fleet]:
     # Not under pytest's basetemp: concurrent pytest runs prune old basetemps
     # (keeping 3), which would delete the servers' disk tiers mid-session.
@@ -212,9 +182,7 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
     cores = sorted(os.sched_getaffinity(0))
     started = itertools.count()
 
-    def server(
-        name: str, ec: dict, *, extra_args: tuple[str, ...] = ARGS, **more_env: str | None
-    ) -> VLLMServer:
+    def server(name: str, ec: dict, **more_env: str) -> VLLMServer:
         # vLLM pins every CPU worker to the same core (its default binding); the
         # servers here start and run side by side, so each gets a core in turn
         # (three started together: ready in 98 s instead of 120 s). One OpenMP
@@ -226,7 +194,7 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
             logs / f"{name}.log",
             ec_config=ec,
             env={**env, "VLLM_CPU_OMP_THREADS_BIND": str(core), **more_env},
-            extra_args=extra_args,
+            extra_args=ARGS,
             ready_timeout=600,
         )
 
@@ -271,10 +239,6 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
         # On D beside "disk"; its weights are reloaded in place (dev endpoints).
         "weights": server("weights", _ec("ec_both", root / "disk-a"), VLLM_SERVER_DEV_MODE="1"),
     }
-    for name, build in COMPANIONS.items():
-        site = Site(root / name, model, redis_server.url, server)
-        site.root.mkdir()
-        readers[name], fleet.companions[name] = build(site)
     fleet.servers = readers
     try:
         _start_all(readers, fleet)
