@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
+import threading
 import time
 
 from lmcache_ec.claims import ClaimStore, DirectoryClaims
@@ -82,9 +84,6 @@ def test_a_takeover_racing_another_leaves_one_holder(tmp_path, monkeypatch):
 def test_a_lock_held_too_long_is_a_duplicate_not_a_wait(tmp_path):
     """Another process keeps the directory's lock (stopped while holding it): a
     claimant of an expired claim works anyway within the lock's bound."""
-    import fcntl
-    import threading
-
     directory = str(tmp_path)
     assert DirectoryClaims(directory).claim("item", 0)  # expired: a dead holder's
     held = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)

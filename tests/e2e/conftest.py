@@ -67,6 +67,11 @@ def ask(server: VLLMServer, image: int, **kwargs) -> ChatResult:
     return chat_with_image(server.base_url, server.served_model, make_png(image), **kwargs)
 
 
+def ask_all(server: VLLMServer, **kwargs) -> list[ChatResult]:
+    """``IMAGES`` in order, one request at a time."""
+    return [ask(server, image, **kwargs) for image in IMAGES]
+
+
 def counters(server: VLLMServer) -> dict[str, float]:
     """The connector's and vLLM's counters that show encoder work and loads."""
     page = read_metrics(server.metrics_url)
@@ -207,14 +212,10 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
     try:
         _start_all(writers, fleet)
         # Each writer gets the images one at a time, the writers side by side.
-        kwargs = {"producer": {"max_tokens": 1, "ignore_eos": False}}
+        more = {"producer": {"max_tokens": 1, "ignore_eos": False}}
         with ThreadPoolExecutor(len(writers)) as pool:
             answers = {
-                name: pool.submit(
-                    lambda w, more: [ask(w, image, **more) for image in IMAGES],
-                    writer,
-                    kwargs.get(name, {}),
-                )
+                name: pool.submit(ask_all, writer, **more.get(name, {}))
                 for name, writer in writers.items()
             }
             fleet.reference = dict(zip(IMAGES, answers["a"].result(), strict=True))
