@@ -14,6 +14,17 @@ servers, each wave in parallel:
 
 Readers keep running until the last test of ``tests/e2e``; each test uses its own images
 so counters can be read as before/after deltas.
+
+A test module that needs a server of its own (other tiers, another user's
+directories) registers it with ``@companion(name)``; every companion of the
+modules collected starts in the readers' wave, ``fleet.servers[name]``
+beside the readers, with what its builder returned in
+``fleet.companions[name]``. Servers started together share the CPU their
+start-ups take: a lone start leaves one of two cores idle for about a minute.
+
+Every server here holds a KV cache of ``KV_CACHE_BYTES`` instead of the 1 GiB
+that ``bench serve`` gives its servers: the longest request here needs 32 MiB,
+and the readers with the companions are seven servers at once.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +64,16 @@ MAX_TOKENS = 6
 # decode step of the tiny model takes a few ms).
 MAX_MODEL_LEN = 8192
 BACKGROUND_TOKENS = 8000
-ARGS = (*CPU_ARGS[:-2], "--max-model-len", str(MAX_MODEL_LEN))
+# 4 KiB a token (2 layers, K and V, 256 float32 each): room for 4 requests of
+# MAX_MODEL_LEN, against the 1 GiB (about a third of a server's memory) of CPU_ENV.
+KV_CACHE_BYTES = 128 << 20
+ARGS = (
+    *CPU_ARGS[:-2],
+    "--max-model-len",
+    str(MAX_MODEL_LEN),
+    "--kv-cache-memory-bytes",
+    str(KV_CACHE_BYTES),
+)
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -115,8 +135,34 @@ class Fleet:
     disk_a: Path
     reference: dict[int, ChatResult]
     servers: dict[str, VLLMServer] = field(default_factory=dict)
+    companions: dict[str, object] = field(default_factory=dict)
     start_s: dict[str, float] = field(default_factory=dict)
     writer_counters: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Site:
+    """What a companion's builder gets: a directory of its own, the fleet's
+    model and Redis, and the fleet's way to make a server (a core of its own)."""
+
+    root: Path
+    model: Path
+    redis_url: str
+    server: Callable[..., VLLMServer]  # (name, ec config, *, extra_args, env) -> server
+
+
+Builder = Callable[[Site], tuple[VLLMServer, object]]
+COMPANIONS: dict[str, Builder] = {}
+
+
+def companion(name: str) -> Callable[[Builder], Builder]:
+    """Register a module's own server, started with the fleet's readers."""
+
+    def register(build: Builder) -> Builder:
+        COMPANIONS[name] = build
+        return build
+
+    return register
 
 
 def _ec(
@@ -182,12 +228,16 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
     redis_server.client().flushall()
     # The servers read only the config given here, not the developer's LMCACHE_EC_*.
     env = {name: None for name in os.environ if name.startswith("LMCACHE_EC_")}
+    # Unset, it leaves the KV cache's size to --kv-cache-memory-bytes (ARGS).
+    env["VLLM_CPU_KVCACHE_SPACE"] = None
     env.update({"XDG_CACHE_HOME": str(root / "xdg"), **S3_ENV})
 
     cores = sorted(os.sched_getaffinity(0))
     started = itertools.count()
 
-    def server(name: str, ec: dict, **more_env: str) -> VLLMServer:
+    def server(
+        name: str, ec: dict, *, extra_args: tuple[str, ...] = ARGS, **more_env: str | None
+    ) -> VLLMServer:
         # vLLM pins every CPU worker to the same core (its default binding); the
         # servers here start and run side by side, so each gets a core in turn
         # (three started together: ready in 98 s instead of 120 s). One OpenMP
@@ -199,7 +249,7 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
             logs / f"{name}.log",
             ec_config=ec,
             env={**env, "VLLM_CPU_OMP_THREADS_BIND": str(core), **more_env},
-            extra_args=ARGS,
+            extra_args=extra_args,
             ready_timeout=600,
         )
 
@@ -240,6 +290,10 @@ def fleet(redis_server, s3_server) -> Iterator[Fleet]:
         # On D beside "disk"; its weights are reloaded in place (dev endpoints).
         "weights": server("weights", _ec("ec_both", root / "disk-a"), VLLM_SERVER_DEV_MODE="1"),
     }
+    for name, build in COMPANIONS.items():
+        site = Site(root / name, model, redis_server.url, server)
+        site.root.mkdir()
+        readers[name], fleet.companions[name] = build(site)
     fleet.servers = readers
     try:
         _start_all(readers, fleet)

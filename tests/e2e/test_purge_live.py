@@ -19,7 +19,7 @@ tenant b's entry is gone from every tier, and tenant c's is still served.
 (The server is not asked the image again: in one process vLLM's own encoder
 cache and the connector's record of it answer, whatever the tiers hold.)
 
-One server start (its own, not the session fleet's); the waits are the
+One server of its own, started with the fleet's readers; the waits are the
 documented bound (``purge_check_s`` + ``remote_timeout``) plus a grace.
 """
 
@@ -40,7 +40,6 @@ import torch
 import yaml
 
 from lmcache_ec import ECCache
-from lmcache_ec.bench.tiny_vlm import build_tiny_blip2
 from lmcache_ec.bench.vllm_server import (
     VLLMServer,
     chat_with_image,
@@ -52,7 +51,7 @@ from lmcache_ec.config import load_config
 from lmcache_ec.purge.inventory import Selector, scan_remote
 from lmcache_ec.remote.catalog import open_catalog
 
-from .conftest import ARGS, S3_ENV, ask, counters, settled_counters
+from .conftest import Site, ask, companion, counters, settled_counters
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -62,44 +61,41 @@ REMOTE_TIMEOUT = 5.0
 CLI = str(Path(sys.executable).parent / "lmcache-ec")
 
 
-@pytest.fixture(scope="module")
-def tenants(redis_server) -> Iterator[dict]:
-    root = Path(tempfile.mkdtemp(prefix="lmcache-ec-e2e-purge-"))
+def _tenant_a_server(site: Site) -> tuple[VLLMServer, tuple[dict[str, str], Path]]:
     run = os.urandom(4).hex()  # namespaces of this run only: the fleet shares the Redis
     names = {tenant: f"tenant-{tenant}-{run}" for tenant in "abc"}
-    common = {
-        "remote_url": redis_server.url,
-        "remote_timeout": REMOTE_TIMEOUT,
-        "purge_check_s": INTERVAL,
-    }
-    model = build_tiny_blip2(root / "models", seed=0)
     ec = {
         "local_cpu": True,
         "max_local_cpu_size": 0.25,
-        "local_disk": str(root / "disk-a"),
+        "local_disk": str(site.root / "disk-a"),
         "max_local_disk_size": 1.0,
         "namespace": names["a"],
-        **common,
+        "remote_url": site.redis_url,
+        "remote_timeout": REMOTE_TIMEOUT,
+        "purge_check_s": INTERVAL,
     }
-    env = {name: None for name in os.environ if name.startswith("LMCACHE_EC_")}
-    env.update({"XDG_CACHE_HOME": str(root / "xdg"), **S3_ENV})
-    server = VLLMServer(
-        model,
-        root / "logs" / "tenant-a.log",
-        ec_config=ec_transfer_config("ec_both", ec, remote_lookup_timeout_s=2.0),
-        env=env,
-        extra_args=ARGS,
-        ready_timeout=600,
-    )
+    server = site.server("tenant_a", ec_transfer_config("ec_both", ec, remote_lookup_timeout_s=2.0))
+    return server, (names, site.root / "disk-a")
+
+
+companion("tenant_a")(_tenant_a_server)  # started with the fleet's readers (conftest.py)
+
+
+@pytest.fixture(scope="module")
+def tenants(fleet, redis_server) -> Iterator[dict]:
+    root = Path(tempfile.mkdtemp(prefix="lmcache-ec-e2e-purge-"))
+    names, disk_a = fleet.companions["tenant_a"]
+    server = fleet.servers["tenant_a"]
     config = {
         "local_cpu": True,
         "max_local_cpu_size": 0.05,
         "max_local_disk_size": 0.5,
-        **common,
+        "remote_url": redis_server.url,
+        "remote_timeout": REMOTE_TIMEOUT,
+        "purge_check_s": INTERVAL,
     }
     engines: dict[str, ECCache] = {}
     try:
-        server.start()
         for tenant in "bc":
             engines[tenant] = ECCache.from_config(
                 {**config, "local_disk": str(root / f"disk-{tenant}")},
@@ -115,16 +111,12 @@ def tenants(redis_server) -> Iterator[dict]:
             "engines": engines,
             "names": names,
             "purger": str(purger),
-            "disk_a": str(root / "disk-a"),
+            "disk_a": str(disk_a),
         }
     finally:
         for engine in engines.values():
             engine.close()
-        server.stop()
-        if os.environ.get("EC_E2E_KEEP"):
-            print(f"e2e files (logs, tiers) kept in {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _purge_at_once(purger: str, namespaces: list[str]) -> list[str]:

@@ -6,31 +6,28 @@ other user could): the node tier, the shared size ledger and the stage
 channel can have no directory of this user's. The server must start, serve
 from the tiers (an image asked again once vLLM's own encoder cache let it
 go is loaded, not encoded; its output was written to disk), and say in its
-log and on ``/metrics`` which features are off and why. One server start.
+log and on ``/metrics`` which features are off and why. One server, started
+with the fleet's readers.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from lmcache_ec.bench.tiny_vlm import build_tiny_blip2
 from lmcache_ec.bench.vllm_server import (
     BackgroundDecode,
     VLLMServer,
-    chat_with_image,
     ec_transfer_config,
     read_metrics,
 )
 from lmcache_ec.runtime_dirs import TOKEN_FILE
 
-from .conftest import ARGS, BACKGROUND_TOKENS, ask, counters, settled_counters
+from .conftest import ARGS, BACKGROUND_TOKENS, Site, ask, companion, counters, settled_counters
 
 pytestmark = [
     pytest.mark.slow,
@@ -63,11 +60,10 @@ def _squat(path: Path) -> None:
     os.chown(path, SQUATTER, SQUATTER)
 
 
-@pytest.fixture(scope="module")
-def squatted(tmp_path_factory):
-    root = Path(tempfile.mkdtemp(prefix="lmcache-ec-e2e-squat-"))
+def _squatted_server(site: Site) -> tuple[VLLMServer, tuple[Path, list[Path]]]:
+    root = site.root
     base = root / "shm"
-    base.mkdir()
+    base.mkdir(parents=True)
     os.chmod(base, 0o1777)
     taken = [base / f"lmcache-ec-{os.getuid()}", base / f"lmcache-ec-{os.getuid()}-{TOKEN}"]
     for path in taken:
@@ -85,28 +81,24 @@ def squatted(tmp_path_factory):
         "node_tier": True,
         "node_dir": str(base),
     }
-    server = VLLMServer(
-        build_tiny_blip2(root / "models", seed=0),
-        root / "logs" / "squatted.log",
-        ec_config=ec_transfer_config("ec_both", tiers),
-        env={
-            "HOME": str(home),
-            "XDG_RUNTIME_DIR": None,
-            "XDG_CACHE_HOME": str(root / "xdg"),
-        },
+    server = site.server(
+        "squatted",
+        ec_transfer_config("ec_both", tiers),
         extra_args=SERVER_ARGS,
-        ready_timeout=600,
+        HOME=str(home),
+        XDG_RUNTIME_DIR=None,
     )
-    try:
-        server.start()
-        chat_with_image(server.base_url, server.served_model, None, max_tokens=2)  # warm-up
-        yield server, root, taken
-    finally:
-        server.stop()
-        if os.environ.get("EC_E2E_KEEP"):
-            print(f"e2e files (logs, tiers) kept in {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+    return server, (root, taken)
+
+
+if os.geteuid() == 0:  # started with the fleet's readers (conftest.py)
+    companion("squatted")(_squatted_server)
+
+
+@pytest.fixture
+def squatted(fleet):
+    root, taken = fleet.companions["squatted"]
+    return fleet.servers["squatted"], root, taken
 
 
 def test_a_server_whose_runtime_directory_was_taken_starts_and_serves_from_disk(squatted):
