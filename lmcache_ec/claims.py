@@ -178,25 +178,33 @@ class DirectoryClaims:
             os.unlink(aside)
 
     def _sweep(self) -> None:
-        """Remove claim files long expired (holders that died), now and then."""
+        """Remove claim files long expired (holders that died), now and then.
+        Housekeeping only: a sweep that cannot run (the lock held past its
+        bound, an unreadable directory) is skipped and never decides a claim."""
         now = time.time()
         if now < self._next_sweep:
             return
         self._next_sweep = now + _SWEEP_EVERY_S
-        with self._locked(), os.scandir(self.directory) as scan:
-            for entry in scan:
-                if not entry.name.endswith((_SUFFIX, ".tmp")):
-                    continue
-                try:
-                    if entry.name.endswith(_SUFFIX):
-                        held = _read(entry.path)
-                        stale = held is not None and held[1] < now
-                    else:  # a record being written, or one of a claimant that died
-                        stale = entry.stat().st_mtime < now - _SWEEP_EVERY_S
-                    if stale:
-                        os.unlink(entry.path)
-                except OSError:
-                    continue
+        try:
+            with self._locked(), os.scandir(self.directory) as scan:
+                for entry in scan:
+                    if entry.name.endswith((_SUFFIX, ".tmp")):
+                        self._sweep_entry(entry, now)
+        except OSError as exc:
+            logger.debug("Claims sweep of %s skipped (%s)", self.directory, exc)
+
+    @staticmethod
+    def _sweep_entry(entry: os.DirEntry, now: float) -> None:
+        try:
+            if entry.name.endswith(_SUFFIX):
+                held = _read(entry.path)
+                stale = held is not None and held[1] < now
+            else:  # a record being written, or one of a claimant that died
+                stale = entry.stat().st_mtime < now - _SWEEP_EVERY_S
+            if stale:
+                os.unlink(entry.path)
+        except OSError:
+            pass  # gone meanwhile, or not ours to remove
 
 
 def _flock_within(fd: int, seconds: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import multiprocessing
 import os
 import threading
@@ -98,6 +99,23 @@ def test_a_lock_held_too_long_is_a_duplicate_not_a_wait(tmp_path):
         claimant.join(5)
         assert not claimant.is_alive(), "the claimant waited on the lock"
         assert answers == [True]  # works on it anyway: at worst a duplicate encode
+    finally:
+        os.close(held)
+
+
+def test_a_sweep_that_cannot_run_still_makes_the_claim(tmp_path):
+    """The directory's lock is held when a store sweeps (its first claim does):
+    the sweep is skipped, the claim file is still made, so a second claimant
+    is told the item is taken instead of encoding it too."""
+    directory = str(tmp_path)
+    held = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        first, second = DirectoryClaims(directory), DirectoryClaims(directory)
+        assert first.claim("item", 60)
+        record = json.loads((tmp_path / "item.claim").read_text())
+        assert record["owner"] == first.owner
+        assert not second.claim("item", 60)
     finally:
         os.close(held)
 

@@ -492,6 +492,14 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_claims.py::test_a_lock_held_too_long_is_a_duplicate_not_a_wait",),
     ),
     Mutation(
+        "directory-claim-lost-with-its-sweep",
+        "a directory claim whose sweep cannot run (the lock held) is still made",
+        "lmcache_ec/claims.py",
+        '            logger.debug("Claims sweep of %s skipped (%s)", self.directory, exc)\n',
+        "            raise\n",
+        ("tests/test_claims.py::test_a_sweep_that_cannot_run_still_makes_the_claim",),
+    ),
+    Mutation(
         "directory-takeover-not-checked-again",
         "an expired directory claim is taken over only if it is still expired under the lock",
         "lmcache_ec/claims.py",
