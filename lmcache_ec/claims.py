@@ -24,7 +24,6 @@ and deletes on S3).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -37,6 +36,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from .flocks import flock_within
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class DirectoryClaims:
         with self._threads:
             fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                _flock_within(fd, _LOCK_WAIT_S)
+                flock_within(fd, _LOCK_WAIT_S, "claims directory")
                 yield
             finally:
                 os.close(fd)  # releases the flock
@@ -205,20 +206,6 @@ class DirectoryClaims:
                 os.unlink(entry.path)
         except OSError:
             pass  # gone meanwhile, or not ours to remove
-
-
-def _flock_within(fd: int, seconds: float) -> None:
-    """An exclusive flock on ``fd``, or TimeoutError (an OSError: the claimant
-    then works anyway) if a holder keeps it past ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"claims directory locked for over {seconds} s") from None
-            time.sleep(0.001)
 
 
 def _read(path: str) -> tuple[str, float] | None:

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "key",
             "codec",
             "claims",
+            "flocks",
             "config_schema",
             "config",
             "metrics",

@@ -27,6 +27,8 @@ takes another process's fresh entries (which that process may be about to
 read); a write that finds no such room is skipped (counted), not forced.
 Eviction never touches a temp file of a live writer. Crash-safe: the lock
 dies with its holder, and a lost reservation is corrected by the next scan.
+A holder that keeps the lock (stopped) costs a waiter ``LEDGER_LOCK_WAIT_S``
+and an ``OSError`` it handles, never a thread stuck for good.
 
 A directory on a filesystem shared with others (the node tier in
 ``/dev/shm``, where vLLM's own shared memory lives too) is also held to the
@@ -45,6 +47,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from ..flocks import flock_within
 from ..runtime_dirs import (
     DEFAULT_BASE,
     Feature,
@@ -57,6 +60,7 @@ from ..runtime_dirs import (
 )
 from .disk_layout import DirectoryLayout, Scan
 
+LEDGER_LOCK_WAIT_S = 5.0
 LOW_WATER = 15 / 16  # evict down to this share of the limit
 BLOCK = 4096  # tmpfs and most filesystems allocate whole pages
 FREE_RESERVE_MAX = 256 * 1024**2  # what a capped directory leaves its filesystem's other users
@@ -131,6 +135,10 @@ class DirectoryBudget:
         self.unshared: RuntimeDirUnavailable | None = None
         self.capped_by_free_space = capped_by_free_space
         self._own: set[str] = set()  # entries this process wrote
+        # A holder keeps the ledger for a scan of the directory at most; past
+        # this, a write is skipped, a start-up trim put off, a removal left for
+        # the next scan to count (every caller handles the OSError).
+        self.lock_wait_s = LEDGER_LOCK_WAIT_S
         self._local = threading.Lock()  # flock is per open file, not per thread
         self._fd = -1  # the ledger, while locked
         self._ledger: str | None = None
@@ -152,7 +160,11 @@ class DirectoryBudget:
         with self._local:
             while True:
                 fd = os.open(self._ledger_path(), os.O_RDWR | os.O_CREAT, 0o600)
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    flock_within(fd, self.lock_wait_s, "disk size ledger")
+                except OSError:
+                    os.close(fd)
+                    raise
                 if os.fstat(fd).st_nlink:
                     break
                 os.close(fd)  # pruned while we waited for it: open the new one

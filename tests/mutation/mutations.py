@@ -486,10 +486,22 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "directory-claim-lock-waits-forever",
         "a directory claim waits at most a bound for the directory's lock, then works anyway",
-        "lmcache_ec/claims.py",
+        "lmcache_ec/flocks.py",
         "            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n",
         "            fcntl.flock(fd, fcntl.LOCK_EX)\n",
         ("tests/test_claims.py::test_a_lock_held_too_long_is_a_duplicate_not_a_wait",),
+    ),
+    Mutation(
+        "ledger-lock-waits-forever",
+        "an engine on a directory whose ledger another process keeps locked"
+        " still starts and writes within a bound",
+        "lmcache_ec/tiers/budget.py",
+        '                    flock_within(fd, self.lock_wait_s, "disk size ledger")\n',
+        "                    fcntl.flock(fd, fcntl.LOCK_EX)\n",
+        (
+            "tests/tiers/test_disk_budget.py::"
+            "test_a_ledger_held_for_good_stops_neither_a_start_nor_a_write",
+        ),
     ),
     Mutation(
         "directory-claim-lost-with-its-sweep",

@@ -268,3 +268,38 @@ def test_the_ledger_equals_the_bytes_on_disk_after_a_removal_and_a_lost_race(dis
     memory_obj.ref_count_down()
     assert disk.counters["skipped_existing"] == 1
     assert budget.ledger() == _directory_bytes(disk_dir)
+
+
+def test_a_ledger_held_for_good_stops_neither_a_start_nor_a_write(
+    disk_dir, make_cache, monkeypatch
+):
+    """Another process keeps the directory's ledger locked (stopped while it
+    held it): an engine on the directory still starts, its writes fail within
+    the bound and are counted, and they land again once the lock is free."""
+    import fcntl
+
+    from lmcache_ec.tiers import budget as module
+
+    monkeypatch.setattr(module, "LEDGER_LOCK_WAIT_S", 0.2)
+    disk_dir.mkdir(parents=True, exist_ok=True)
+    stat = os.stat(disk_dir)
+    ledgers, _ = module.ledger_dir()
+    holder = os.open(os.path.join(ledgers, f"{stat.st_dev}-{stat.st_ino}"), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    caches = []
+    try:
+        start = threading.Thread(target=lambda: caches.append(make_cache(_config(disk_dir, 8))))
+        start.daemon = True
+        start.start()
+        start.join(10)
+        assert not start.is_alive(), "the engine's start waited on the ledger"
+        (cache,) = caches
+        assert cache.put("held", make_tensor(SHAPE, torch.float16))
+        assert cache.flush(10)
+        assert cache._disk.counters["write_errors"] == 1
+        assert cache.contains("held") is None
+    finally:
+        os.close(holder)
+    assert cache.put("free", make_tensor(SHAPE, torch.float16, seed=1))
+    assert cache.flush(10)
+    assert cache.contains("free") == "disk"
