@@ -136,7 +136,7 @@ class DirectoryBudget:
         self.capped_by_free_space = capped_by_free_space
         self._own: set[str] = set()  # entries this process wrote
         # A holder keeps the ledger for a scan of the directory at most; past
-        # this, a write is skipped, a start-up trim put off, a removal left for
+        # this, a write fails (counted), a start-up trim is put off, a removal left for
         # the next scan to count (every caller handles the OSError).
         self.lock_wait_s = LEDGER_LOCK_WAIT_S
         self._local = threading.Lock()  # flock is per open file, not per thread
