@@ -210,7 +210,7 @@ def _stop_all(servers: dict[str, VLLMServer]) -> None:
         list(pool.map(lambda s: s.stop(), servers.values()))
 
 
-# Package scope: the readers (about 3 GB of memory each) stop once the last
+# Package scope: the readers (about 2 GB of memory each) stop once the last
 # e2e test ran, not at the end of the session, so the rest of the suite has
 # that memory back.
 @pytest.fixture(scope="package")

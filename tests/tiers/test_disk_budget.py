@@ -282,9 +282,9 @@ def test_a_ledger_held_for_good_stops_neither_a_start_nor_a_write(
 
     monkeypatch.setattr(module, "LEDGER_LOCK_WAIT_S", 0.2)
     disk_dir.mkdir(parents=True, exist_ok=True)
-    stat = os.stat(disk_dir)
-    ledgers, _ = module.ledger_dir()
-    holder = os.open(os.path.join(ledgers, f"{stat.st_dev}-{stat.st_ino}"), os.O_RDWR | os.O_CREAT)
+    # The ledger the engine will use: the same directory's, found the same way.
+    ledger = DirectoryBudget(DirectoryLayout(str(disk_dir)), FRAME, 0)._ledger_path()
+    holder = os.open(ledger, os.O_RDWR | os.O_CREAT)
     fcntl.flock(holder, fcntl.LOCK_EX)
     caches = []
     try:
