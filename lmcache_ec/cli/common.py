@@ -34,10 +34,12 @@ ConfigOption = Annotated[
 
 
 def new_table(title: str, columns: Iterable[str], right: Container[str] = ()) -> Table:
-    """A table of ``columns``; those in ``right`` (numbers) are right-justified."""
+    """A table of ``columns``; those in ``right`` (numbers) are right-justified.
+    A word longer than its column is folded onto the next line, not cut: piped
+    output (80 columns) keeps every path and name whole."""
     table = Table(title=title)
     for column in columns:
-        table.add_column(column, justify="right" if column in right else "left")
+        table.add_column(column, justify="right" if column in right else "left", overflow="fold")
     return table
 
 

@@ -87,11 +87,20 @@ def _row(out: str, area: str) -> str:
     return " ".join(text.replace("│", " ").split())
 
 
-def test_doctor_reports_vllm_its_runner_its_seams_and_lmcache_native_ops(monkeypatch, invoke):
+@pytest.fixture
+def console_width(monkeypatch):
+    """Sets the width doctor's console prints at. COLUMNS alone does not: a
+    console made without a terminal (a worker of ``pytest -n``) keeps 80."""
+    from lmcache_ec.cli.common import console
+
+    return lambda columns: monkeypatch.setattr(console, "width", columns)
+
+
+def test_doctor_reports_vllm_its_runner_its_seams_and_lmcache_native_ops(invoke, console_width):
     import torch
     import vllm
 
-    monkeypatch.setenv("COLUMNS", "400")  # one line per row
+    console_width(400)  # one line per row
     out = invoke("doctor", "--no-round-trip").stdout
     runtime = _row(out, "vllm runtime")
     assert f"ok vLLM {vllm.__version__}, model runner V" in runtime, runtime
@@ -115,15 +124,32 @@ def test_doctor_reports_vllm_its_runner_its_seams_and_lmcache_native_ops(monkeyp
         assert native.startswith("lmcache native ok") and "cuda_ops" in native
 
 
-def test_doctor_fails_when_a_weight_seam_is_gone(monkeypatch, invoke):
+def test_doctor_fails_when_a_weight_seam_is_gone(monkeypatch, invoke, console_width):
     from lmcache_ec.integration.vllm import weight_updates
 
     gone = ("vllm.v1.worker.gpu_worker", "Worker", "no_such_method", "worker")
     monkeypatch.setattr(weight_updates, "SEAMS", (*weight_updates.SEAMS, gone))
-    monkeypatch.setenv("COLUMNS", "400")
+    console_width(400)
     result = invoke("doctor", "--no-round-trip", expect=1)
     row = _row(result.stdout, "vllm seams")
     assert row.startswith("vllm seams fail missing vllm.v1.worker.gpu_worker.Worker.no_such_method")
+
+
+def test_a_narrow_console_folds_a_long_name_rather_than_cutting_it(
+    monkeypatch, invoke, console_width
+):
+    """Piped to a file (80 columns), a name longer than its column still reads whole."""
+    from lmcache_ec.integration.vllm import weight_updates
+
+    gone = ("vllm.v1.worker.gpu_worker", "Worker", "a_method_name_longer_than_its_column", "w")
+    monkeypatch.setattr(weight_updates, "SEAMS", (*weight_updates.SEAMS, gone))
+    console_width(80)
+    out = invoke("doctor", "--no-round-trip", expect=1).stdout
+    assert "…" not in out
+    # The column's lines, read top to bottom, give the name back.
+    rows = [line.split("│") for line in out.splitlines() if line.count("│") == 4]
+    column = "".join(cells[3].strip() for cells in rows)
+    assert "vllm.v1.worker.gpu_worker.Worker.a_method_name_longer_than_its_column" in column
 
 
 @pytest.mark.parametrize(

@@ -765,6 +765,18 @@ MUTATIONS: list[Mutation] = [
         "        gone = []\n",
         ("tests/cli/test_doctor.py::test_doctor_fails_when_a_weight_seam_is_gone",),
     ),
+    # -- command tables cut nothing: a long word is folded, even at 80 columns
+    Mutation(
+        "tables-cut-long-words",
+        "a table printed at 80 columns folds a word longer than its column, never cuts it",
+        "lmcache_ec/cli/common.py",
+        ', overflow="fold")',
+        ")",
+        (
+            "tests/cli/test_doctor.py::"
+            "test_a_narrow_console_folds_a_long_name_rather_than_cutting_it",
+        ),
+    ),
     # -- the stage channel never stalls a step and never trusts a peer
     Mutation(
         "stage-link-blocking-send",
