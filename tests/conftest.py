@@ -31,19 +31,39 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _no_ledgers_left():
-    """Directory tiers keep their size ledgers in this user's runtime directory,
-    outside the tests' temporary directories: remove the ones this run made."""
+LEDGERS_BEFORE = pytest.StashKey[set[str]]()
+
+
+def _ledger_dir() -> str:
+    """Where directory tiers keep their size ledgers: this user's runtime
+    directory, outside the tests' temporary directories."""
     from lmcache_ec.runtime_dirs import state_base, user_dir
 
-    ledgers = os.path.join(user_dir(state_base()).path, "ledgers")
-    before = set(os.listdir(ledgers)) if os.path.isdir(ledgers) else set()
-    yield
-    if os.path.isdir(ledgers):
-        for name in set(os.listdir(ledgers)) - before:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(ledgers, name))
+    return os.path.join(user_dir(state_base()).path, "ledgers")
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # The controller (or a lone pytest) notes the ledgers there before any test;
+    # a worker of ``-n`` does not: it could end while another still writes.
+    if not _is_xdist_worker(session.config):
+        ledgers = _ledger_dir()
+        before = set(os.listdir(ledgers)) if os.path.isdir(ledgers) else set()
+        session.config.stash[LEDGERS_BEFORE] = before
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Remove the ledgers this run made, once every worker is done."""
+    before = session.config.stash.get(LEDGERS_BEFORE, None)
+    ledgers = _ledger_dir()
+    if before is None or not os.path.isdir(ledgers):
+        return
+    for name in set(os.listdir(ledgers)) - before:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(ledgers, name))
 
 
 @pytest.fixture(autouse=True)
