@@ -117,12 +117,19 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
     return {k: after[k] - before.get(k, 0.0) for k in after}
 
 
-def settled_counters(server: VLLMServer, before: dict[str, float], requests: int) -> dict:
-    """Deltas once ``requests`` more requests finished (stats lag a step or two)."""
+def settled_counters(
+    server: VLLMServer,
+    before: dict[str, float],
+    requests: int,
+    until: Callable[[dict[str, float]], bool] = lambda change: True,
+) -> dict:
+    """Deltas once ``requests`` more requests finished and ``until`` holds, or
+    after 10 s (stats lag a step or two)."""
     deadline = time.monotonic() + 10
     while True:
         change = delta(counters(server), before)
-        if change["requests_ok"] >= requests or time.monotonic() > deadline:
+        settled = change["requests_ok"] >= requests and until(change)
+        if settled or time.monotonic() > deadline:
             time.sleep(0.5)  # the step after the last output carries its stats
             return delta(counters(server), before)
         time.sleep(0.2)
