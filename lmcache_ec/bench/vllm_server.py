@@ -367,9 +367,9 @@ def _chat_args(
 class BackgroundDecode:
     """A long streamed request in a thread, to keep the engine busy decoding.
 
-    ``with BackgroundDecode(url, model) as bg:`` returns once the first token
-    arrived; ``bg.running`` is True while it still streams; leaving the block
-    closes the stream (vLLM aborts the request).
+    ``with BackgroundDecode(url, model) as bg:`` returns once the first chunk
+    arrived (the engine produced a token); ``bg.running`` is True while it
+    still streams; leaving the block closes the stream (vLLM aborts it).
     """
 
     def __init__(
@@ -389,9 +389,12 @@ class BackgroundDecode:
             stream = self._client.chat.completions.create(**self._args)
             try:
                 for chunk in stream:
+                    # Any chunk means the engine is decoding: a random model's first
+                    # tokens may decode to no text for a long while.
+                    if chunk.choices:
+                        self._started.set()
                     if chunk.choices and chunk.choices[0].delta.content:
                         self.tokens += 1
-                        self._started.set()
                     if chunk.choices and chunk.choices[0].finish_reason:
                         self.finished = True
                     if self._stop.is_set():

@@ -23,6 +23,7 @@ from lmcache_ec.bench.vllm_server import (
     BackgroundDecode,
     VLLMServer,
     ec_transfer_config,
+    metric_total,
     read_metrics,
 )
 from lmcache_ec.runtime_dirs import TOKEN_FILE
@@ -113,8 +114,18 @@ def test_a_server_whose_runtime_directory_was_taken_starts_and_serves_from_disk(
     before = counters(server)
     # A running decode: every step schedules tokens, so orders and answers
     # ride step metadata (no stage channel) on Model Runner V1.
-    with BackgroundDecode(server.base_url, server.served_model, max_tokens=BACKGROUND_TOKENS):
+    with BackgroundDecode(
+        server.base_url, server.served_model, max_tokens=BACKGROUND_TOKENS
+    ) as decode:
         again = ask(server, IMAGE, max_tokens=BUSY_TOKENS)
+        running = metric_total(read_metrics(server.metrics_url), "vllm:num_requests_running")
+        still_decoding = decode.running
+    # Ended first, it leaves an idle engine, where orders in step metadata never
+    # reach Model Runner V1's workers: the image is encoded, by design.
+    assert still_decoding and running >= 1, (
+        f"the background decode ended first: {decode.tokens} tokens read, "
+        f"{running} requests running in the engine"
+    )
     change = settled_counters(server, before, 1, until=lambda change: change["loads"] >= 1)
     assert (change["saves"], change["loads"]) == (0, 1), str(change)  # a hit, loaded
     assert change["hits_cpu"] + change["hits_disk"] >= 1, change
