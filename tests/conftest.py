@@ -58,8 +58,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Remove the ledgers this run made, once every worker is done."""
     before = session.config.stash.get(LEDGERS_BEFORE, None)
+    if before is None:  # a worker
+        return
     ledgers = _ledger_dir()
-    if before is None or not os.path.isdir(ledgers):
+    if not os.path.isdir(ledgers):
         return
     for name in set(os.listdir(ledgers)) - before:
         with contextlib.suppress(OSError):
