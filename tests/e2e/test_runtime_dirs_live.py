@@ -53,6 +53,11 @@ SERVER_ARGS = (
     "--max-num-seqs",
     "4",
     "--no-enable-prefix-caching",
+    # The background decode's stream in chunks of 50 tokens: one a token kept the
+    # API server so far behind a fast engine that the image's request arrived only
+    # once the decode had ended.
+    "--stream-interval",
+    "50",
 )
 
 
