@@ -338,6 +338,17 @@ MUTATIONS: list[Mutation] = [
         # waited for staging (tests/vllm/test_prefetch.py), so ask it directly.
         ("tests/vllm/test_scheduler_promise.py::test_consumer_promises_only_staged_items",),
     ),
+    Mutation(
+        "idle-step-give-up-backs-off",
+        "an order an idle step dropped holds its image off the tiers for no failed_retry_s",
+        SCHEDULER,
+        "self.items.move(identifier, S.UNKNOWN)\n        self.prefetch.done",
+        "self._fail(identifier, now)\n        self.prefetch.done",
+        (
+            "tests/vllm/test_stage_channel.py::"
+            "test_an_idle_step_give_up_does_not_hold_the_image_off_a_busy_engine",
+        ),
+    ),
     # -- weights: nothing staged under old weights is loaded after an update
     Mutation(
         "weight-update-keeps-stagings",

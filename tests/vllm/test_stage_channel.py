@@ -133,6 +133,33 @@ def test_without_a_channel_orders_ride_step_metadata(model_config, extra, monkey
         engine.shutdown()
 
 
+def test_an_idle_step_give_up_does_not_hold_the_image_off_a_busy_engine(model_config, extra):
+    """V1 without a channel: an order in an idle step's metadata never reaches the
+    workers, so that request encodes its image. Nothing failed, so the image is
+    not held off the tiers for ``failed_retry_s``: once vLLM's encoder cache lost
+    it, a request on a busy engine (whose steps do reach the workers) loads it."""
+    image = image_hash("idle-give-up.png")
+    extra = {**extra, "weights_fingerprint": False, "failed_retry_s": 600.0}
+    _store(model_config, extra, [image])
+    engine = Engine(make_vllm_config(model_config, "ec_both", extra), runner="v1")
+    engine.workers[0]._listener.close()
+    try:
+        engine.run_until_finished([engine.add_request([image])])
+        assert not engine.connector.scheduler.channel.connected
+        assert engine.encoded == [image]  # given up: the idle step dropped its order
+        assert engine.ec_stats["scheduler_stage_given_up"] == 1
+        engine.update_weights(engine.weights_seed)  # vLLM's encoder cache is emptied
+        busy = engine.add_request([], max_tokens=200)
+        engine.step()
+        engine.run_until_finished([engine.add_request([image])])
+        assert engine.encoded == [image]  # loaded this time, not encoded again
+        assert bit_equal(engine.gathered[image], encoder_output(image))
+        assert engine.ec_stats["loads"] == 1
+        engine.run_until_finished([busy])
+    finally:
+        engine.shutdown()
+
+
 def test_two_engines_on_one_host_each_get_only_their_own_orders(model_config, extra):
     """Each engine's sockets are named by its engine id: two instances on one
     host never stage, or answer, each other's orders."""

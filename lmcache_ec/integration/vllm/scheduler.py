@@ -370,7 +370,11 @@ class TierScheduler:
         self.items.fail(identifier, now + self.settings.failed_retry_s)
 
     def give_up(self, identifier: str, now: float, why: str, *, fetch_failed: bool = True) -> None:
-        """Stop waiting for ``identifier``: compute it, or fail its requests on a consumer."""
+        """Stop waiting for ``identifier``: compute it, or fail its requests on a consumer.
+
+        Only a fetch that failed (``fetch_failed``) holds the item off the tiers for
+        ``failed_retry_s``; an order an idle step dropped, or a weights change, does not.
+        """
         state = self.items.state(identifier)
         waiters = self.prefetch.take_waiters(identifier)
         if fetch_failed and not self.is_producer and waiters:
@@ -385,7 +389,10 @@ class TierScheduler:
             self.items.move(identifier, S.UNKNOWN)
         else:
             logger.info("Encoder output %.24s will be computed: %s", identifier, why)
-            self._fail(identifier, now)
+            if fetch_failed:
+                self._fail(identifier, now)
+            else:  # nothing failed: the next request may fetch it at once
+                self.items.move(identifier, S.UNKNOWN)
         self.prefetch.done(identifier)
         self.index.forget(identifier)  # the next request looks again
         self.link.cancel(identifier, state)
