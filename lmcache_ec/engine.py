@@ -112,7 +112,9 @@ class ECCache:
             # One namespace: the node tier's directory follows the keys'.
             config = replace(config, namespace=identity.namespace)
         self.config = config
-        self.identity = identity
+        # The identity and its key memo, swapped together by set_identity: read
+        # apart, a key of the old identity could land in the new memo.
+        self._keying: tuple[EncoderIdentity, dict[str, ECKey]] = (identity, {})
         self.stats = ECStats()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -131,7 +133,6 @@ class ECCache:
         self._reader = TierReader(self._storage, self.stats)
         self._read_pool = ReadPool(config.read_threads)
         self._copier = HitCopier(self._reader, self.stats, self._cpu.name, self._read_pool)
-        self._keys: dict[str, ECKey] = {}
         self._replayer = RemoteReplayer(self._storage, _frame_bytes, lambda: self._closed)
         self._replayer.attach()
         self._purges = PurgeFollower(
@@ -186,19 +187,25 @@ class ECCache:
         return self._cpu.capacity
 
     @property
+    def identity(self) -> EncoderIdentity:
+        """The identity reads and writes are keyed under (see ``set_identity``)."""
+        return self._keying[0]
+
+    @property
     def tiers(self) -> list[str]:
         return [tier.name for tier in self._storage.tiers()]
 
     def key(self, mm_hash: str) -> ECKey:
         # A key is a pure function of (identity, mm_hash) and its SHA-256 costs
         # more than a CPU-tier lookup; vLLM asks for the same items repeatedly.
-        key = self._keys.get(mm_hash) if type(mm_hash) is str else None
+        identity, memo = self._keying
+        key = memo.get(mm_hash) if type(mm_hash) is str else None
         if key is None:
-            key = self.identity.key(mm_hash)
+            key = identity.key(mm_hash)
             if len(mm_hash) <= _KEY_MEMO_MAX_LEN:
-                if len(self._keys) >= _KEY_MEMO_SIZE:
-                    self._keys.clear()
-                self._keys[mm_hash] = key
+                if len(memo) >= _KEY_MEMO_SIZE:
+                    memo.clear()
+                memo[mm_hash] = key
         return key
 
     # -- writes --------------------------------------------------------------
@@ -209,8 +216,7 @@ class ECCache:
         Entries stored under the previous identity stay where they are and are
         no longer found through this cache; tiers evict them as usual.
         """
-        self.identity = identity
-        self._keys = {}
+        self._keying = (identity, {})
 
     def put(
         self, mm_hash: str, tensor: torch.Tensor, *, identity: EncoderIdentity | None = None
@@ -318,7 +324,7 @@ class ECCache:
         if self._closed:
             raise RuntimeError("ECCache is closed")
         self._watch.poll_disk()
-        key = self._keys.get(mm_hash) if type(mm_hash) is str else None
+        key = self._keying[1].get(mm_hash) if type(mm_hash) is str else None
         if key is None:
             key = self.key(mm_hash)
         if device == "cpu":

@@ -76,6 +76,7 @@ class ECStats:
         self.compute_waits = 0
         self.compute_waits_loaded = 0
         self.compute_rejected = 0
+        self.compute_not_stored = 0
         self.bytes_in = 0  # accepted by put
         self.bytes_out = 0  # returned by get
         self.get_seconds = 0.0
@@ -153,6 +154,7 @@ class ECStats:
                     "waits": self.compute_waits,
                     "waits_loaded": self.compute_waits_loaded,
                     "rejected": self.compute_rejected,
+                    "not_stored": self.compute_not_stored,
                 },
                 "tier_errors": {tier: n for tier, n in tier_errors.items() if n},
                 "tiers": tiers,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from lmcache_ec import ECCache
+from lmcache_ec.key import EncoderIdentity
 from tests.conftest import bit_equal, make_tensor
 from tests.copies import COPIES, CopyCounter
 
@@ -155,6 +157,33 @@ def test_tenants_with_colliding_slugs_never_exchange_entries(make_cache):
     for namespace, tensor in tensors.items():
         with make_cache(namespace=namespace) as cache:
             assert bit_equal(cache.get("img"), tensor)
+
+
+def test_a_key_made_across_set_identity_is_not_kept_for_the_new_identity(cache, monkeypatch):
+    """A reader keying an item under the old identity while ``set_identity`` swaps
+    in the new one: that key is never remembered for the new identity."""
+    old = cache.identity
+    assert cache.put("image", make_tensor((4, 8), torch.float32, 0))
+    cache.set_identity(old)  # an empty key memo: the reader's get computes its key
+    keying, resume = threading.Event(), threading.Event()
+    real_key = EncoderIdentity.key
+
+    def slow_key(identity: EncoderIdentity, mm_hash: str):
+        key = real_key(identity, mm_hash)
+        if identity is old and threading.current_thread().name == "reader":
+            keying.set()
+            resume.wait(10)
+        return key
+
+    monkeypatch.setattr(EncoderIdentity, "key", slow_key)
+    reader = threading.Thread(target=cache.get, args=("image",), name="reader")
+    reader.start()
+    assert keying.wait(10)
+    cache.set_identity(dataclasses.replace(old, weights="new-weights"))
+    resume.set()
+    reader.join(10)
+    assert cache.key("image").identity.weights == "new-weights"
+    assert cache.get("image") is None  # the old weights' entry is not found
 
 
 def test_put_many_and_get_many(cache):
@@ -331,6 +360,7 @@ def test_borrow_from_disk_is_the_tensor_read_for_the_call(tmp_path, make_cache):
 _NEVER_CLOSED = """
 import sys, threading, time, torch
 from lmcache_ec import ECCache
+from lmcache_ec.key import EncoderIdentity
 cache = ECCache.from_config(
     {"local_cpu": True, "max_local_cpu_size": 0.05,
      "local_disk": sys.argv[1], "max_local_disk_size": 0.1},

@@ -8,6 +8,7 @@ The remote stores (Redis, S3) are in tests/remote/test_get_or_compute.py.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import subprocess
 import sys
@@ -278,6 +279,22 @@ def test_the_batched_form_waits_for_what_another_instance_holds(two):
     assert calls == [["y"]]  # "x" loaded from the instance that claimed it
     assert bit_equal(out[0][0], make_tensor(SHAPE, DTYPE, 40))
     assert bit_equal(out[0][1], make_tensor(SHAPE, DTYPE, 41))
+
+
+def test_a_result_computed_across_new_weights_is_returned_but_never_stored(open_cache):
+    cache = open_cache()
+    old = cache.identity
+    computed = make_tensor(SHAPE, DTYPE, 5)
+
+    def compute_during_a_weight_update() -> torch.Tensor:
+        cache.set_identity(dataclasses.replace(old, weights="new-weights"))  # another thread's
+        return computed
+
+    assert bit_equal(cache.get_or_compute("image", compute_during_a_weight_update), computed)
+    assert cache.get("image") is None  # not under the new weights
+    cache.set_identity(old)
+    assert cache.get("image") is None  # nor the old: which weights computed it is unknown
+    assert cache.stats.snapshot()["get_or_compute"]["not_stored"] == 1
 
 
 def test_bad_arguments_are_refused(cache):

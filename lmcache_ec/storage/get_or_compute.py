@@ -37,6 +37,7 @@ class Cache(Protocol):
     """What the flow uses of the cache it serves (``ECCache``)."""
 
     stats: ECStats
+    identity: EncoderIdentity
 
     def key(self, mm_hash: str) -> ECKey: ...
 
@@ -83,6 +84,9 @@ class GetOrCompute:
         """``ECCache.get_or_compute_many`` (its documented contract), ``wait_s``
         checked by the caller."""
         wanted = list(dict.fromkeys(mm_hashes))
+        # What this call computes is stored under this identity, and only if it is
+        # still the cache's at the store (see _compute_and_store).
+        identity = self._cache.identity
         found: dict[str, torch.Tensor] = {}
         while len(found) < len(wanted):
             leading: dict[str, tuple[str, Flight]] = {}
@@ -90,7 +94,7 @@ class GetOrCompute:
             for mm_hash in wanted:
                 if mm_hash in found:
                     continue
-                name = self._cache.key(mm_hash).storage_name
+                name = identity.storage_name(mm_hash)
                 flight, leads = self._flights.join(name)
                 if leads:
                     leading[mm_hash] = (name, flight)
@@ -104,7 +108,7 @@ class GetOrCompute:
                 else:
                     following[mm_hash] = flight
             if leading:
-                found.update(self._lead(leading, compute, target, float(wait_s)))
+                found.update(self._lead(leading, compute, target, float(wait_s), identity))
             for mm_hash, flight in following.items():
                 flight.done.wait()
                 if flight.result is not None:  # else its leader failed: ask again
@@ -122,6 +126,7 @@ class GetOrCompute:
         compute: ComputeMany,
         device: torch.device,
         wait_s: float,
+        identity: EncoderIdentity,
     ) -> dict[str, torch.Tensor]:
         """Get or compute the entries this caller leads; their followers get the results."""
         results: dict[str, torch.Tensor] = {}
@@ -132,7 +137,7 @@ class GetOrCompute:
                     results[mm_hash] = tensor
             missing = {h: leading[h][0] for h in hashes if h not in results}
             if missing:
-                self._claim_and_compute(missing, compute, device, wait_s, results)
+                self._claim_and_compute(missing, compute, device, wait_s, identity, results)
         finally:
             for mm_hash, (name, flight) in leading.items():
                 self._flights.land(name, flight, results.get(mm_hash))
@@ -144,6 +149,7 @@ class GetOrCompute:
         compute: ComputeMany,
         device: torch.device,
         wait_s: float,
+        identity: EncoderIdentity,
         results: dict[str, torch.Tensor],
     ) -> None:
         """Entries no tier held: claim them; wait for those others hold (the
@@ -196,7 +202,7 @@ class GetOrCompute:
             if mm_hash not in to_compute and agent is not None:
                 agent.release(names[mm_hash])
         if to_compute:
-            self._compute_and_store(to_compute, names, compute, device, wait_s, results)
+            self._compute_and_store(to_compute, names, compute, device, wait_s, identity, results)
 
     def _take_landed(
         self,
@@ -220,8 +226,14 @@ class GetOrCompute:
         compute: ComputeMany,
         device: torch.device,
         wait_s: float,
+        identity: EncoderIdentity,
         results: dict[str, torch.Tensor],
     ) -> None:
+        """Compute ``hashes``, store them under ``identity``, withdraw their claims.
+
+        ``set_identity`` during the call (new encoder weights): which weights
+        computed the results is unknown, so they are returned, never stored.
+        """
         agent = self._claims
         try:
             tensors = self._check_results(hashes, compute(list(hashes)))
@@ -231,14 +243,22 @@ class GetOrCompute:
                     agent.release(names[mm_hash])
             raise
         self._cache.stats.add("computes", len(hashes))
+        changed = self._cache.identity is not identity
+        if changed:
+            self._cache.stats.add("compute_not_stored", len(hashes))
+            logger.warning(
+                "get_or_compute: %d result(s) not stored: the cache's identity changed "
+                "while they were computed",
+                len(hashes),
+            )
         for mm_hash, tensor in zip(hashes, tensors, strict=True):
             try:
-                stored = self._cache.put(mm_hash, tensor)
+                stored = not changed and self._cache.put(mm_hash, tensor, identity=identity)
             except Exception as exc:  # closed meanwhile: the caller still gets its tensor
                 logger.warning("get_or_compute: %.40s not stored: %s", mm_hash, exc)
                 stored = False
             if agent is not None:
-                key = self._cache.key(mm_hash)
+                key = identity.key(mm_hash)
                 # Withdrawn once the output reached the shared tiers: whoever
                 # claims it next finds it there instead of computing it again.
                 agent.release(

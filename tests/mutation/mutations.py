@@ -1307,6 +1307,28 @@ MUTATIONS += [
         "                except Exception:\n                    return\n",
         (f"{T_PURGE}::test_the_watch_thread_survives_any_exception",),
     ),
+    # -- new encoder weights mid-call: nothing keyed or stored under the wrong identity
+    Mutation(
+        "key-memo-outlives-identity",
+        "a key made across set_identity is never remembered for the new identity",
+        ENGINE,
+        "                memo[mm_hash] = key",
+        "                self._keying[1][mm_hash] = key",
+        (
+            "tests/test_engine.py::test_a_key_made_across_set_identity_is_not_kept_for_the_new_identity",
+        ),
+    ),
+    Mutation(
+        "get-or-compute-stores-across-identity",
+        "get_or_compute never stores a result computed across set_identity",
+        GET_OR_COMPUTE,
+        "changed = self._cache.identity is not identity",
+        "changed = False",
+        (
+            f"{T_GET_OR_COMPUTE}::"
+            "test_a_result_computed_across_new_weights_is_returned_but_never_stored",
+        ),
+    ),
     # -- the typed config: one predicate, one default, one conversion, one namespace
     Mutation(
         "shared-tier-leaves-out-the-node-tier",
