@@ -587,6 +587,35 @@ MUTATIONS: list[Mutation] = [
             f"{T_LIFECYCLE}::test_a_step_report_under_old_weights_moves_nothing[failed]",
         ),
     ),
+    Mutation(
+        "release-after-a-new-order",
+        "a release reaches the worker before a later stage order for the same item",
+        WORKER_LINK,
+        "            and self._send_releases()\n",
+        "",
+        (
+            f"{T_LIFECYCLE}::"
+            "test_an_item_asked_for_again_as_its_release_leaves_is_loaded_from_the_new_copy[v1]",
+        ),
+    ),
+    Mutation(
+        "orphaned-staging-keeps-its-slot",
+        "a staging no request waits for is given up at its deadline, freeing its slot",
+        SCHEDULER,
+        "elif state in (S.QUEUED, S.STAGING) and not self.prefetch.waited_on(identifier):",
+        "elif False:",
+        (
+            f"{T_LIFECYCLE}::test_a_staging_no_request_waits_for_gives_its_slot_back_at_its_deadline",
+        ),
+    ),
+    Mutation(
+        "restaged-item-counted-twice",
+        "an item staged again while staged counts its worker memory once",
+        "lmcache_ec/integration/vllm/worker.py",
+        "replaced = self._staged.get(identifier)  # ordered again before its release",
+        "replaced = None",
+        (f"{T_LIFECYCLE}::test_an_item_staged_twice_counts_its_memory_once",),
+    ),
     # -- the item state machine: enforced, and drawn as it is
     Mutation(
         "illegal-transition-logged",

@@ -157,6 +157,123 @@ def test_a_staged_item_of_an_ended_request_is_released_at_its_deadline(
         engine.shutdown()
 
 
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_an_item_asked_for_again_as_its_release_leaves_is_loaded_from_the_new_copy(
+    model_config, extra, disk_dir, runner
+):
+    """A staged item unused past its deadline is released in the same step a new
+    request orders it again: the release reaches the worker before the new order
+    (both over the stage channel), so it never drops the new copy."""
+    stored, never = image_hash(f"released-then-asked-{runner}.png"), image_hash("never.png")
+    writer = Engine(make_vllm_config(model_config, "ec_both", extra))
+    try:
+        writer.run_until_finished([writer.add_request([stored])])
+        writer.flush()
+    finally:
+        writer.shutdown()
+    timeout = 2.0  # long enough for a staging on a loaded machine
+    settings = {**extra, "claim_wait_s": 600.0, "stage_timeout_s": timeout}
+    engine = Engine(make_vllm_config(model_config, "ec_both", settings), runner=runner)
+    scheduler = engine.connector.scheduler
+    worker = engine.workers[0].worker
+    try:
+        engine.step()  # the scheduler learns the encoder weights
+        claimed_by_a_dead_process(engine, never, disk_dir)
+        request = engine.add_request([never, stored])
+        for _ in range(50):
+            engine.step()
+            if scheduler.items.state(stored) is S.READY:
+                break
+        assert scheduler.items.state(stored) is S.READY
+        engine.scheduler.finish_requests(request, RequestStatus.FINISHED_ABORTED)
+        time.sleep(timeout * 1.2)  # past the staged item's deadline
+        engine.run_until_finished([engine.add_request([stored])])  # the client asks again
+        assert engine.encoded == []
+        assert bit_equal(engine.gathered[stored], encoder_output(stored))
+        assert engine.ec_stats["loads"] == 1
+        assert engine.ec_stats.get("load_direct_reads", 0) == 0  # the staged copy was there
+        assert worker.staged_bytes == 0  # and both copies were accounted for
+    finally:
+        engine.shutdown()
+
+
+def test_a_staging_no_request_waits_for_gives_its_slot_back_at_its_deadline(tmp_path):
+    """A staging whose answer never comes and whose request ended is given up at
+    its deadline: its slot in flight comes back, and the next item is ordered."""
+    orders: list[list[str]] = []
+    path = str(tmp_path / "rank0.sock")
+    listener = StageListener(  # a worker that never answers
+        path, lambda ids, weights, link: orders.append(ids), lambda: WeightsAnnouncement(NEW)
+    )
+    index = TierIndex(
+        EncoderIdentity(model="m"), disk_dir=None, open_catalog=None, negative_ttl=5.0
+    )
+    timeout = 0.3
+    scheduler = TierScheduler(
+        ConnectorSettings(
+            idle_stage_wait_s=0.0,
+            busy_stage_wait_s=0.0,
+            stage_timeout_s=timeout,
+            max_inflight_items=1,
+        ),
+        index,
+        is_producer=False,
+        is_consumer=True,
+        tp_size=1,
+        deliver_on_idle=True,
+        channel=StageClient([path]),
+        weights_from_workers=True,
+    )
+    try:
+        scheduler.build_connector_meta(object())  # connects; the worker announces NEW
+        _until(lambda: scheduler.weights == NEW, scheduler.take_stats)
+        lost, after = image_hash("answer-lost.png"), image_hash("next.png")
+        for identifier in (lost, after):
+            index.note_present(identifier, "worker")
+        first = lone_request(lost)
+        assert not scheduler.ensure_cache_available(first, 0)
+        assert scheduler.items.state(lost) is S.STAGING
+        scheduler.request_finished(first.request_id)  # the client went away
+        time.sleep(timeout * 1.5)
+        scheduler.build_connector_meta(object())  # a step past its deadline
+        assert scheduler.items.state(lost) is S.FAILED
+        assert scheduler.prefetch.inflight_items == 0
+        assert not scheduler.ensure_cache_available(lone_request(after), 0)
+        assert scheduler.items.state(after) is S.STAGING  # ordered: the slot was free
+        assert not scheduler.take_unavailable_requests()
+    finally:
+        scheduler.channel.close()
+        listener.close()
+        index.close()
+
+
+def test_an_item_staged_twice_counts_its_memory_once(model_config, extra):
+    """A stage order for an item the worker holds already replaces the copy: the
+    worker's staged bytes (bounded by ``max_staged_mb``) count it once."""
+    image = image_hash("staged-twice.png")
+    engine = Engine(make_vllm_config(model_config, "ec_both", extra))
+    worker = engine.workers[0].worker
+    answers: list[list[str]] = []
+
+    class Link:  # the stage channel's link, as the worker answers on it
+        def answer(self, staged: list[str], failed: list[str], weights: str) -> None:
+            answers.append(staged)
+
+    try:
+        engine.run_until_finished([engine.add_request([image])])
+        engine.flush()
+        for count in (1, 2):
+            worker.stage([image], worker.weights, Link())
+            _until(lambda count=count: len(answers) == count, lambda: None)
+            assert answers[-1] == [image]
+            if count == 1:
+                one_copy = worker.staged_bytes
+        assert one_copy == encoder_output(image).numel() * encoder_output(image).element_size()
+        assert worker.staged_bytes == one_copy
+    finally:
+        engine.shutdown()
+
+
 def test_a_claim_of_an_ended_request_is_withdrawn_at_once(model_config, extra, disk_dir):
     free, held = image_hash("claimed-then-aborted.png"), image_hash("held-by-the-dead.png")
     waiting = {**extra, "claim_wait_s": 600.0}  # a bound no test reaches

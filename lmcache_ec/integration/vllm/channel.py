@@ -16,7 +16,8 @@ one Unix socket per tensor-parallel rank, independent of the runner's steps.
 - Scheduler: ``StageClient`` connects to every rank, sends orders without
   blocking on the answer, and polls (or briefly waits for) messages.
 
-The messages (``stage_messages.py``): ``StageOrder`` (scheduler → worker),
+The messages (``stage_messages.py``): ``StageOrder`` and ``ReleaseOrder``
+(scheduler → worker),
 ``StageAnswer``, ``WeightsAnnouncement`` and ``WorkerReport`` (worker →
 scheduler; the report is the step's worker metadata, sent here because vLLM
 drops worker metadata in some steps: V1 idle steps, and every step of an
@@ -61,7 +62,16 @@ import time
 from collections.abc import Callable, Iterable
 
 from .stage_frames import DEFAULT_LIMITS, ChannelFaults, ChannelLimits, FrameReader, Outbox
-from .stage_messages import TO_WORKER, BadFrame, Message, StageAnswer, StageOrder, decode, encode
+from .stage_messages import (
+    TO_WORKER,
+    BadFrame,
+    Message,
+    ReleaseOrder,
+    StageAnswer,
+    StageOrder,
+    decode,
+    encode,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -140,8 +150,9 @@ _WAKE = "wake"
 class StageListener:
     """Worker side: accept schedulers' connections, pass their orders on, send them messages.
 
-    ``on_order(ids, weights, link)`` runs on the channel's thread and must not
-    block; ``hello()`` gives each new link its first message.
+    ``on_order(ids, weights, link)`` and ``on_release(ids)`` run on the
+    channel's thread and must not block; ``hello()`` gives each new link its
+    first message.
     """
 
     def __init__(
@@ -150,11 +161,13 @@ class StageListener:
         on_order: Callable[[list[str], str, StageLink], None],
         hello: Callable[[], Message | None] = lambda: None,
         limits: ChannelLimits = DEFAULT_LIMITS,
+        on_release: Callable[[list[str]], None] = lambda ids: None,
     ) -> None:
         self.path = path
         self.limits = limits
         self.faults = ChannelFaults()
         self._on_order = on_order
+        self._on_release = on_release
         self._hello = hello
         # Registered links by descriptor. Reentrant: a failed hello or broadcast
         # drops its link while the lock is held.
@@ -354,9 +367,12 @@ class StageListener:
         except OSError:
             closed, orders = True, []
         for order in orders:
-            assert isinstance(order, StageOrder)
             try:
-                self._on_order(list(order.ids), order.weights, link)
+                if isinstance(order, ReleaseOrder):
+                    self._on_release(list(order.ids))
+                else:
+                    assert isinstance(order, StageOrder)
+                    self._on_order(list(order.ids), order.weights, link)
             except Exception as exc:  # the worker's bug, not the peer's: keep the link
                 self.faults.warn("order", "Stage order not handled: %r", exc)
         if closed:

@@ -201,6 +201,7 @@ class LMCacheECTierConnector(ECConnectorBase):
                         _stage_socket(vllm_config, config.node_dir, tp_rank),
                         self._on_stage_order,
                         self._hello,
+                        on_release=self._on_release_order,
                     )
                 except RuntimeDirUnavailable as exc:
                     self.worker.feature_off(Feature.STAGE_CHANNEL, exc.reason)
@@ -264,6 +265,10 @@ class LMCacheECTierConnector(ECConnectorBase):
     def _on_stage_order(self, identifiers: list[str], weights: str, link: Any) -> None:
         assert self.worker is not None
         self.worker.stage(identifiers, weights, link)
+
+    def _on_release_order(self, identifiers: list[str]) -> None:
+        assert self.worker is not None
+        self.worker.release(identifiers)
 
     # -- worker side ---------------------------------------------------------
 

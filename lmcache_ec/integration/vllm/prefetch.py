@@ -49,6 +49,10 @@ class PrefetchQueue:
                     del self._waited_on[request_id]
         return waiters
 
+    def waited_on(self, identifier: str) -> bool:
+        """Whether a request still waits for ``identifier``."""
+        return identifier in self._waiters
+
     def forget_request(self, request_id: str) -> None:
         for identifier in self._waited_on.pop(request_id, ()):
             waiters = self._waiters.get(identifier)

@@ -400,10 +400,14 @@ class TierScheduler:
 
     def _expire_due(self, now: float) -> None:
         """Items whose deadline passed: staged ones unused are released, the rest
-        looked at again by the requests waiting on them."""
+        looked at again by the requests waiting on them; a prefetch no request
+        waits for any more is given up (its slot in flight comes back)."""
         for identifier in self.items.take_due(now):
-            if self.items.state(identifier) is S.READY:
+            state = self.items.state(identifier)
+            if state is S.READY:
                 self.link.release_unused(identifier)
+            elif state in (S.QUEUED, S.STAGING) and not self.prefetch.waited_on(identifier):
+                self.give_up(identifier, now, "no answer in time, and no request waits for it")
             else:
                 self.waits.wake_later((identifier,))
 

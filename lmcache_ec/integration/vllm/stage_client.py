@@ -9,7 +9,15 @@ import socket
 import time
 
 from .stage_frames import DEFAULT_LIMITS, ChannelFaults, ChannelLimits, FrameReader, Outbox
-from .stage_messages import TO_SCHEDULER, BadFrame, Message, StageOrder, decode, encode
+from .stage_messages import (
+    TO_SCHEDULER,
+    BadFrame,
+    Message,
+    ReleaseOrder,
+    StageOrder,
+    decode,
+    encode,
+)
 
 logger = logging.getLogger("lmcache_ec.integration.vllm.channel")
 
@@ -83,12 +91,20 @@ class StageClient:
         together with the orders queued after it. False if the channel is not
         connected or broke.
         """
+        return self._queue(StageOrder(tuple(identifiers), weights))
+
+    def send_release(self, identifiers: list[str]) -> bool:
+        """Order every rank to drop its staged copies of ``identifiers``; queued
+        as ``send`` is, so it reaches a rank before any order sent after it."""
+        return self._queue(ReleaseOrder(tuple(identifiers)))
+
+    def _queue(self, message: StageOrder | ReleaseOrder) -> bool:
         if self._ranks is None:
             return False
         try:
-            frame = encode(StageOrder(tuple(identifiers), weights))
+            frame = encode(message)
         except BadFrame as exc:
-            self.faults.warn("encode", "Stage order not sent: %s", exc)
+            self.faults.warn("encode", "%s not sent: %s", type(message).__name__, exc)
             return False
         for rank in self._ranks:
             if not rank.outbox.add(frame):

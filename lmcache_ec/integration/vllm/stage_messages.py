@@ -4,6 +4,9 @@ A frame is a 4-byte big-endian length, then a JSON object of at most
 ``FRAME_MAX_BYTES``: ``{"kind": ..., <exactly the fields of that kind>}``.
 
 - ``StageOrder`` (scheduler → worker): stage ``ids``, ordered under ``weights``;
+- ``ReleaseOrder`` (scheduler → worker): drop the staged copies of ``ids``
+  (sent on the link that carries the stage orders, so a release always
+  reaches the worker before a later order for the same item);
 - ``StageAnswer`` (worker → scheduler): how an order went (``staged``,
   ``failed``), under the ``weights`` it was made under;
 - ``WeightsAnnouncement`` (worker → scheduler): the weights version keys use
@@ -88,6 +91,12 @@ class StageOrder:
 
 
 @dataclass(frozen=True)
+class ReleaseOrder:
+    KIND: ClassVar[str] = "release"
+    ids: tuple[str, ...] = _wire(_read_ids)
+
+
+@dataclass(frozen=True)
 class StageAnswer:
     KIND: ClassVar[str] = "answer"
     staged: tuple[str, ...] = _wire(_read_ids)
@@ -111,8 +120,8 @@ class WorkerReport:
     weights: str | None = _wire(_read_weights_or_unknown)
 
 
-Message = StageOrder | StageAnswer | WeightsAnnouncement | WorkerReport
-TO_WORKER: tuple[type, ...] = (StageOrder,)
+Message = StageOrder | ReleaseOrder | StageAnswer | WeightsAnnouncement | WorkerReport
+TO_WORKER: tuple[type, ...] = (StageOrder, ReleaseOrder)
 TO_SCHEDULER: tuple[type, ...] = (StageAnswer, WeightsAnnouncement, WorkerReport)
 
 

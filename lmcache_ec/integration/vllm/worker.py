@@ -33,7 +33,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -183,8 +183,7 @@ class TierWorker:
         self, encoder_cache: dict[str, torch.Tensor], meta: ECTierConnectorMetadata
     ) -> None:
         started = time.perf_counter()
-        for identifier in meta.release:
-            self._release(identifier)
+        self.release(meta.release)
         placed = 0
         missing = []
         for identifier in meta.loads:
@@ -257,8 +256,10 @@ class TierWorker:
                 self._staged_bytes -= tensor.numel() * tensor.element_size()
             return tensor
 
-    def _release(self, identifier: str) -> None:
-        self._take_staged(identifier)
+    def release(self, identifiers: Iterable[str]) -> None:
+        """Drop the staged copies of ``identifiers`` (no longer wanted)."""
+        for identifier in identifiers:
+            self._take_staged(identifier)
 
     def _next_orders(self) -> list[tuple[list[str], StageLink | None, int, str | None]] | None:
         """The orders queued now (waiting for the first); None once closed.
@@ -332,6 +333,9 @@ class TierWorker:
                     self._wanted.discard(identifier)
                     failed.append(identifier)
                     continue
+                replaced = self._staged.get(identifier)  # ordered again before its release
+                if replaced is not None:
+                    self._staged_bytes -= replaced.numel() * replaced.element_size()
                 self._staged[identifier] = tensor
                 self._staged_bytes += nbytes
                 staged.append(identifier)

@@ -152,7 +152,12 @@ class WorkerLink:
         if not dispatched:
             return
         deadline = time.monotonic() + self.settings.stage_timeout_s
-        direct = self.channel_ready() and self.channel.send(dispatched, self.weights or "")
+        # Releases first: a worker must drop an old copy before staging it anew.
+        direct = (
+            self.channel_ready()
+            and self._send_releases()
+            and self.channel.send(dispatched, self.weights or "")
+        )
         for identifier in dispatched:
             self.items.stage(identifier, deadline, direct=direct)
             if not direct:
@@ -181,13 +186,29 @@ class WorkerLink:
         self.prefetch.take_waiters(identifier)
         self._to_release.append(identifier)
 
+    def _send_releases(self) -> bool:
+        """Send the queued releases over the channel; False if it cannot take them."""
+        if self._to_release and self.channel is not None:
+            if not self.channel.send_release(self._to_release):
+                return False
+            self._to_release = []
+        return True
+
     def flush(self) -> None:
-        """Send this step's orders over the channel, in as few writes as they fit."""
+        """Send this step's orders over the channel, in as few writes as they fit.
+
+        Releases go over the channel too while it is connected: in step
+        metadata, a release could reach a worker after a stage order for the
+        same item sent over the channel since, and drop the new copy.
+        """
+        if self.connected:
+            self._send_releases()
         if self.channel is not None:
             self.channel.flush()
 
     def take_orders(self) -> tuple[list[str], list[str]]:
-        """This step's stage and release orders for the step metadata."""
+        """This step's stage and release orders for the step metadata (releases the
+        channel did not take)."""
         orders = self._to_stage, self._to_release
         self._to_stage, self._to_release = [], []
         return orders
