@@ -11,14 +11,18 @@ still land. A writer *reserves* its
 entry's size and, still under the lock, makes its temp file, whose name
 carries that size; so the directory (entries plus writes in progress, each at
 its reserved size) never holds more than the limit, and a scan by another
-process counts a write in progress in full from the start. Removals subtract.
+process counts a write in progress in full from the start. A removal, and a
+reservation given back, deletes its file and subtracts its bytes under one
+hold of the lock: a scan by another process between the two would count the
+file gone already, and the subtraction would then take its bytes twice.
 
 The ledger can only over-count (a writer killed after reserving, an entry
-deleted by ``purge`` or by hand): when a reservation does not fit, the
-directory is scanned under the lock, the ledger reset to the truth, and
-least recently used entries (oldest mtime; hits refresh it, see
-``disk_layout.touch``) evicted down to a low-water mark, so a full directory
-is scanned once per ``1 - LOW_WATER`` of its size written, not per write.
+deleted by ``purge`` or by hand, a removal that could not have the lock in
+time): when a reservation does not fit, the directory is scanned under the
+lock, the ledger reset to the truth, and least recently used entries (oldest
+mtime; hits refresh it, see ``disk_layout.touch``) evicted down to a
+low-water mark, so a full directory is scanned once per ``1 - LOW_WATER`` of
+its size written, not per write.
 
 Whose work may go: an entry is evicted only if it was not used for
 ``min_residency`` seconds, or was written by the evicting process itself.
@@ -136,8 +140,8 @@ class DirectoryBudget:
         self.capped_by_free_space = capped_by_free_space
         self._own: set[str] = set()  # entries this process wrote
         # A holder keeps the ledger for a scan of the directory at most; past
-        # this, a write fails (counted), a start-up trim is put off, a removal left for
-        # the next scan to count (every caller handles the OSError).
+        # this, a write fails (counted), a start-up trim is put off, a removal
+        # deletes its file and leaves its bytes for the next scan to take off.
         self.lock_wait_s = LEDGER_LOCK_WAIT_S
         self._local = threading.Lock()  # flock is per open file, not per thread
         self._fd = -1  # the ledger, while locked
@@ -207,20 +211,44 @@ class DirectoryBudget:
         """The reserved entry is published: it is this process's own."""
         self._own.add(name)
 
-    def release(self, size: int) -> None:
-        """Give back a reservation (the write failed or was not needed)."""
-        self._subtract(size)
+    def give_back(self, temp: str, size: int) -> bool:
+        """Give back the ``size``-byte reservation of ``temp`` (from ``reserve``:
+        the write failed, or another writer published first): the file deleted
+        and its bytes subtracted at once. False if the file was gone already or
+        could not be deleted (a scan then counts it). Never raises."""
+        with contextlib.suppress(OSError):
+            return self._delete_and_subtract(temp, size)
+        return False
 
-    def removed(self, name: str, size: int) -> None:
-        """An entry of ``size`` bytes was deleted by this process."""
+    def remove(self, name: str) -> bool:
+        """Delete entry ``name`` and subtract its bytes at once; False if it was
+        gone already. Raises ``OSError`` when it cannot be deleted."""
         self._own.discard(name)
-        self._subtract(size)
+        return self._delete_and_subtract(self.layout.path_of(name), None)
 
-    def _subtract(self, size: int) -> None:
-        with contextlib.suppress(OSError), self._locked():
-            used = self._read()
+    def _delete_and_subtract(self, path: str, size: int | None) -> bool:
+        """Delete ``path`` and subtract its ``size`` (None: its size on disk)
+        under one hold of the lock. A file already gone subtracts nothing:
+        whoever deleted it may have had a scan count it gone (an over-count is
+        safe, an under-count is not). Where the lock cannot be had in time the
+        file is deleted all the same, its bytes left for the next scan to take
+        off. Raises ``OSError`` when the file cannot be deleted."""
+        with contextlib.ExitStack() as hold:
+            try:
+                hold.enter_context(self._locked())
+                held = True
+            except OSError:
+                held = False
+            try:
+                freed = os.stat(path).st_size if size is None else size
+                os.remove(path)
+            except FileNotFoundError:
+                return False
+            used = self._read() if held else None
             if used is not None:
-                self._write(used - size)
+                with contextlib.suppress(OSError):  # a torn write reads as damaged
+                    self._write(used - freed)
+        return True
 
     def trim(self) -> int:
         """Evict (LRU, no residency protection) to the limit; at start-up, where

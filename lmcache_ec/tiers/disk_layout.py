@@ -299,10 +299,15 @@ class DirectoryLayout:
     ) -> bool:
         """Publish ``buffer`` as entry ``name`` atomically; False if an entry of
         that name already exists (it is left as it is). ``opener(temp_path)``
-        opens the temp file for writing; ``temp``, from ``create_temp``, holds
-        a reservation. Raises ``OSError``."""
+        opens the temp file for writing. ``temp``, from ``create_temp``, holds
+        a reservation: unless published, it is left in place for the budget to
+        delete as it subtracts the reservation (``DirectoryBudget.give_back``),
+        so that no scan sees it gone and the reservation still counted. Raises
+        ``OSError``."""
+        reserved = temp is not None
         temp = temp or self.temp_path(name)
         final = self.path_of(name)
+        published = False
         try:
             with (opener or self.open_temp)(temp) as stream:
                 stream.write(buffer)
@@ -316,10 +321,12 @@ class DirectoryLayout:
                 if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
                     raise
                 os.replace(temp, final)  # no hard links here
+            published = True
             return True
         finally:
-            with contextlib.suppress(OSError):
-                os.remove(temp)
+            if published or not reserved:
+                with contextlib.suppress(OSError):
+                    os.remove(temp)
 
     def replace_file(self, filename: str, data: bytes) -> None:
         """Write a non-entry file (``filename``) atomically, replacing any

@@ -380,28 +380,21 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         try:
             published = self.layout.write(name, buffer, self._open_tmp, temp)
         except BaseException:
-            with contextlib.suppress(OSError):
-                self.budget.release(size)
+            self.budget.give_back(temp, size)
             raise
         if not published:
-            self.budget.release(size)
+            self.budget.give_back(temp, size)
         return published
 
     def remove(self, key: ECKey, force: bool = True) -> bool:
         name = key.to_string()
-        path = self.layout.path_of(name)
         try:
-            size = os.stat(path).st_size
-            os.remove(path)
-        except FileNotFoundError:
-            return False  # not there, or another process removed it first
+            # False: not there, or another process removed it first.
+            return self.budget.remove(name)
         except OSError as exc:
             self.counters["remove_errors"] += 1
             logger.warning("%s removal of %s failed: %s", self.name, key, exc)  # type: ignore[attr-defined]
             return False
-        with contextlib.suppress(OSError):
-            self.budget.removed(name, size)
-        return True
 
     def close(self) -> None:
         return None

@@ -35,6 +35,8 @@ WORKER_LINK = "lmcache_ec/integration/vllm/worker_link.py"
 KNOWN_WEIGHTS = "lmcache_ec/integration/vllm/known_weights.py"
 RUNTIME_DIRS = "lmcache_ec/runtime_dirs.py"
 T_LIFECYCLE = "tests/vllm/test_item_lifecycle.py"
+T_LEDGER_RACES = "tests/tiers/test_ledger_races.py"
+_GIVE_BACK_RACING = "test_a_reservation_given_back_racing_another_process_scan_never_under_counts"
 ITEMS = "lmcache_ec/integration/vllm/items.py"
 T_ITEMS = "tests/vllm/test_items.py"
 T_RESET = "tests/vllm/test_encoder_cache_reset.py"
@@ -1072,17 +1074,44 @@ MUTATIONS += [
         "ledger-keeps-removed-bytes",
         "a removal by the tier gives its bytes back to the ledger",
         "lmcache_ec/tiers/budget.py",
-        "        self._own.discard(name)\n        self._subtract(size)\n",
-        "        self._own.discard(name)\n",
+        "            used = self._read() if held else None\n",
+        "            used = None\n",
         (f"{T_BUDGET}::test_the_ledger_equals_the_bytes_on_disk_after_a_removal_and_a_lost_race",),
     ),
     Mutation(
         "lost-publish-keeps-its-reservation",
         "a write that loses the publish race gives its reservation back",
         "lmcache_ec/tiers/frame_directory.py",
-        "        if not published:\n            self.budget.release(size)\n",
+        "        if not published:\n            self.budget.give_back(temp, size)\n",
         "        if not published:\n            pass\n",
-        (f"{T_BUDGET}::test_the_ledger_equals_the_bytes_on_disk_after_a_removal_and_a_lost_race",),
+        (f"{T_LEDGER_RACES}::{_GIVE_BACK_RACING}[lost-publish-race]",),
+    ),
+    Mutation(
+        "removal-subtracts-outside-lock",
+        "a removal racing another process's scan never under-counts the ledger",
+        "lmcache_ec/tiers/budget.py",
+        "        self._own.discard(name)\n"
+        "        return self._delete_and_subtract(self.layout.path_of(name), None)\n",
+        "        self._own.discard(name)\n"
+        "        path = self.layout.path_of(name)\n"
+        "        size = os.stat(path).st_size\n"
+        "        os.remove(path)\n"
+        "        with contextlib.suppress(OSError), self._locked():\n"
+        "            self._write((self._read() or 0) - size)\n"
+        "        return True\n",
+        (f"{T_LEDGER_RACES}::test_a_removal_racing_another_process_scan_never_under_counts",),
+    ),
+    Mutation(
+        "give-back-subtracts-outside-lock",
+        "a reservation given back (lost race or failed write) never under-counts the ledger",
+        "lmcache_ec/tiers/budget.py",
+        "            return self._delete_and_subtract(temp, size)\n",
+        "            with contextlib.suppress(FileNotFoundError):\n"
+        "                os.remove(temp)\n"
+        "            with self._locked():\n"
+        "                self._write((self._read() or 0) - size)\n"
+        "            return True\n",
+        (f"{T_LEDGER_RACES}::{_GIVE_BACK_RACING}[lost-publish-race]",),
     ),
     Mutation(
         "scan-forgets-a-write-published-meanwhile",
