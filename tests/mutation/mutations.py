@@ -550,8 +550,8 @@ MUTATIONS: list[Mutation] = [
         "stage-orders-only-in-step-metadata",
         "stage orders reach the workers in steps V1 skips (the stage channel)",
         WORKER_LINK,
-        'direct = self.channel_ready() and self.channel.send(dispatched, self.weights or "")',
-        "direct = False",
+        '            and self.channel.send(dispatched, self.weights or "")\n',
+        "            and False\n",
         (
             "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_disk_on_v1",
             "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_redis_on_v1[ec_consumer]",
