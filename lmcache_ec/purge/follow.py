@@ -7,7 +7,9 @@ is ``stat``-ed by reads and writes (at most every ``purge_check_s``, through
 ``watch.poll_disk``); the remote one is read by the ``ec-purge-watch`` thread
 at the same interval (never by a read), which also checks the disk log for an
 engine that is idle. The thread outlives any failure: an error is logged once
-and the next check runs as usual.
+and the next check runs as usual. A purge that left one of this engine's
+entries on disk (an I/O error deleting it) is not counted, and is applied
+again at each check until every entry it selected is gone.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..config import ECConfig
 from ..key import ECKey
 from ..metrics import ECStats
 from . import selection
-from .marker import MarkerWatch, PurgeMarker
+from .marker import MarkerWatch, PurgeIncomplete, PurgeMarker
 
 if TYPE_CHECKING:
     from ..storage.manager import ECStorageManager
@@ -100,27 +102,42 @@ class PurgeFollower:
           age: they are read again from a lower tier if still there;
         - the remote tier forgets which keys it saw stored (a later put uploads
           again).
+
+        ``PurgeIncomplete`` (after all of the above) if an entry could not be
+        deleted: the watch applies the purge again at its next check.
         """
         with self._lock:
             selector = marker.selector(self._namespace)
             tiers = self._storage.every_tier()
+            undone: list[str] = []
             if tier == "remote":
                 for directory in [t.directory for t in tiers if t.directory is not None]:
-                    self._purge_directory(directory, selector)
+                    undone += self._purge_directory(directory, selector)
             self._drop_cpu(selector)
             for each in tiers:
                 each.forget_stored()
+            if undone:  # still served from disk: not applied yet
+                raise PurgeIncomplete(
+                    f"{len(undone)} selected entries not deleted (first: {undone[0]})"
+                )
             self._stats.add("purges_seen")  # applied: counted once nothing serves the selection
 
-    def _purge_directory(self, directory: str, selector: selection.Selector) -> None:
+    def _purge_directory(self, directory: str, selector: selection.Selector) -> list[str]:
+        """Delete the entries of ``directory`` that ``selector`` selects, each
+        on its own (one that fails stops no other); what was left undone."""
         try:
             entries = selection.scan_disk(directory, selector)
-            for entry in entries:
-                selection.read_disk_header(entry)
-            for entry in selection.filter_headers(entries, selector):
-                selection.delete_disk(entry)
         except OSError as exc:
-            logger.warning("Applying a purge to %s failed: %s", directory, exc)
+            return [f"{directory} unlisted: {exc}"]
+        for entry in entries:
+            selection.read_disk_header(entry)  # an unreadable header: its file's mtime
+        undone = []
+        for entry in selection.filter_headers(entries, selector):
+            try:
+                selection.delete_disk(entry)
+            except OSError as exc:
+                undone.append(f"{entry.path}: {exc.strerror or exc}")
+        return undone
 
     def _drop_cpu(self, selector: selection.Selector) -> None:
         cpu = self._storage.cpu

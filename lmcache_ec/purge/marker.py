@@ -36,7 +36,8 @@ Records are untrusted: anyone who can write to a store can write one. A reader
 log at most every ``interval`` seconds on the caller's path (``poll_disk``),
 and a read of the remote log wherever its owner does remote work
 (``check_remote``). Records written before the watch started are old news;
-one generation seen on both tiers counts once.
+one generation seen on both tiers counts once. A generation whose handler
+raises ``PurgeIncomplete`` is forgotten, so the next check applies it again.
 """
 
 from __future__ import annotations
@@ -80,6 +81,11 @@ _REPORTED = 1024  # problems remembered as logged
 
 class BadRecord(ValueError):
     """A purge record that is not one (the message says why)."""
+
+
+class PurgeIncomplete(Exception):
+    """``on_purge`` left part of a purge undone (an entry it could not delete):
+    the watch forgets the generation, and its next check applies it again."""
 
 
 def log_name(namespace: str) -> str:
@@ -290,7 +296,8 @@ class MarkerWatch:
     when it changed). ``check_remote(catalog)`` reads the remote log; its owner
     calls it from a background thread, never from a read. Neither raises: a
     log or record that cannot be used, or an ``on_purge`` that fails, is
-    logged once and skipped.
+    logged once and skipped; one that raises ``PurgeIncomplete`` is applied
+    again at the next check (never sooner), until it goes through.
     """
 
     def __init__(
@@ -308,6 +315,7 @@ class MarkerWatch:
         self._lock = threading.Lock()
         self._handled: OrderedDict[str, None] = OrderedDict()
         self._reported: OrderedDict[int, None] = OrderedDict()
+        self._retrying: OrderedDict[str, str] = OrderedDict()  # left incomplete -> tier
         self._next_disk = 0.0
         self._disk_signature: tuple[int, int, int] | None = None
         self._disk_seen = False  # the disk log was looked at once
@@ -367,19 +375,41 @@ class MarkerWatch:
             self._handled[marker.generation] = None
             if len(self._handled) > _REMEMBERED:
                 self._handled.popitem(last=False)
-        if first and marker.time < self._started:
+            retry = self._retrying.get(marker.generation)
+        if retry == "remote":  # a remote record, seen again on disk, still does its part
+            tier = "remote"
+        if first and retry is None and marker.time < self._started:
             return False  # there before we started: nothing of ours to drop
-        logger.info(
-            "Purge %s seen on the %s tier (selection %s); dropping cached copies",
-            marker.generation[:8],
-            tier,
-            marker.describe(),
-        )
+        if retry is None:  # a retry is no news: logged when first seen
+            logger.info(
+                "Purge %s seen on the %s tier (selection %s); dropping cached copies",
+                marker.generation[:8],
+                tier,
+                marker.describe(),
+            )
         try:
             self._on_purge(marker, tier)
+        except PurgeIncomplete as exc:
+            self._retry_later(marker.generation, tier)
+            self._report(
+                f"purge {marker.generation[:8]} not fully applied (again at each check): {exc}"
+            )
+            return True
         except Exception as exc:  # never let a purge stop the watch
             self._report(f"applying purge {marker.generation[:8]} failed: {exc!r}")
+        with self._lock:
+            self._retrying.pop(marker.generation, None)
         return True
+
+    def _retry_later(self, generation: str, tier: str) -> None:
+        """Forget ``generation`` so that the next check of ``tier`` applies it again."""
+        with self._lock:
+            self._handled.pop(generation, None)
+            self._retrying[generation] = tier
+            if len(self._retrying) > _REMEMBERED:
+                self._retrying.popitem(last=False)
+            if tier == "disk":
+                self._disk_signature = None  # re-read the log though it did not change
 
     def _report(self, message: str, subject: bytes | None = None) -> None:
         """Log ``message`` once per distinct problem (``subject``: the bytes at fault)."""
@@ -398,6 +428,7 @@ __all__ = [
     "RECORD_LIMIT",
     "BadRecord",
     "MarkerWatch",
+    "PurgeIncomplete",
     "PurgeMarker",
     "UnreadableLog",
     "append_disk",

@@ -36,6 +36,7 @@ KNOWN_WEIGHTS = "lmcache_ec/integration/vllm/known_weights.py"
 RUNTIME_DIRS = "lmcache_ec/runtime_dirs.py"
 T_LIFECYCLE = "tests/vllm/test_item_lifecycle.py"
 T_LEDGER_RACES = "tests/tiers/test_ledger_races.py"
+T_PURGE_FAILURES = "tests/purge/test_purge_failures.py"
 _GIVE_BACK_RACING = "test_a_reservation_given_back_racing_another_process_scan_never_under_counts"
 ITEMS = "lmcache_ec/integration/vllm/items.py"
 T_ITEMS = "tests/vllm/test_items.py"
@@ -1385,6 +1386,43 @@ MUTATIONS += [
         (
             f"{T_GET_OR_COMPUTE}::"
             "test_a_result_computed_across_new_weights_is_returned_but_never_stored",
+        ),
+    ),
+    # -- a purge left incomplete by an I/O error is applied again, never lost
+    Mutation(
+        "purge-stops-at-a-failed-deletion",
+        "an entry a purge cannot delete stops no other deletion",
+        "lmcache_ec/purge/follow.py",
+        'undone.append(f"{entry.path}: {exc.strerror or exc}")',
+        "raise",
+        (f"{T_PURGE_FAILURES}::test_an_entry_left_by_an_io_error_is_deleted_at_the_next_check",),
+    ),
+    Mutation(
+        "incomplete-purge-forgotten",
+        "a purge left incomplete is applied again at the next check, counted only once complete",
+        "lmcache_ec/purge/marker.py",
+        "            self._retry_later(marker.generation, tier)\n",
+        "            pass\n",
+        (f"{T_PURGE_FAILURES}::test_an_entry_left_by_an_io_error_is_deleted_at_the_next_check",),
+    ),
+    Mutation(
+        "incomplete-disk-purge-not-read-again",
+        "a purge from the disk log left incomplete is read again though the log did not change",
+        "lmcache_ec/purge/marker.py",
+        "                self._disk_signature = None  # re-read the log though it did not change\n",
+        "                pass\n",
+        (f"{T_PURGE_FAILURES}::test_an_incomplete_purge_from_the_disk_log_is_read_again",),
+    ),
+    # -- a save whose host copy fails never reaches the forward pass
+    Mutation(
+        "failed-save-handoff-raises",
+        "a failed host copy is a dropped save: never raised into vLLM, its slot given back",
+        "lmcache_ec/integration/vllm/saver.py",
+        "except Exception as exc:  # raised into vLLM's forward pass, it would kill the worker",
+        "except ImportError as exc:",
+        (
+            "tests/vllm/test_saver_failures.py::"
+            "test_the_queue_gives_a_failed_hand_off_its_slot_back",
         ),
     ),
     # -- the typed config: one predicate, one default, one conversion, one namespace

@@ -13,7 +13,10 @@ Tensor lifetime (why the hand-off is safe):
   bytes into the tier's own frame.
 
 When ``max_pending`` saves are queued, ``submit`` refuses (returns False)
-rather than make the forward pass wait.
+rather than make the forward pass wait. A hand-off that fails (host or pinned
+memory exhausted, a device error) is refused the same way, never an
+exception in the forward pass: its slot is given back and the first failure
+of each kind is logged.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class SaveQueue:
         self._pending = 0
         self._lock = threading.Condition()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._handoff_failures_logged: set[str] = set()  # exception types
         self._thread = threading.Thread(target=self._loop, name="ec-save", daemon=True)
         self._thread.start()
 
@@ -54,18 +58,45 @@ class SaveQueue:
             if self._pending >= self.max_pending:
                 return False
             self._pending += 1
-        event = None
+        try:
+            host, event = self._host_copy(tensor)
+        except Exception as exc:  # raised into vLLM's forward pass, it would kill the worker
+            self._handoff_failed(identifier, exc)
+            return False
+        self._queue.put((identifier, host, event, tag))
+        return True
+
+    @staticmethod
+    def _host_copy(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """The tensor the thread saves, and the event its copy completes at."""
         if tensor.is_cpu:  # a flag: tensor.device builds an object per call
-            host = tensor
-        elif tensor.is_cuda:
+            return tensor, None
+        if tensor.is_cuda:
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             host.copy_(tensor, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-        else:
-            host = tensor.to("cpu")  # other accelerators: a synchronous copy
-        self._queue.put((identifier, host, event, tag))
-        return True
+            return host, event
+        return tensor.to("cpu"), None  # other accelerators: a synchronous copy
+
+    def _handoff_failed(self, identifier: str, exc: Exception) -> None:
+        """Give the slot back (logged once per kind of failure: under memory
+        pressure it recurs at every save)."""
+        self._release()
+        kind = type(exc).__name__
+        if kind not in self._handoff_failures_logged:
+            self._handoff_failures_logged.add(kind)
+            logger.warning(
+                "Saving encoder output %.24s skipped, its host copy failed "
+                "(counted in saves_dropped, logged once per kind): %s",
+                identifier,
+                exc,
+            )
+
+    def _release(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            self._lock.notify_all()
 
     def _loop(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -80,9 +111,7 @@ class SaveQueue:
                 logger.warning("Saving encoder output %.24s failed: %s", identifier, exc)
             finally:
                 self._done(identifier, stored, time.perf_counter() - started, tag)
-                with self._lock:
-                    self._pending -= 1
-                    self._lock.notify_all()
+                self._release()
 
     def pending(self) -> int:
         with self._lock:

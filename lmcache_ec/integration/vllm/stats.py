@@ -9,7 +9,7 @@ the scheduler adds its own (``scheduler_*``) and returns the sum from
 Worker counters: ``hits_<tier>``, ``misses``, ``bytes_out`` (loaded),
 ``bytes_in`` (saved frames), ``get_seconds`` / ``put_seconds`` (tier time),
 ``loads``, ``load_seconds`` (placing a step's loads), ``stage_seconds``,
-``saves_submitted``, ``saves_dropped`` (queue full), ``save_failures``,
+``saves_submitted``, ``saves_dropped`` (queue full, or the host copy failed), ``save_failures``,
 ``save_handoff_seconds`` (time inside ``save_caches``), ``integrity_failures``,
 ``tier_errors_<tier>``, and the worker's end of the stage channel:
 ``channel_slow_links``, ``channel_bad_frames``, ``channel_refused_links``,
@@ -79,7 +79,10 @@ _COUNTERS: dict[str, tuple[str, str]] = {
     "load_seconds": ("load_seconds", "Seconds spent placing loads before the encoder"),
     "read_seconds": ("get_seconds", "Seconds spent reading the tiers (staging)"),
     "saves": ("saves_submitted", "Saves handed to the background writer"),
-    "saves_dropped": ("saves_dropped", "Saves dropped because the write queue was full"),
+    "saves_dropped": (
+        "saves_dropped",
+        "Saves dropped: write queue full, or host copy failed",
+    ),
     "save_handoff_seconds": ("save_handoff_seconds", "Seconds spent inside save_caches"),
     "write_seconds": ("put_seconds", "Seconds the background writer spent in put"),
     "purges_seen": (
