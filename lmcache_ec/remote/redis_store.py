@@ -181,7 +181,8 @@ class RedisStore(RemoteStore):
     def get(self, name: str) -> bytes | None:
         pipe = self._client.pipeline(transaction=False)
         _queue_read(pipe, redis_data_key(name), self.max_frame)
-        return bounded_frame(name, _present_value(pipe.execute()), self.max_frame)
+        replies = pipe.execute(raise_on_error=False)
+        return bounded_frame(name, _present_value(replies), self.max_frame)
 
     def get_many(self, names: Sequence[str]) -> list[bytes | None]:
         frames: list[bytes | None] = []
@@ -190,7 +191,7 @@ class RedisStore(RemoteStore):
             pipe = self._client.pipeline(transaction=False)
             for name in batch:
                 _queue_read(pipe, redis_data_key(name), self.max_frame)
-            replies = pipe.execute()
+            replies = pipe.execute(raise_on_error=False)  # one bad key fails only itself
             frames += [
                 bounded_frame(name, _present_value(replies[2 * i : 2 * i + 2]), self.max_frame)
                 for i, name in enumerate(batch)
@@ -377,7 +378,11 @@ class RedisClusterStore(RemoteStore):
         def read(client: redis.Redis) -> Any:
             pipe = client.pipeline(transaction=False)
             _queue_read(pipe, key, self.max_frame)
-            return pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
+            for reply in replies:  # a slot move: _run asks again
+                if isinstance(reply, ResponseError) and str(reply).startswith(("MOVED", "ASK")):
+                    raise reply
+            return replies
 
         return bounded_frame(name, _present_value(self._run(key, read)), self.max_frame)
 
@@ -415,7 +420,7 @@ class RedisClusterStore(RemoteStore):
             if queue is not None:  # group each key's replies
                 per_key = len(replies) // max(len(indices), 1)
                 replies = [
-                    None if any(isinstance(r, Exception) for r in group) else group
+                    None if any(_failed(r) for r in group) else group
                     for group in (
                         replies[i * per_key : (i + 1) * per_key] for i in range(len(indices))
                     )
@@ -517,12 +522,35 @@ class RedisClusterStore(RemoteStore):
         return self._where
 
 
+def _wrong_type(reply: Any) -> bool:
+    """A reply saying the key holds another type than a string (not an outage)."""
+    return isinstance(reply, ResponseError) and str(reply).startswith("WRONGTYPE")
+
+
+def _failed(reply: Any) -> bool:
+    """An error reply that says nothing about the entry (the server's state)."""
+    return isinstance(reply, Exception) and not _wrong_type(reply)
+
+
 def _present_value(replies: Any) -> bytes | None:
-    """The value of an ``EXISTS`` + ``GETRANGE`` pair of replies (None: absent)."""
+    """The value of an ``EXISTS`` + ``GETRANGE`` pair of replies (None: absent).
+
+    A key of another type, or a reply that is not a string (a hostile server),
+    reads as an empty value: damage, which decoding rejects and the entry is
+    removed, never an outage nor an allocation the reply asks for. Any other
+    error reply raises.
+    """
     if replies is None:
         return None
     present, data = replies
-    return bytes(data) if present else None
+    for reply in replies:
+        if _failed(reply):
+            raise reply
+    if not present:
+        return None
+    if _wrong_type(data) or not isinstance(data, (bytes, bytearray, memoryview)):
+        return b""
+    return bytes(data)
 
 
 def open_redis(settings: RemoteSettings) -> RedisStore:
@@ -541,7 +569,13 @@ def open_redis_sentinel(settings: RemoteSettings) -> RedisStore:
     options = client_options(settings.timeout)
     sentinel = Sentinel(
         list(nodes.nodes),
-        sentinel_kwargs={k: options[k] for k in ("socket_timeout", "socket_connect_timeout")},
+        # No retries of its own: redis-py's default (10, with backoff) made one
+        # read wait ~20 times remote_timeout on a sentinel that does not answer.
+        sentinel_kwargs={
+            "socket_timeout": options["socket_timeout"],
+            "socket_connect_timeout": options["socket_connect_timeout"],
+            "retry": Retry(NoBackoff(), 0),
+        },
         username=nodes.username,
         password=nodes.password,
         **options,

@@ -18,6 +18,7 @@ import torch
 
 from lmcache_ec import codec
 from lmcache_ec import key as key_module
+from lmcache_ec.remote_names import redis_data_key
 from tests.conftest import bit_equal, make_tensor
 from tests.faults.checks import exact_or_miss, get_checked, put_checked, snapshot
 from tests.faults.stores import RawRemote, craft_frame, disk_path
@@ -169,6 +170,34 @@ def test_damaged_remote_entry_is_a_miss_and_is_removed(remote_reader, remote, da
             "counted miss, entry deleted from the store, tier stays available",
             "immediate (next put/get)",
         )
+
+
+@pytest.mark.parametrize("remote", ["redis"], indirect=True)
+def test_a_redis_key_of_another_type_is_a_counted_miss_and_is_removed(remote_reader, remote):
+    """A hash where an entry's string should be (WRONGTYPE to a read) is damage:
+    a counted miss, removed; the tier stays available, and the other entries of a
+    batch read with it are hits."""
+    good, bad = make_tensor((16, 32), torch.float32, seed=1), make_tensor((16, 32), torch.float32)
+    raw = RawRemote(remote["url"])
+    try:
+        with remote_reader() as writer:
+            assert put_checked(writer, "good", good)
+            assert put_checked(writer, "bad", bad)
+            assert writer.flush(10)
+            name = writer.key("bad").storage_name
+        raw._redis.delete(redis_data_key(name))
+        raw._redis.hset(redis_data_key(name), "field", "value")
+        with remote_reader() as reader:
+            found = reader.get_many(["good", "bad"])
+            assert bit_equal(found[0], good)
+            assert found[1] is None
+            state = snapshot(reader)
+            assert state["integrity_failures"] == 1
+            assert state["tiers"]["remote"]["available"] is True  # damage is not an outage
+            assert raw.get(name) is None  # removed from the store
+            assert reader.get("bad") is None
+    finally:
+        raw.close()
 
 
 def _crafts(key, dims_tensor: torch.Tensor) -> dict[str, bytes]:

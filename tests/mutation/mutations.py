@@ -1425,6 +1425,29 @@ MUTATIONS += [
             "test_the_queue_gives_a_failed_hand_off_its_slot_back",
         ),
     ),
+    # -- Redis: a key of another type is damage, not an outage; a mute sentinel is asked once
+    Mutation(
+        "redis-wrong-type-is-an-outage",
+        "a Redis key of another type is a counted miss, removed; the tier stays available",
+        "lmcache_ec/remote/redis_store.py",
+        "            replies = pipe.execute(raise_on_error=False)  # one bad key fails only itself\n",
+        "            replies = pipe.execute()\n",
+        (
+            "tests/faults/test_corruption.py::"
+            "test_a_redis_key_of_another_type_is_a_counted_miss_and_is_removed[redis]",
+        ),
+    ),
+    Mutation(
+        "sentinel-client-retries",
+        "a sentinel that never answers is asked once a discovery, not ten times with backoff",
+        "lmcache_ec/remote/redis_store.py",
+        '            "retry": Retry(NoBackoff(), 0),\n',
+        "",
+        (
+            "tests/remote/test_sentinel.py::"
+            "test_a_sentinel_that_never_answers_is_asked_once_a_discovery",
+        ),
+    ),
     # -- the typed config: one predicate, one default, one conversion, one namespace
     Mutation(
         "shared-tier-leaves-out-the-node-tier",

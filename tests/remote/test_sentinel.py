@@ -3,16 +3,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 import torch
+from redis.exceptions import RedisError
 
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import open_catalog
+from lmcache_ec.remote.store import open_store
 from tests.conftest import bit_equal, make_tensor
 from tests.remote.conftest import frames_sent_in_place, remote_config
 from tests.servers import HOST, _wait_for_port, free_port
@@ -69,3 +74,31 @@ def test_two_instances_share_entries_through_sentinel(sentinel_url, redis_proces
     }
     with open_catalog(load_config(config)) as catalog:
         assert {name for name, _ in catalog.list()} == names
+
+
+def test_a_sentinel_that_never_answers_is_asked_once_a_discovery(tmp_path):
+    """A hung sentinel (it accepts, never replies): a read gives up after one
+    attempt per discovery (the client's one retry makes two), each bounded by
+    remote_timeout — not redis-py's default of ten retries with backoff."""
+    listener = socket.socket()
+    listener.bind((HOST, 0))
+    listener.listen(64)
+    accepted: list[socket.socket] = []
+
+    def accept_and_stay_silent() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(listener.accept()[0])
+
+    threading.Thread(target=accept_and_stay_silent, daemon=True).start()
+    url = f"redis-sentinel://{HOST}:{listener.getsockname()[1]}/{SERVICE}"
+    store = open_store(load_config(remote_config(url, remote_timeout=0.2)).remote)
+    try:
+        with pytest.raises(RedisError):
+            store.get("anything")
+        assert len(accepted) <= 2
+    finally:
+        store.close()
+        listener.close()
+        for connection in accepted:
+            connection.close()
