@@ -91,7 +91,7 @@ def _coerce(opt: Option, value: Any, origin: str) -> Any:
             if not isinstance(value, dict):
                 raise ValueError("expected a mapping")
             return dict(value)
-    except (ValueError, TypeError, RecursionError) as exc:
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # int(inf): Overflow
         raise ConfigError(f"{where}invalid value {value!r:.80}: {exc}") from None
     raise AssertionError(opt.kind)
 

@@ -81,6 +81,12 @@ def _addressing_style(value: Any) -> str | None:
     return None if value in ADDRESSING_STYLES else f"must be one of {ADDRESSING_STYLES}"
 
 
+def _naive_serde(value: Any) -> str | None:
+    # Frames are bytes already; LMCache's other serializers compress KV tensors
+    # (cachegen needs a KV model's config) and fail at the engine's start.
+    return None if value == "naive" else "must be naive (entries are framed bytes)"
+
+
 SCHEMA: dict[str, Option] = {
     opt.name: opt
     for opt in (
@@ -237,8 +243,9 @@ SCHEMA: dict[str, Option] = {
             "remote_serde",
             kind="str",
             default="naive",
-            help="LMCache serializer for the remote tier (frames are already bytes: keep naive).",
+            help="LMCache serializer for the remote tier; naive only (entries are framed bytes).",
             lmcache=True,
+            check=_naive_serde,
         ),
         Option(
             "remote_storage_plugins",

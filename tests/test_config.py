@@ -74,6 +74,8 @@ def test_dict_source_accepts_section_or_document():
         ({"namespace": ""}, "namespace"),
         ({"no_such_key": 1}, "no_such_key"),
         ({"extra_config": [1, 2]}, "extra_config"),
+        ({"remote_serde": "cachegen"}, "remote_serde"),  # would fail at the engine's start
+        ({"read_threads": float("inf")}, "read_threads"),  # int(inf) overflows
     ],
 )
 def test_invalid_values_name_the_key(tmp_path, section, named):
@@ -204,3 +206,19 @@ def test_node_list_urls_are_checked_at_load(url, says):
     with pytest.raises(ConfigError, match="remote_url") as info:
         load_config({"remote_url": url})
     assert says in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("stage_timeout_s", float("nan")),
+        ("stage_timeout_s", float("inf")),
+        ("max_pending_saves", float("inf")),
+        ("max_pending_saves", -1),
+    ],
+)
+def test_connector_options_refuse_what_is_not_a_finite_number_at_least_zero(name, value):
+    from lmcache_ec.integration.vllm.connector_options import ConnectorSettings
+
+    with pytest.raises(ConfigError, match=f"ec_connector_extra_config.{name}"):
+        ConnectorSettings.from_extra_config({name: value})

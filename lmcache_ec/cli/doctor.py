@@ -26,6 +26,7 @@ from ..config import ConfigError, ECConfig, load_config
 from ..purge import inventory
 from ..remote_names import redact
 from ..runtime_dirs import RuntimeDirUnavailable, UserDir, socket_dir, state_base, user_dir
+from ..tiers.disk_layout import DirectoryModes, make_directory
 from .common import ConfigOption, config_source, console, human_bytes, new_table
 
 DIST = "lmcache-ec"
@@ -213,8 +214,8 @@ def check_disk(config: ECConfig) -> list[Check]:
     if not directory:
         return [Check("disk tier", "ok", "not configured (local_disk unset)")]
     area = "disk tier"
-    try:
-        os.makedirs(directory, exist_ok=True)
+    try:  # made as the engine makes it: never wider than it would
+        make_directory(directory, DirectoryModes.of(config.local_disk_group_shared))
     except OSError as exc:
         return [Check(area, "fail", f"cannot create {directory}: {exc.strerror or exc}")]
     if not os.path.isdir(directory):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import stat
 from importlib import metadata
 
 import pytest
@@ -41,6 +42,17 @@ def test_doctor_reports_an_unusable_disk_dir(tmp_path, invoke):
     config = write_config(tmp_path / "c.yaml", local_disk=str(blocker / "store"))
     result = invoke("doctor", "--config", config, expect=1)
     assert "disk tier" in result.stdout and "cannot create" in result.stdout
+
+
+@pytest.mark.parametrize(("group_shared", "mode"), [(False, 0o700), (True, 0o2770)])
+def test_doctor_makes_a_missing_disk_dir_as_the_engine_would(tmp_path, invoke, group_shared, mode):
+    """The directory doctor makes is the engine's from then on: never wider than it."""
+    store = tmp_path / "fresh"
+    config = write_config(
+        tmp_path / "c.yaml", local_disk=str(store), local_disk_group_shared=group_shared
+    )
+    invoke("doctor", "--config", config, "--no-round-trip")
+    assert stat.S_IMODE(os.stat(store).st_mode) == mode
 
 
 def test_doctor_reports_a_read_only_disk_dir(tmp_path, invoke):

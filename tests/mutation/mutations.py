@@ -1448,6 +1448,46 @@ MUTATIONS += [
             "test_a_sentinel_that_never_answers_is_asked_once_a_discovery",
         ),
     ),
+    # -- bad values are a clear error at load, never one at the engine's start
+    Mutation(
+        "remote-serde-unchecked",
+        "a remote_serde other than naive is a ConfigError naming the key",
+        "lmcache_ec/config_schema.py",
+        "            check=_naive_serde,\n",
+        "",
+        ("tests/test_config.py::test_invalid_values_name_the_key[section12-remote_serde]",),
+    ),
+    Mutation(
+        "infinite-whole-number-traceback",
+        "an infinite value for a whole-number key is a ConfigError naming the key",
+        "lmcache_ec/config.py",
+        "except (ValueError, TypeError, OverflowError, RecursionError) as exc:",
+        "except (ValueError, TypeError, RecursionError) as exc:",
+        ("tests/test_config.py::test_invalid_values_name_the_key[section13-read_threads]",),
+    ),
+    Mutation(
+        "connector-option-accepts-nan",
+        "a connector option that is not a finite number is a ConfigError naming it",
+        "lmcache_ec/integration/vllm/connector_options.py",
+        "not math.isfinite(number) or ",
+        "",
+        (
+            "tests/test_config.py::"
+            "test_connector_options_refuse_what_is_not_a_finite_number_at_least_zero"
+            "[stage_timeout_s-nan]",
+        ),
+    ),
+    Mutation(
+        "doctor-makes-a-wide-disk-dir",
+        "doctor makes a missing disk directory with the engine's modes",
+        "lmcache_ec/cli/doctor.py",
+        "make_directory(directory, DirectoryModes.of(config.local_disk_group_shared))",
+        "os.makedirs(directory, exist_ok=True)",
+        (
+            "tests/cli/test_doctor.py::"
+            "test_doctor_makes_a_missing_disk_dir_as_the_engine_would[False-448]",
+        ),
+    ),
     # -- the typed config: one predicate, one default, one conversion, one namespace
     Mutation(
         "shared-tier-leaves-out-the-node-tier",

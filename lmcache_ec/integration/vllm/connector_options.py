@@ -55,6 +55,7 @@ Keys (all optional)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -120,8 +121,8 @@ def _coerce(name: str, default: Any, value: Any) -> Any:
         raise ConfigError(f"{where}: expected true or false")
     try:
         number = type(default)(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # int(inf): OverflowError
         raise ConfigError(f"{where}: expected a number, got {value!r:.80}") from None
-    if isinstance(value, bool) or number < 0:
-        raise ConfigError(f"{where}: expected a number >= 0")
+    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
+        raise ConfigError(f"{where}: expected a finite number >= 0")
     return number
