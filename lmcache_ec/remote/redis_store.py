@@ -14,7 +14,11 @@ Cluster: redis-py's ``RedisCluster`` keeps the slot map; each call goes to
 the owning primary's own client, so a shard that is down costs only its own
 keys: their calls raise ``ShardUnavailable`` (batched reads answer None for
 them) and the shard is skipped at once for ``remote_retry_interval`` before
-it is tried again. Batched reads send one pipeline per primary.
+it is tried again. Batched reads send one pipeline per primary. The cluster
+client is built on first use by one caller, outside any lock (it asks the
+startup nodes in turn); other callers wait for it at most ``remote_timeout``,
+and a failed build is not tried again for ``remote_retry_interval``: calls
+meanwhile raise ``StoreError`` at once.
 """
 
 from __future__ import annotations
@@ -256,6 +260,16 @@ class RedisStore(RemoteStore):
         return self._where
 
 
+class _Build:
+    """One build of a cluster client; callers that need the client meanwhile
+    wait on ``done`` instead of building their own."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.cluster: Any = None  # the client published, once done; None if it failed
+        self.outcome = "the build failed"  # why there is no client
+
+
 class RedisClusterStore(RemoteStore):
     """A Redis Cluster: each call on the primary owning the key's slot."""
 
@@ -265,8 +279,12 @@ class RedisClusterStore(RemoteStore):
         self._where = redact(settings.url)
         self._nodes = nodes
         self._retry_interval = settings.retry_interval
+        # Guards the cluster client, its build and ``_clients``; never held across I/O.
         self._lock = threading.Lock()
         self._cluster: Any = None
+        self._build: _Build | None = None  # the cluster client being built, if any
+        self._build_failed_until = 0.0  # a failed build is not retried before this
+        self._build_error = ""
         # Our own client per primary: the cluster client's node clients drop
         # connection keywords it does not know (``command_packer``).
         self._clients: dict[str, redis.Redis] = {}
@@ -274,19 +292,78 @@ class RedisClusterStore(RemoteStore):
         self._returning: set[str] = set()  # retried after an outage, not yet answered
 
     def _topology(self) -> Any:
-        """The cluster client, built on first use (building it asks a node for the slots)."""
-        with self._lock:
-            if self._cluster is None:
-                from redis.cluster import ClusterNode, RedisCluster
+        """The cluster client, built on first use (building it asks a node for the slots).
 
-                self._cluster = RedisCluster(
-                    startup_nodes=[ClusterNode(host, port) for host, port in self._nodes.nodes],
-                    username=self._nodes.username,
-                    password=self._nodes.password,
-                    require_full_coverage=False,  # a shard down leaves the others usable
-                    **client_options(self.timeout),
-                )
-            return self._cluster
+        One caller builds it; the others wait for that build at most
+        ``remote_timeout``. After a failed build, calls raise ``StoreError`` at
+        once for ``remote_retry_interval`` instead of building it again."""
+        cluster = self._cluster
+        if cluster is not None:
+            return cluster
+        with self._lock:
+            if self._cluster is not None:
+                return self._cluster
+            build = self._build
+            if build is None:
+                remaining = self._build_failed_until - time.monotonic()
+                if remaining > 0:
+                    raise StoreError(
+                        f"Redis Cluster {self._where} unreachable ({self._build_error}); "
+                        f"retried in {remaining:.1f}s"
+                    )
+                build = self._build = _Build()
+                building = True
+            else:
+                building = False
+        if building:
+            return self._build_cluster(build)
+        if not build.done.wait(self.timeout):
+            raise StoreError(f"Redis Cluster {self._where}: no slot map after {self.timeout}s")
+        if build.cluster is None:
+            raise StoreError(f"Redis Cluster {self._where} unreachable ({build.outcome})")
+        return build.cluster
+
+    def _build_cluster(self, build: _Build) -> Any:
+        """Builds the cluster client outside the lock (each startup node in turn may
+        take ``remote_timeout``) and publishes it, unless ``close`` ran meanwhile."""
+        cluster = None
+        try:
+            try:
+                cluster = self._new_cluster()
+            except Exception as exc:
+                build.outcome = str(exc) or type(exc).__name__
+                with self._lock:
+                    self._build_failed_until = time.monotonic() + self._retry_interval
+                    self._build_error = build.outcome
+                raise
+            with self._lock:
+                if self._build is build:  # else closed meanwhile: not ours to publish
+                    if self._cluster is None:
+                        self._cluster, cluster = cluster, None
+                    build.cluster = self._cluster  # ours, or one published meanwhile
+                else:
+                    build.outcome = "the store was closed while it connected"
+        finally:
+            with self._lock:
+                if self._build is build:
+                    self._build = None
+            build.done.set()
+            if cluster is not None:  # not published: nobody else would close it
+                cluster.close()
+        if build.cluster is None:
+            raise StoreError(f"Redis Cluster {self._where}: {build.outcome}")
+        return build.cluster
+
+    def _new_cluster(self) -> Any:
+        from redis.cluster import ClusterNode, RedisCluster
+
+        return RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in self._nodes.nodes],
+            username=self._nodes.username,
+            password=self._nodes.password,
+            require_full_coverage=False,  # a shard down leaves the others usable
+            **client_options(self.timeout),
+        )
 
     def _node_of(self, key: str) -> Any:
         return self._topology().get_node_from_key(key)
@@ -510,9 +587,11 @@ class RedisClusterStore(RemoteStore):
         raise RedisConnectionError("no cluster primary answers: " + "; ".join(failures))
 
     def close(self) -> None:
+        # Never waits for a build in progress: its builder closes what it built.
         with self._lock:
             cluster, self._cluster = self._cluster, None
             clients, self._clients = list(self._clients.values()), {}
+            self._build = None
         for client in clients:
             client.connection_pool.disconnect()
         if cluster is not None:

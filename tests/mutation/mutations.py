@@ -37,6 +37,7 @@ RUNTIME_DIRS = "lmcache_ec/runtime_dirs.py"
 T_LIFECYCLE = "tests/vllm/test_item_lifecycle.py"
 T_LEDGER_RACES = "tests/tiers/test_ledger_races.py"
 T_PURGE_FAILURES = "tests/purge/test_purge_failures.py"
+T_CLUSTER_BUILD = "tests/cluster/test_cluster_client_build.py"
 _GIVE_BACK_RACING = "test_a_reservation_given_back_racing_another_process_scan_never_under_counts"
 ITEMS = "lmcache_ec/integration/vllm/items.py"
 T_ITEMS = "tests/vllm/test_items.py"
@@ -1430,8 +1431,8 @@ MUTATIONS += [
         "redis-wrong-type-is-an-outage",
         "a Redis key of another type is a counted miss, removed; the tier stays available",
         "lmcache_ec/remote/redis_store.py",
-        "            replies = pipe.execute(raise_on_error=False)  # one bad key fails only itself\n",
-        "            replies = pipe.execute()\n",
+        "replies = pipe.execute(raise_on_error=False)  # one bad key fails only itself",
+        "replies = pipe.execute()",
         (
             "tests/faults/test_corruption.py::"
             "test_a_redis_key_of_another_type_is_a_counted_miss_and_is_removed[redis]",
@@ -1487,6 +1488,35 @@ MUTATIONS += [
             "tests/cli/test_doctor.py::"
             "test_doctor_makes_a_missing_disk_dir_as_the_engine_would[False-448]",
         ),
+    ),
+    # -- Redis Cluster: the client is built outside the lock, once, and not again at once
+    Mutation(
+        "cluster-build-under-lock",
+        "no call waits on the store's lock while the cluster client is built",
+        "lmcache_ec/remote/redis_store.py",
+        "                cluster = self._new_cluster()\n",
+        "                with self._lock:\n                    cluster = self._new_cluster()\n",
+        (f"{T_CLUSTER_BUILD}::test_close_and_other_calls_never_wait_for_a_build_in_progress",),
+    ),
+    Mutation(
+        "cluster-failed-build-forgotten",
+        "a failed cluster client build is not tried again within remote_retry_interval",
+        "lmcache_ec/remote/redis_store.py",
+        "self._build_failed_until = time.monotonic() + self._retry_interval",
+        "self._build_failed_until = time.monotonic()",
+        (
+            f"{T_CLUSTER_BUILD}::"
+            "test_concurrent_calls_build_the_client_once_and_a_failed_build_waits_its_interval",
+        ),
+    ),
+    Mutation(
+        "cluster-late-build-published-after-close",
+        "a cluster client built after close() is closed, never published",
+        "lmcache_ec/remote/redis_store.py",
+        "            clients, self._clients = list(self._clients.values()), {}\n"
+        "            self._build = None\n",
+        "            clients, self._clients = list(self._clients.values()), {}\n",
+        (f"{T_CLUSTER_BUILD}::test_close_and_other_calls_never_wait_for_a_build_in_progress",),
     ),
     # -- the typed config: one predicate, one default, one conversion, one namespace
     Mutation(
