@@ -94,7 +94,8 @@ class ECStatsCollector(Collector):
         )
         features_off = GaugeMetricFamily(
             f"{PREFIX}_feature_off",
-            "1 while a feature (node_tier, shared_ledger) is off: no private runtime directory.",
+            "1 while a feature is off: node_tier, shared_ledger (no private runtime "
+            "directory), disk_tier (its directory unusable).",
             labels=[*LABELS, "feature", "reason"],
         )
         counters = {

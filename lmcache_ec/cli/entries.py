@@ -72,13 +72,16 @@ def _tiers(tier: str) -> tuple[str, ...]:
 
 
 class _Session:
-    """Config plus the remote catalog (if configured); remote problems are kept."""
+    """Config plus the remote catalog (if configured); remote problems are kept,
+    and so are those of a disk or node directory that cannot be listed (that
+    tier is then ``skipped``, the others still served)."""
 
     def __init__(self, config: ECConfig, tiers: tuple[str, ...]) -> None:
         self.config = config
         self.tiers = tiers
         self.catalog: Any = None
         self.problems: list[str] = []
+        self.skipped: set[str] = set()
         if "remote" in tiers and config.remote.url is not None:
             try:
                 self.catalog = inventory.open_remote(config)
@@ -91,9 +94,39 @@ class _Session:
 
     def select(self, selector: Selector) -> list[Entry]:
         """The entries of this session's tiers that ``selector`` selects by name."""
-        return inventory.select(
-            self.config, selector, tiers=self.tiers, catalog=self.catalog, problems=self.problems
-        )
+        found: list[Entry] = []
+        for tier in self.tiers:  # one at a time: an unreadable one spoils no other
+            try:
+                found.extend(
+                    inventory.select(
+                        self.config,
+                        selector,
+                        tiers=(tier,),
+                        catalog=self.catalog,
+                        problems=self.problems,
+                    )
+                )
+            except OSError as exc:
+                self.skip(tier, exc)
+        return found
+
+    def skip(self, tier: str, exc: OSError) -> None:
+        """Leave ``tier`` out: its directory cannot be listed (another user's, not a directory)."""
+        if tier in self.skipped:
+            return
+        self.skipped.add(tier)
+        detail = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
+        self.problems.append(f"{tier} tier skipped: its directory cannot be listed ({detail})")
+
+    def usage(self, tier: str, directory: str) -> int:
+        """Bytes of writes in progress in ``directory`` of ``tier`` (0 if skipped)."""
+        if tier in self.skipped:
+            return 0
+        try:
+            return inventory.directory_usage(directory)["writing_bytes"]
+        except OSError as exc:
+            self.skip(tier, exc)
+            return 0
 
     def close(self) -> None:
         if self.catalog is not None:
@@ -245,7 +278,9 @@ def purge(
         session.close()
     verb = "would delete" if dry_run else "deleted"
     for name in sorted(set(deleted) | set(tiers)):
-        if name in deleted or (name == "disk" and session.config.local_disk):
+        if name in deleted or (
+            name == "disk" and session.config.local_disk and name not in session.skipped
+        ):
             console.print(f"{name}: {verb} {deleted[name]} entries ({human_bytes(freed[name])})")
     if not dry_run and marked:
         interval = session.config.purge_check_s
@@ -279,7 +314,7 @@ def _mark_purged(
         return []
     marked = []
     directory = config.local_disk  # resolved by the loader: a plain path
-    if "disk" in tiers and directory:
+    if "disk" in tiers and directory and "disk" not in session.skipped:
         modes = DirectoryModes.of(config.local_disk_group_shared)
         try:
             for namespace in sorted(namespaces):
@@ -323,7 +358,7 @@ def stats(
     finally:
         session.close()
     config = session.config
-    if config.node_tier:
+    if config.node_tier and "node" not in session.skipped:
         from ..tiers.node import node_dirs, node_root
 
         tiers["node"] = {
@@ -331,18 +366,16 @@ def stats(
             "bytes": 0,
             "capacity": config.node_bytes,  # per namespace directory
             "location": node_root(config.node_dir) or config.node_dir,
-            "writing_bytes": sum(
-                inventory.directory_usage(d)["writing_bytes"] for d in node_dirs(config.node_dir)
-            ),
+            "writing_bytes": sum(session.usage("node", d) for d in node_dirs(config.node_dir)),
         }
-    if config.local_disk:
+    if config.local_disk and "disk" not in session.skipped:
         tiers["disk"] = {
             "entries": 0,
             "bytes": 0,
             "capacity": config.disk_bytes,
             "location": config.local_disk,
             # Writes in progress, any process's: reserved under the limit too.
-            "writing_bytes": inventory.directory_usage(config.local_disk)["writing_bytes"],
+            "writing_bytes": session.usage("disk", config.local_disk),
         }
     if session.catalog is not None:  # opened only for a remote_url store
         tiers["remote"] = {
@@ -424,8 +457,9 @@ def _scrape(url: str, session: _Session) -> dict[str, Any] | None:
     """Sum lmcache-ec counters over every engine the endpoint reports.
 
     Reads both the standalone names (``lmcache_ec_hits_total``…) and vLLM's
-    (``vllm:lmcache_ec_hits_total``…). A page without any of them is a
-    problem (exit 1), never a silent ``hit_rate 0``.
+    (``vllm:lmcache_ec_hits_total``…). A page without any of them, or one
+    that is not Prometheus text (an HTML page, a binary body), is a problem
+    (exit 1), never a silent ``hit_rate 0``.
     """
     from urllib.request import urlopen
 
@@ -433,13 +467,22 @@ def _scrape(url: str, session: _Session) -> dict[str, Any] | None:
 
     try:
         with urlopen(url, timeout=5) as response:
-            text = response.read().decode()
+            body = response.read()
     except OSError as exc:
         session.problems.append(f"cannot read metrics from {url}: {exc}")
         return None
+    try:
+        # The parser is lazy: parse it all here, where its errors are caught.
+        families = list(text_string_to_metric_families(body.decode()))
+    except ValueError as exc:  # UnicodeDecodeError too
+        session.problems.append(
+            f"{url} is not a Prometheus metrics page ({short(str(exc), 120)}); "
+            "is this the engine's /metrics?"
+        )
+        return None
     counters: dict[str, Any] = {}
     found = False
-    for family in text_string_to_metric_families(text):
+    for family in families:
         prefix = next((p for p in METRIC_PREFIXES if family.name.startswith(p)), None)
         if prefix is None:
             continue

@@ -10,9 +10,10 @@ rest — storage plugins — to upstream, in upstream's order.
 each a ``Tier`` (``tier_contract.py``); upstream's plugins are wrapped in
 ``PluginTier``. Backend names (LMCache's keys) are known here only.
 
-A node tier this user can have no private directory for is left out (one
-warning); ``features_off()`` says so, and whether a directory tier's size
-ledger is this process's own (``budget.py``).
+A node tier this user can have no private directory for, and a disk tier
+whose directory cannot be made or listed at start, are left out (one warning
+each); ``features_off()`` says so (``node_tier``, ``disk_tier``), and whether
+a directory tier's size ledger is this process's own (``budget.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from ..tiers.local_cpu import ECLocalCPUBackend
 from ..tiers.local_disk import ECLocalDiskBackend
 from ..tiers.node import ECNodeBackend
 
+logger = logging.getLogger(__name__)
+
 
 class _NoControllerFilter(logging.Filter):
     """The encoder tier runs without LMCache's cache controller by design."""
@@ -54,6 +57,7 @@ CPU_BACKEND = "LocalCPUBackend"
 DISK_BACKEND = "LocalDiskBackend"
 NODE_BACKEND = "NodeBackend"
 REMOTE_BACKEND = "RemoteBackend"
+DISK_TIER_OFF = "disk_tier"  # its features_off name (not a runtime_dirs.Feature)
 TIER_NAMES = {
     CPU_BACKEND: "cpu",
     NODE_BACKEND: "node",
@@ -188,8 +192,10 @@ class ECStorageManager(StorageManager):
         return tier
 
     def features_off(self) -> dict[str, str]:
-        """Features off for want of a private runtime directory: name -> reason."""
+        """Features off for want of a private runtime directory, and the disk
+        tier for want of a usable directory: name -> reason."""
         off = {f.value: r.value for f, r in self.__dict__.get("_features_off", {}).items()}
+        off.update(self.__dict__.get("_tiers_off", {}))
         for backend in self.storage_backends.values():
             if isinstance(backend, FrameDirectoryTier) and backend.budget.unshared is not None:
                 off[Feature.SHARED_LEDGER.value] = backend.budget.unshared.reason.value
@@ -206,7 +212,7 @@ class ECStorageManager(StorageManager):
 
     def _stop_loop(self) -> None:
         # StorageManager starts its (non-daemon) event-loop thread before the
-        # backends; if one fails to build (unusable disk directory), nobody
+        # backends; if one fails to build (a storage plugin that raises), nobody
         # would ever close it and the process could not exit.
         for backend in list(self.storage_backends.values()):
             with contextlib.suppress(Exception):
@@ -233,11 +239,10 @@ class ECStorageManager(StorageManager):
                     self.storage_backends[NODE_BACKEND] = node
                     created[NODE_BACKEND] = type(node).__name__
             if settings.local_disk and DISK_BACKEND not in self.storage_backends:
-                disk = ECLocalDiskBackend(
-                    self.config, self.loop, cpu, dst_device, None, self.metadata
-                )
-                self.storage_backends[DISK_BACKEND] = disk
-                created[DISK_BACKEND] = type(disk).__name__
+                disk = self._disk_tier(cpu, dst_device)
+                if disk is not None:
+                    self.storage_backends[DISK_BACKEND] = disk
+                    created[DISK_BACKEND] = type(disk).__name__
             if settings.remote.configured and not any(
                 name.startswith(REMOTE_BACKEND) for name in self.storage_backends
             ):
@@ -250,8 +255,33 @@ class ECStorageManager(StorageManager):
                 )
                 self.storage_backends.update(remotes)
                 created.update({name: type(b).__name__ for name, b in remotes.items()})
-        created.update(super().create_backends())
+        if DISK_TIER_OFF in self.__dict__.get("_tiers_off", {}):
+            # Upstream builds its own LocalDiskBackend wherever local_disk is set
+            # and none exists: with ours off, it must not take its place.
+            local_disk, self.config.local_disk = self.config.local_disk, None
+            try:
+                created.update(super().create_backends())
+            finally:
+                self.config.local_disk = local_disk
+        else:
+            created.update(super().create_backends())
         return created
+
+    def _disk_tier(self, cpu: ECLocalCPUBackend, dst_device: str) -> ECLocalDiskBackend | None:
+        """The disk tier, or None where its directory cannot be made or listed
+        (another user's, under a path that cannot be created, not a directory)."""
+        try:
+            return ECLocalDiskBackend(self.config, self.loop, cpu, dst_device, None, self.metadata)
+        except RuntimeDirUnavailable as exc:
+            # A cache that cannot start its disk tier still serves from the others.
+            logger.warning(
+                "%s off: %s. The engine runs without the disk tier: entries are kept "
+                "in the other tiers only",
+                DISK_TIER_OFF,
+                exc,
+            )
+            self.__dict__.setdefault("_tiers_off", {})[DISK_TIER_OFF] = exc.reason.value
+            return None
 
     def _node_tier(self, cpu: ECLocalCPUBackend, dst_device: str) -> ECNodeBackend | None:
         """The node tier, or None where this user can have no directory for it."""

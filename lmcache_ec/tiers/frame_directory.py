@@ -12,7 +12,9 @@ every process sees every other's writes, evictions and purges at once
 - One size limit for the directory, kept by every process: ``budget.py``.
 - No exception from I/O: failed writes are logged and counted
   (``snapshot()``), a vanished file is a miss, a directory deleted under a
-  running engine is created again by the next write.
+  running engine is created again by the next write. A directory that cannot
+  be made or listed at start is the one exception: ``RuntimeDirUnavailable``,
+  and the engine runs without the tier (``manager.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 
 from ..codec import PREFIX_SIZE, CorruptEntryError, FrameRead, check_stored_size
 from ..key import ECKey
-from ..runtime_dirs import DEFAULT_BASE
+from ..runtime_dirs import DEFAULT_BASE, Reason, RuntimeDirUnavailable
 from ..tier_contract import TierDefaults
 from .budget import DirectoryBudget
 from .disk_layout import PRIVATE, DirectoryLayout, DirectoryModes, make_directory, read_frame
@@ -76,7 +78,7 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         super().__init__(dst_device)
         self.path = path
         self.modes = modes
-        self._make_directory()
+        self._open_directory()
         _warn_if_open(path, modes)
         self.max_cache_size = limit
         self.layout = DirectoryLayout(path, modes)
@@ -109,6 +111,22 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
                 trimmed,
                 limit,
             )
+
+    def _open_directory(self) -> None:
+        """Make the directory if missing and list it once, before anything else
+        touches it; ``RuntimeDirUnavailable`` (``UNUSABLE``, naming the path and
+        why) where this process cannot, so the engine starts without the tier
+        (``manager.py``) rather than not at all."""
+        try:
+            self._make_directory()
+            with os.scandir(self.path):
+                pass  # opening it is the check: another user's 0700 directory fails here
+        except RuntimeDirUnavailable:
+            raise
+        except OSError as exc:
+            raise RuntimeDirUnavailable(
+                self.path, Reason.UNUSABLE, detail=exc.strerror or str(exc)
+            ) from None
 
     def _make_directory(self) -> None:
         """Make the directory, and its parents, if missing (with ``self.modes``)."""

@@ -9,8 +9,9 @@ frame is held once per node, whichever process wrote it, for as long as a
 process on the node uses the tier (``NodeUsers``: the last one to leave
 removes the entries, and entries nobody uses are removed by the next process
 to start on the directory). Where this user can have no private directory
-there, ``ECNodeBackend`` raises ``RuntimeDirUnavailable`` and the engine runs
-without the node tier (``manager.py``).
+there, or the directory cannot be listed, ``ECNodeBackend`` raises
+``RuntimeDirUnavailable`` and the engine runs without the node tier
+(``manager.py``).
 
 It is the directory tier of ``frame_directory.py`` (the disk tier's code) on
 another directory: the same layout, atomic publication and crash safety (a
@@ -47,7 +48,7 @@ from typing import Any
 
 from ..config import from_lmcache
 from ..key import ECKey, slug
-from ..runtime_dirs import find_user_dir, private_dir, user_dir
+from ..runtime_dirs import Reason, RuntimeDirUnavailable, find_user_dir, private_dir, user_dir
 from ..tier_contract import TierKind
 from .frame_directory import FrameDirectoryTier
 
@@ -143,7 +144,12 @@ class ECNodeBackend(FrameDirectoryTier):
             dst_device,
             settings.node_dir,
         )
-        self._users = NodeUsers(self.path, self._clear)
+        try:
+            self._users = NodeUsers(self.path, self._clear)
+        except OSError as exc:  # as a directory that cannot be listed: no node tier
+            raise RuntimeDirUnavailable(
+                self.path, Reason.UNUSABLE, detail=exc.strerror or str(exc)
+            ) from None
         if self._users.cleared_at_start:
             logger.info(
                 "node tier %s: removed %d entries left by processes that have ended",

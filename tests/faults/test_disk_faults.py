@@ -14,7 +14,6 @@ import shutil
 import threading
 import time
 
-import pytest
 import torch
 
 from lmcache_ec import ECCache
@@ -198,11 +197,12 @@ def _event_loops() -> int:
     return sum(t.name == "storage-manager-event-loop" for t in threading.enumerate())
 
 
-def test_unusable_directory_fails_at_start_without_leaking_threads(read_only, disk_dir):
+def test_an_unusable_directory_leaves_the_disk_tier_off_and_no_thread_behind(read_only, disk_dir):
     read_only.protect()
     config = _config(disk_dir / "not-creatable")
     before = _event_loops()
-    with pytest.raises(OSError):
-        ECCache.from_config(config, model="m")
+    with ECCache.from_config(config, model="m") as cache:  # starts: the engine must
+        assert cache.tiers == ["cpu"]
+        assert cache.stats.snapshot()["features_off"] == {"disk_tier": "directory_unusable"}
     # The storage manager's (non-daemon) event loop was stopped: the process can exit.
     assert _event_loops() == before

@@ -1518,6 +1518,51 @@ MUTATIONS += [
         "            clients, self._clients = list(self._clients.values()), {}\n",
         (f"{T_CLUSTER_BUILD}::test_close_and_other_calls_never_wait_for_a_build_in_progress",),
     ),
+    # -- an unusable disk directory leaves its tier off: the engine starts, the CLI says so
+    Mutation(
+        "disk-dir-unusable-is-fatal",
+        "an engine starts without a disk or node directory it cannot make or list",
+        "lmcache_ec/tiers/frame_directory.py",
+        "            with os.scandir(self.path):\n                pass  # opening it is the check",
+        "            if False:\n                pass  # opening it is the check",
+        (
+            "tests/tiers/test_unusable_directory.py::"
+            "test_the_engine_starts_without_a_disk_tier_it_cannot_use[a-file]",
+        ),
+    ),
+    Mutation(
+        "upstream-disk-replaces-ours",
+        "with the disk tier off, LMCache's own disk backend does not take its place",
+        "lmcache_ec/storage/manager.py",
+        "            local_disk, self.config.local_disk = self.config.local_disk, None\n",
+        "            local_disk = self.config.local_disk\n",
+        (
+            "tests/tiers/test_unusable_directory.py::"
+            "test_the_engine_starts_without_a_disk_tier_it_cannot_use[a-file]",
+        ),
+    ),
+    Mutation(
+        "cli-unlistable-disk-traceback",
+        "ls, stats and purge skip a directory they cannot list, with a warning and exit 1",
+        "lmcache_ec/cli/entries.py",
+        "            except OSError as exc:\n                self.skip(tier, exc)\n",
+        "            except ImportError as exc:\n                self.skip(tier, exc)\n",
+        (
+            "tests/cli/test_unusable_inputs.py::"
+            "test_an_unlistable_disk_directory_is_a_warning_and_exit_1[ls]",
+        ),
+    ),
+    Mutation(
+        "stats-bad-metrics-page-traceback",
+        "stats --metrics-url on a page that is not Prometheus text exits 1 with a message",
+        "lmcache_ec/cli/entries.py",
+        "    except ValueError as exc:  # UnicodeDecodeError too\n",
+        "    except KeyError as exc:\n",
+        (
+            "tests/cli/test_unusable_inputs.py::"
+            "test_stats_reports_a_metrics_page_that_is_not_prometheus_text[html]",
+        ),
+    ),
     # -- the typed config: one predicate, one default, one conversion, one namespace
     Mutation(
         "shared-tier-leaves-out-the-node-tier",

@@ -145,7 +145,8 @@ class ECTierPromMetrics(ECConnectorPromMetrics):
             name="vllm:lmcache_ec_feature_off",
             documentation="Processes of the engine (scheduler, worker ranks) with a feature "
             "off, and why (node_tier, shared_ledger, stage_channel: no private runtime "
-            "directory; caching: the encoder weights are not known)",
+            "directory; disk_tier: its directory unusable; caching: the encoder weights "
+            "are not known)",
             labelnames=[*labelnames, "feature", "reason"],
         )
         self._off_levels: dict[tuple[int, str, str], float] = {}
