@@ -353,6 +353,17 @@ MUTATIONS: list[Mutation] = [
             "test_an_idle_step_give_up_does_not_hold_the_image_off_a_busy_engine",
         ),
     ),
+    Mutation(
+        "order-after-idle-step-given-up",
+        "an order made after an idle step rides the next step, not given up for the idle one",
+        SCHEDULER,
+        "            if identifier in self._held_back:\n",
+        "            if not item.direct and self._held_back is not None:\n",
+        (
+            "tests/vllm/test_stage_channel.py::"
+            "test_an_order_made_after_an_idle_step_waits_for_its_own_step",
+        ),
+    ),
     # -- weights: nothing staged under old weights is loaded after an update
     Mutation(
         "weight-update-keeps-stagings",

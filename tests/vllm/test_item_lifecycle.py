@@ -119,21 +119,22 @@ def test_a_step_report_under_old_weights_moves_nothing(staging_under_new_weights
     assert late not in scheduler.build_connector_meta(object()).release
 
 
-def test_a_staged_item_of_an_ended_request_is_released_at_its_deadline(
-    model_config, extra, disk_dir
-):
-    stored, never = image_hash("staged-then-abandoned.png"), image_hash("never-encoded.png")
+STAGE_TIMEOUT_S = 2.0  # long enough for a staging on a loaded machine
+
+
+def _staged_past_its_deadline(model_config, extra, disk_dir, name: str, runner: str = "v2"):
+    """An engine holding ``name``'s image staged (READY) for a request that ended,
+    once the item's deadline has passed; the image's identifier."""
+    stored, never = image_hash(name), image_hash("never-encoded.png")
     writer = Engine(make_vllm_config(model_config, "ec_both", extra))
     try:
         writer.run_until_finished([writer.add_request([stored])])
         writer.flush()
     finally:
         writer.shutdown()
-    timeout = 2.0  # long enough for a staging on a loaded machine
-    settings = {**extra, "claim_wait_s": 600.0, "stage_timeout_s": timeout}
-    engine = Engine(make_vllm_config(model_config, "ec_both", settings))
+    settings = {**extra, "claim_wait_s": 600.0, "stage_timeout_s": STAGE_TIMEOUT_S}
+    engine = Engine(make_vllm_config(model_config, "ec_both", settings), runner=runner)
     scheduler = engine.connector.scheduler
-    worker = engine.workers[0].worker
     try:
         engine.step()  # the scheduler learns the encoder weights
         claimed_by_a_dead_process(engine, never, disk_dir)
@@ -145,10 +146,25 @@ def test_a_staged_item_of_an_ended_request_is_released_at_its_deadline(
             if scheduler.items.state(stored) is S.READY:
                 break
         assert scheduler.items.state(stored) is S.READY
-        assert worker.staged_bytes > 0
+        assert engine.workers[0].worker.staged_bytes > 0
         assert not any(request in step for step in engine.scheduled)
         engine.scheduler.finish_requests(request, RequestStatus.FINISHED_ABORTED)
-        time.sleep(timeout * 1.2)  # past the staged item's deadline
+        time.sleep(STAGE_TIMEOUT_S * 1.2)  # past the staged item's deadline
+    except BaseException:
+        engine.shutdown()
+        raise
+    return engine, stored
+
+
+def test_a_staged_item_of_an_ended_request_is_released_at_its_deadline(
+    model_config, extra, disk_dir
+):
+    engine, stored = _staged_past_its_deadline(
+        model_config, extra, disk_dir, "staged-then-abandoned.png"
+    )
+    scheduler = engine.connector.scheduler
+    worker = engine.workers[0].worker
+    try:
         engine.run_until_finished([engine.add_request([])])  # steps that deliver orders
         assert scheduler.items.state(stored) is S.UNKNOWN
         assert worker.staged_bytes == 0
@@ -164,29 +180,11 @@ def test_an_item_asked_for_again_as_its_release_leaves_is_loaded_from_the_new_co
     """A staged item unused past its deadline is released in the same step a new
     request orders it again: the release reaches the worker before the new order
     (both over the stage channel), so it never drops the new copy."""
-    stored, never = image_hash(f"released-then-asked-{runner}.png"), image_hash("never.png")
-    writer = Engine(make_vllm_config(model_config, "ec_both", extra))
-    try:
-        writer.run_until_finished([writer.add_request([stored])])
-        writer.flush()
-    finally:
-        writer.shutdown()
-    timeout = 2.0  # long enough for a staging on a loaded machine
-    settings = {**extra, "claim_wait_s": 600.0, "stage_timeout_s": timeout}
-    engine = Engine(make_vllm_config(model_config, "ec_both", settings), runner=runner)
-    scheduler = engine.connector.scheduler
+    engine, stored = _staged_past_its_deadline(
+        model_config, extra, disk_dir, f"released-then-asked-{runner}.png", runner
+    )
     worker = engine.workers[0].worker
     try:
-        engine.step()  # the scheduler learns the encoder weights
-        claimed_by_a_dead_process(engine, never, disk_dir)
-        request = engine.add_request([never, stored])
-        for _ in range(50):
-            engine.step()
-            if scheduler.items.state(stored) is S.READY:
-                break
-        assert scheduler.items.state(stored) is S.READY
-        engine.scheduler.finish_requests(request, RequestStatus.FINISHED_ABORTED)
-        time.sleep(timeout * 1.2)  # past the staged item's deadline
         engine.run_until_finished([engine.add_request([stored])])  # the client asks again
         assert engine.encoded == []
         assert bit_equal(engine.gathered[stored], encoder_output(stored))

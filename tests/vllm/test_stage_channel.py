@@ -12,16 +12,22 @@ import os
 import socket
 import stat
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from lmcache_ec.integration.vllm.channel import StageListener
+from lmcache_ec.integration.vllm.connector_options import ConnectorSettings
+from lmcache_ec.integration.vllm.index import TierIndex
+from lmcache_ec.integration.vllm.items import ItemState
+from lmcache_ec.integration.vllm.scheduler import TierScheduler
 from lmcache_ec.integration.vllm.stage_client import StageClient
 from lmcache_ec.integration.vllm.stage_messages import StageAnswer, WeightsAnnouncement
+from lmcache_ec.key import EncoderIdentity
 from lmcache_ec.runtime_dirs import socket_dir, socket_path
 from tests.conftest import bit_equal
 
-from .harness import Engine, encoder_output, image_hash, make_vllm_config
+from .harness import Engine, encoder_output, image_hash, lone_request, make_vllm_config
 
 
 def _store(model_config, extra: dict, images: list[str]) -> None:
@@ -158,6 +164,36 @@ def test_an_idle_step_give_up_does_not_hold_the_image_off_a_busy_engine(model_co
         engine.run_until_finished([busy])
     finally:
         engine.shutdown()
+
+
+def test_an_order_made_after_an_idle_step_waits_for_its_own_step():
+    """V1 without a channel: an idle step's metadata never reaches the workers, so
+    the requests of orders it held back give them up. An order made after it
+    rides the next step's metadata: a busy step delivers it, and it is not given
+    up for the idle step before it (as when a decode keeps the engine busy)."""
+    index = TierIndex(
+        EncoderIdentity(model="m"), disk_dir=None, open_catalog=None, negative_ttl=5.0
+    )
+    scheduler = TierScheduler(
+        ConnectorSettings(idle_stage_wait_s=0.0, busy_stage_wait_s=0.0),
+        index,
+        is_producer=True,
+        is_consumer=True,
+        tp_size=1,
+        deliver_on_idle=False,
+    )
+    try:
+        scheduler.build_connector_meta(SimpleNamespace(total_num_scheduled_tokens=0))  # idle
+        image = image_hash("after-an-idle-step.png")
+        index.note_present(image, "worker")
+        assert not scheduler.ensure_cache_available(lone_request(image), 0)  # waits
+        assert scheduler.items.state(image) is ItemState.STAGING
+        busy = scheduler.build_connector_meta(SimpleNamespace(total_num_scheduled_tokens=1))
+        assert busy.stage == [image]  # delivered
+        assert not scheduler.ensure_cache_available(lone_request(image), 0)
+        assert scheduler.take_stats().get("scheduler_stage_given_up", 0) == 0
+    finally:
+        index.close()
 
 
 def test_two_engines_on_one_host_each_get_only_their_own_orders(model_config, extra):

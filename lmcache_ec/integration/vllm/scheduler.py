@@ -141,7 +141,10 @@ class TierScheduler:
             self.items, self.step, bytes_per_embed, self._look, self.link.poll
         )
         self._loads: dict[str, int] = {}  # this step's loads, handed out by build_connector_meta
-        self._undelivered = False  # last step's orders never reached workers
+        # Stagings ordered in step metadata when an idle step kept it from the
+        # workers (V1 without a channel): their requests give them up. An order
+        # made since waits for the step it was made in.
+        self._held_back: set[str] = set()
         self._polled = False  # the channel was read this step
         self.known = KnownWeights(
             index, from_workers=weights_from_workers, reports_arrive=self._reports_arrive
@@ -266,7 +269,7 @@ class TierScheduler:
             return ItemAnswer.COMPUTE
         if state is S.STAGING:
             item = self.items.get(identifier)
-            if not item.direct and self._undelivered:
+            if identifier in self._held_back:
                 # An idle V1 step: the orders never reached the workers.
                 self.give_up(identifier, now, "idle step", fetch_failed=False)
                 return ItemAnswer.COMPUTE
@@ -394,6 +397,7 @@ class TierScheduler:
             else:  # nothing failed: the next request may fetch it at once
                 self.items.move(identifier, S.UNKNOWN)
         self.prefetch.done(identifier)
+        self._held_back.discard(identifier)
         self.index.forget(identifier)  # the next request looks again
         self.link.cancel(identifier, state)
         self.count("stage_given_up")
@@ -492,12 +496,13 @@ class TierScheduler:
         meta = ECTierConnectorMetadata(loads=self._loads)
         self._loads = {}
         idle = not getattr(scheduler_output, "total_num_scheduled_tokens", 0)
-        self._undelivered = idle and not self.deliver_on_idle
-        if self._undelivered:  # their requests give up what they ordered in step metadata
+        if idle and not self.deliver_on_idle:  # metadata that never reaches the workers
             for identifier in self.items.having(S.STAGING):
                 if not self.items.get(identifier).direct:
+                    self._held_back.add(identifier)
                     self.waits.wake_later((identifier,))
         else:
+            self._held_back.clear()
             meta.stage, meta.release = self.link.take_orders()
         self.waits.drop_news_if_idle()
         return meta
