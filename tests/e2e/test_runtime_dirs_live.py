@@ -154,10 +154,10 @@ def test_a_server_whose_runtime_directory_was_taken_starts_and_serves_from_disk(
 
     # A running decode keeps the engine busy, so orders and answers ride step
     # metadata (no stage channel) on Model Runner V1. V1 still runs a step with
-    # no tokens now and then (after a request ends, to tell the workers); an
-    # order made in such a step never reaches them and the image is encoded,
-    # by design. Such an attempt proves nothing and is made again (the image is
-    # not held off the tiers after it: nothing failed).
+    # no tokens now and then; an order made in such a step never reaches the
+    # workers and the image is encoded, by design. Such an attempt proves
+    # nothing and is made again (the image is not held off the tiers after it:
+    # nothing failed).
     attempts: list[dict] = []
     for _ in range(ATTEMPTS):
         settled = counters(server)
