@@ -1,7 +1,7 @@
 """Where an entry lives in each remote store, and what a remote URL names.
 
-One naming, used by every store (``remote/redis_store``, ``remote/s3_store``)
-and so by both the serving path and ``RemoteCatalog``:
+One naming, used by every store (``remote/redis_store``, ``remote/redis_cluster``,
+``remote/s3_store``) and so by both the serving path and ``RemoteCatalog``:
 
 - Redis (standalone, Cluster, Sentinel): two keys per entry, as LMCache's own
   ``RedisConnector`` writes them: ``<storage_name>kv_bytes`` (the frame) and
@@ -187,7 +187,7 @@ STORES: tuple[StoreKind, ...] = (
     ),
     StoreKind(
         ("redis-cluster",),
-        "lmcache_ec.remote.redis_store",
+        "lmcache_ec.remote.redis_cluster",
         "open_redis_cluster",
         functools.partial(parse_node_list, service=False),
         "redis-cluster://[user:password@]host1:port1[,host2:port2,…]",

@@ -19,7 +19,7 @@ import redis.cluster
 from redis.exceptions import RedisClusterException
 
 from lmcache_ec.config import load_config
-from lmcache_ec.remote.redis_store import RedisClusterStore
+from lmcache_ec.remote.redis_cluster import RedisClusterStore
 from lmcache_ec.remote.store import StoreError, open_store
 from tests.remote.conftest import remote_config
 from tests.servers import HOST, BlackHole

@@ -1049,7 +1049,7 @@ MUTATIONS += [
     Mutation(
         "redis-cluster-replies-out-of-order",
         "a cluster's per-shard replies reach their own keys",
-        "lmcache_ec/remote/redis_store.py",
+        "lmcache_ec/remote/redis_cluster.py",
         "for index, reply in zip(indices, replies, strict=True):",
         "for index, reply in zip(indices[::-1], replies, strict=True):",
         ("tests/cluster/test_redis_cluster.py::test_get_many_of_many_entries_hits_every_one",),
@@ -1504,7 +1504,7 @@ MUTATIONS += [
     Mutation(
         "cluster-build-under-lock",
         "no call waits on the store's lock while the cluster client is built",
-        "lmcache_ec/remote/redis_store.py",
+        "lmcache_ec/remote/redis_cluster.py",
         "                cluster = self._new_cluster()\n",
         "                with self._lock:\n                    cluster = self._new_cluster()\n",
         (f"{T_CLUSTER_BUILD}::test_close_and_other_calls_never_wait_for_a_build_in_progress",),
@@ -1512,7 +1512,7 @@ MUTATIONS += [
     Mutation(
         "cluster-failed-build-forgotten",
         "a failed cluster client build is not tried again within remote_retry_interval",
-        "lmcache_ec/remote/redis_store.py",
+        "lmcache_ec/remote/redis_cluster.py",
         "self._build_failed_until = time.monotonic() + self._retry_interval",
         "self._build_failed_until = time.monotonic()",
         (
@@ -1523,7 +1523,7 @@ MUTATIONS += [
     Mutation(
         "cluster-late-build-published-after-close",
         "a cluster client built after close() is closed, never published",
-        "lmcache_ec/remote/redis_store.py",
+        "lmcache_ec/remote/redis_cluster.py",
         "            clients, self._clients = list(self._clients.values()), {}\n"
         "            self._build = None\n",
         "            clients, self._clients = list(self._clients.values()), {}\n",
