@@ -94,7 +94,10 @@ class GetOrCompute:
             for mm_hash in wanted:
                 if mm_hash in found:
                     continue
-                name = identity.storage_name(mm_hash)
+                key = self._cache.key(mm_hash)  # memoised: a hit costs no SHA-256
+                if key.identity is not identity:  # set_identity since the call began
+                    key = identity.key(mm_hash)
+                name = key.storage_name
                 flight, leads = self._flights.join(name)
                 if leads:
                     leading[mm_hash] = (name, flight)
