@@ -8,6 +8,8 @@
 - ``s3_server`` (session): moto's ``ThreadedMotoServer``; ``s3_bucket``
   (function) creates a fresh bucket on it.
 - ``black_hole`` (function): a TCP server that accepts and never answers.
+- ``Drip``: a server that answers, but sends a value (Redis) or a response
+  (HTTP) a byte at a time, each byte within any socket timeout.
 - ``redis_commands(url, action)``: runs ``action`` and returns what it
   returned with every command the server ran meanwhile (``MONITOR``), so a
   test counts its own reads, not the background threads' ones.
@@ -236,6 +238,95 @@ def black_hole() -> Iterator[BlackHole]:
         yield server
     finally:
         server.close()
+
+
+class Drip:
+    """Accepts TCP connections and answers slowly enough that no answer ends.
+
+    ``protocol="redis"``: ``EXISTS`` is answered ``1`` and ``PING`` ``PONG`` at
+    once; a ``GETRANGE`` (a read of a value) is answered with a 1 MiB bulk
+    string sent a byte every ``interval`` seconds. ``protocol="http"``: any
+    request gets a status line, then header bytes a byte at a time.
+    ``cut`` is set when a client hangs up on a dripping answer.
+    """
+
+    def __init__(self, protocol: str, interval: float) -> None:
+        self.protocol, self.interval = protocol, interval
+        self.dripping, self.cut = threading.Event(), threading.Event()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind((HOST, 0))
+        self.sock.listen(128)
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, name="drip", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            buffer = b""
+            while not self._stop.is_set() and (data := conn.recv(65536)):
+                buffer += data
+                if self.protocol == "http":
+                    if b"\r\n\r\n" in buffer:
+                        conn.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                        return self._drip(conn)
+                    continue
+                commands, buffer = _resp_commands(buffer)
+                for command in commands:
+                    name = command[0].upper()
+                    if name == b"GETRANGE":
+                        conn.sendall(b"$%d\r\n" % (1 << 20))
+                        return self._drip(conn)
+                    conn.sendall(_RESP_REPLIES.get(name, b"+OK\r\n"))
+
+    def _drip(self, conn: socket.socket) -> None:
+        self.dripping.set()
+        while not self._stop.is_set():
+            try:
+                conn.sendall(b"a")
+            except OSError:
+                self.cut.set()
+                return
+            time.sleep(self.interval)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+
+
+_RESP_REPLIES = {
+    b"HELLO": b"%1\r\n$5\r\nproto\r\n:3\r\n",  # RESP3, which redis-py asks for
+    b"PING": b"+PONG\r\n",
+    b"EXISTS": b":1\r\n",
+}
+
+
+def _resp_commands(buffer: bytes) -> tuple[list[list[bytes]], bytes]:
+    """The whole RESP commands at the start of ``buffer``, and what is left."""
+    commands = []
+    while buffer.startswith(b"*") and b"\r\n" in buffer:
+        head, rest = buffer.split(b"\r\n", 1)
+        words = []
+        for _ in range(int(head[1:])):
+            if b"\r\n" not in rest:
+                return commands, buffer
+            size, rest = rest.split(b"\r\n", 1)
+            length = int(size[1:])
+            if len(rest) < length + 2:
+                return commands, buffer
+            words.append(rest[:length])
+            rest = rest[length + 2 :]
+        commands.append(words)
+        buffer = rest
+    return commands, buffer
 
 
 def redis_commands(url: str, action: Callable[[], T]) -> tuple[T, list[list[str]]]:

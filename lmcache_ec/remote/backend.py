@@ -8,9 +8,10 @@ serializer, connectors of the plugin framework — talks to ``remote_url``
 through ``ECStoreConnector`` over the store it names (``open_store``), and adds:
 
 - a bound of ``remote_timeout`` on every operation: blocking reads of
-  lmcache-ec's connectors (``get_sync``/``exists_sync``) run in the caller's
-  thread with client socket timeouts; everything else runs on the event loop
-  under ``asyncio.wait_for`` and the caller waits at most that long too;
+  lmcache-ec's connectors (``get_sync``/``exists_sync``) run under a
+  ``Deadline`` (a whole read, not only each socket operation); everything
+  else runs on the event loop under ``asyncio.wait_for`` and the caller
+  waits at most that long too;
 - a health state: the first failed or slow call marks the tier unavailable;
   while it is, lookups miss and writes stay local at once (no piling up of
   threads, futures or buffers), and one probe coroutine pings the store
@@ -48,6 +49,7 @@ from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 from ..config import RemoteSettings, from_lmcache
 from ..remote_names import redact, redact_text
 from ..tier_contract import TierDefaults, TierKind
+from .deadline import GRACE, Deadline, LateAnswer
 from .health import RecentKeys, RemoteHealth
 from .lmcache_connector import ECStoreConnector
 from .store import ShardUnavailable, open_store
@@ -75,7 +77,7 @@ for _name in (
     logging.getLogger(_name).addFilter(_RedactCredentials())
 
 MISSED_LIMIT = 100_000  # keys remembered for re-upload after an outage
-GRACE = 0.5  # extra seconds the calling thread waits beyond the loop-side bound
+READERS = 16  # threads running blocking reads (``Deadline``)
 _MISS = object()
 
 
@@ -116,6 +118,7 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         self._missed: OrderedDict[CacheEngineKey, None] = OrderedDict()
         self._missed_lock = threading.Lock()
         self.on_recovered: Callable[[], None] | None = None
+        self._deadline = Deadline(self.timeout + GRACE, self._abort, READERS, "ec-remote-read")
         # The primary remote; create_remote_backends renames the others.
         self.backend_name = "RemoteBackend"
         self.name = "remote"
@@ -229,22 +232,28 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
             return _MISS
 
     def _blocking(self, operation: str, call: Callable[[Any], Any]) -> Any:
-        """Run ``call(connector)`` in this thread; ``_MISS`` if unavailable or failing.
-
-        For connectors with blocking reads (``get_sync``), whose clients bound
-        every socket operation by the timeout.
+        """Run ``call(connector)`` within the timeout (``Deadline``); ``_MISS`` if
+        unavailable, failing or late. For connectors with blocking reads (``get_sync``).
         """
         connection = self.connection
         if connection is None or not self.health.up:
             return _MISS
         try:
-            return call(_unwrapped(connection))
+            return self._deadline.run(call, _unwrapped(connection))
         except ShardUnavailable:
             self.health.count("shard_misses")
             return _MISS
         except Exception as exc:
+            if isinstance(exc, LateAnswer):
+                self.health.count("late_reads")
             self._mark_down(operation, exc)
             return _MISS
+
+    def _abort(self) -> None:
+        connection = self.connection
+        abort = getattr(_unwrapped(connection), "abort", None) if connection else None
+        if abort is not None:
+            abort()
 
     def _has_blocking_reads(self) -> bool:
         connection = self.connection
@@ -469,6 +478,7 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
     def close(self) -> None:
         self._closed = True
         self.health.close()
+        self._deadline.close()
         connection = self.connection
         if connection is None:
             return

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import codec
+from .deadline import GRACE, Deadline
 from .store import RemoteStore, open_store
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 HEADER_READ_AHEAD = 4096  # one ranged read covers the prefix and a typical header
+READERS = 4  # threads running reads whose answer has no small bound (``Deadline``)
 
 
 class RemoteCatalogError(OSError):
@@ -44,6 +46,8 @@ class RemoteCatalog:
     def __init__(self, store: RemoteStore) -> None:
         self.store = store
         self.timeout = store.timeout
+        # Logs and headers are read whole within the timeout, not byte by byte.
+        self._deadline = Deadline(self.timeout + GRACE, store.abort, READERS, "ec-catalog-read")
         self.last_error = ""  # why the last lookup_many raised, for the caller's log
 
     def exists(self, storage_name: str) -> bool:
@@ -88,7 +92,7 @@ class RemoteCatalog:
 
     def read_log(self, name: str, size: int) -> bytes | None:
         """The last ``size`` bytes of a log (the purge log); None if absent, raises on failure."""
-        return self.store.read_log(name, size)
+        return self._deadline.run(self.store.read_log, name, size)
 
     def append_log(self, name: str, line: bytes, limit: int) -> None:
         """Append one line to a log, keeping its newest ``limit`` bytes; raises on failure."""
@@ -132,13 +136,15 @@ class RemoteCatalog:
         None if the entry is absent, unreadable, corrupt, or the store fails.
         """
         try:
-            raw = self.store.read_range(storage_name, 0, HEADER_READ_AHEAD)
+            raw = self._deadline.run(self.store.read_range, storage_name, 0, HEADER_READ_AHEAD)
             if raw is None:
                 return None
             header_len, *_ = codec.read_prefix(raw)
             needed = codec.PREFIX_SIZE + header_len
             if len(raw) < needed:
-                rest = self.store.read_range(storage_name, len(raw), needed - len(raw))
+                rest = self._deadline.run(
+                    self.store.read_range, storage_name, len(raw), needed - len(raw)
+                )
                 raw += rest or b""
             return codec.read_header(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
         except codec.CorruptEntryError as exc:
@@ -149,6 +155,7 @@ class RemoteCatalog:
             return None
 
     def close(self) -> None:
+        self._deadline.close()
         try:
             self.store.close()
         except Exception as exc:

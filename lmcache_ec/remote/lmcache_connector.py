@@ -131,6 +131,10 @@ class ECStoreConnector(RemoteConnector):
         await self._run(self.store.ping)
         return 0
 
+    def abort(self) -> None:
+        """Cut the store's connections: ends a read its caller gave up on."""
+        self.store.abort()
+
     async def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self.store.close()

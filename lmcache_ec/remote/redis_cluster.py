@@ -388,6 +388,14 @@ class RedisClusterStore(RemoteStore):
         if cluster is not None:
             cluster.close()
 
+    def abort(self) -> None:
+        with self._lock:
+            cluster, clients = self._cluster, list(self._clients.values())
+        for client in clients:
+            client.connection_pool.disconnect()
+        if cluster is not None:
+            cluster.disconnect_connection_pools()
+
     def describe(self) -> str:
         return self._where
 

@@ -245,6 +245,9 @@ class RedisStore(RemoteStore):
     def close(self) -> None:
         self._client.close()
 
+    def abort(self) -> None:
+        self._client.connection_pool.disconnect()
+
     def describe(self) -> str:
         return self._where
 

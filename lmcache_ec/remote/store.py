@@ -128,6 +128,12 @@ class RemoteStore(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
+    def abort(self) -> None:
+        """Cut the connections in use, ending calls blocked on them (a caller
+        gave up on a read); later calls connect again. Default: nothing to cut,
+        an abandoned call ends at its socket timeout."""
+        return None
+
     @abc.abstractmethod
     def describe(self) -> str:
         """Where the store is, without credentials (for logs)."""

@@ -64,6 +64,9 @@ def test_two_instances_share_entries_through_the_cluster(redis_cluster, make_cac
         ]
         header = catalog.read_header(names["shared-0"])
         assert header is not None and header["mm_hash"] == "shared-0"
+        catalog.store.abort()  # what a late read does: every shard's connections cut
+        header = catalog.read_header(names["shared-1"])  # and the next call connects again
+        assert header is not None and header["mm_hash"] == "shared-1"
         assert catalog.delete(names["shared-0"])
         assert not catalog.exists(names["shared-0"])
 

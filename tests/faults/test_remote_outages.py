@@ -22,7 +22,7 @@ from tests.conftest import bit_equal, make_tensor
 from tests.faults.checks import exact_or_miss, get_checked, put_checked, snapshot, wait_for
 from tests.faults.processes import S3Process
 from tests.remote.conftest import RETRY, TIMEOUT, outage_config
-from tests.servers import RedisProcess, free_port
+from tests.servers import Drip, RedisProcess, free_port
 
 MODEL = "test/fault-model"
 BOUND = TIMEOUT + 1.5  # "returns within the configured timeout", with a generous margin
@@ -151,6 +151,38 @@ def test_silent_server_calls_return_within_the_timeout(
         f"network stall: {kind} endpoint accepts, never answers",
         f"slowest call {slowest:.2f} s (remote_timeout {TIMEOUT} s); misses, local tiers "
         "serve; tier marked unavailable",
+        "n/a (never answers)",
+    )
+
+
+@pytest.mark.parametrize("kind", ["redis", "s3"])
+def test_a_server_that_answers_a_byte_at_a_time_holds_no_read_past_the_timeout(
+    kind, aws_env, tmp_path, fault_table
+):
+    # Each byte arrives well within the socket timeout; the answer never ends.
+    drip = Drip("redis" if kind == "redis" else "http", interval=TIMEOUT / 5)
+    endpoint = f"http://127.0.0.1:{drip.port}"
+    url = f"redis://127.0.0.1:{drip.port}" if kind == "redis" else "s3://bucket/p"
+    config = outage_config(url, endpoint=endpoint if kind == "s3" else None)
+    cache, _ = _within(BOUND, ECCache.from_config, config, model=MODEL)
+    try:
+        answer, seconds = _within(BOUND, cache.get, "dripped")
+        assert answer is None and drip.dripping.is_set()
+        remote = snapshot(cache)["tiers"]["remote"]
+        assert remote["available"] is False and remote["late_reads"] == 1
+        assert _within(BOUND, cache.get, "dripped-too")[0] is None  # skipped while down
+        if kind == "redis":  # the abandoned read was ended, not left to drip
+            assert drip.cut.wait(BOUND)
+        _assert_closed_promptly(cache)
+    finally:
+        drip.close()
+        closer = threading.Thread(target=cache.close, daemon=True)
+        closer.start()
+        closer.join(4 * BOUND)
+    fault_table(
+        f"slow drip: {kind} sends an answer a byte at a time",
+        f"read given up after {seconds:.2f} s (remote_timeout {TIMEOUT} s); a miss, "
+        "tier marked unavailable",
         "n/a (never answers)",
     )
 

@@ -1450,6 +1450,39 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "remote-read-without-whole-deadline",
+        "a server sending a value a byte at a time holds a read no longer than the timeout",
+        "lmcache_ec/remote/backend.py",
+        "            return self._deadline.run(call, _unwrapped(connection))\n",
+        "            return call(_unwrapped(connection))\n",
+        (
+            "tests/faults/test_remote_outages.py::"
+            "test_a_server_that_answers_a_byte_at_a_time_holds_no_read_past_the_timeout[redis]",
+        ),
+    ),
+    Mutation(
+        "late-read-not-cut",
+        "a read given up is cut off the store, not left reading",
+        "lmcache_ec/remote/deadline.py",
+        "            self._abort()\n",
+        "            pass\n",
+        (
+            "tests/faults/test_remote_outages.py::"
+            "test_a_server_that_answers_a_byte_at_a_time_holds_no_read_past_the_timeout[redis]",
+        ),
+    ),
+    Mutation(
+        "catalog-log-read-without-deadline",
+        "the purge log is read whole within the timeout, not byte by byte",
+        "lmcache_ec/remote/catalog.py",
+        "        return self._deadline.run(self.store.read_log, name, size)\n",
+        "        return self.store.read_log(name, size)\n",
+        (
+            "tests/remote/test_catalog.py::"
+            "test_a_store_sending_a_byte_at_a_time_holds_no_read_past_the_timeout[redis]",
+        ),
+    ),
+    Mutation(
         "sentinel-client-retries",
         "a sentinel that never answers is asked once a discovery, not ten times with backoff",
         "lmcache_ec/remote/redis_store.py",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
+import pytest
 import torch
 
 from lmcache_ec import codec
@@ -11,6 +13,7 @@ from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import RemoteCatalogError, open_catalog
 from tests.conftest import make_tensor
 from tests.remote.conftest import TIMEOUT, outage_config, remote_config
+from tests.servers import Drip
 
 MODEL = "test/catalog-model"
 
@@ -92,3 +95,40 @@ def test_unreachable_store_is_bounded(black_hole, aws_env):
                 pass
             else:
                 raise AssertionError("listing an unreachable store must raise")
+
+
+def _answer_within(bound: float, call, *args):
+    """``call(*args)``'s result or exception; fails if it still runs after ``bound``."""
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(result=_outcome(call, *args)), daemon=True)
+    thread.start()
+    thread.join(bound)
+    assert not thread.is_alive(), f"{call.__name__} still reading after {bound} s"
+    return box["result"]
+
+
+def _outcome(call, *args):
+    try:
+        return call(*args)
+    except Exception as exc:
+        return exc
+
+
+@pytest.mark.parametrize("kind", ["redis", "s3"])
+def test_a_store_sending_a_byte_at_a_time_holds_no_read_past_the_timeout(kind, aws_env):
+    # The purge log and headers are read whole within the timeout: a purge
+    # follower or a CLI command is never held by a drip.
+    drip = Drip("redis" if kind == "redis" else "http", interval=TIMEOUT / 5)
+    if kind == "redis":
+        config = outage_config(f"redis://127.0.0.1:{drip.port}")
+    else:
+        config = outage_config("s3://bucket/p", endpoint=f"http://127.0.0.1:{drip.port}")
+    try:
+        with open_catalog(load_config(config)) as catalog:
+            bound = TIMEOUT + 1.5
+            assert _answer_within(bound, catalog.read_header, "ec1.a.b." + "0" * 64) is None
+            failure = _answer_within(bound, catalog.read_log, "ec-purge-log", 4096)
+            assert isinstance(failure, OSError)
+            assert drip.dripping.is_set()
+    finally:
+        drip.close()

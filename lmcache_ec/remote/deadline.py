@@ -1,0 +1,56 @@
+"""A bound on a whole blocking store call, not only on each socket operation.
+
+Client socket timeouts bound each read of a socket: a server that sends a
+value a byte at a time, each byte within the timeout, holds its caller for as
+long as the value is long. ``Deadline.run`` runs the call on one of its
+threads and waits for it at most ``seconds``; a late call raises
+``LateAnswer`` and the store's connections are cut (``RemoteStore.abort``),
+which ends the abandoned call at its next socket read. A call that cannot be
+cut (S3) or that its client retries keeps one of the threads until it ends;
+callers beyond ``threads`` queue within their own bound.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from .store import StoreError
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+GRACE = 0.5  # seconds a caller waits beyond ``remote_timeout`` for a whole call
+
+
+class LateAnswer(StoreError):
+    """The store did not finish answering within the call's bound."""
+
+
+class Deadline:
+    def __init__(self, seconds: float, abort: Callable[[], None], threads: int, name: str) -> None:
+        self.seconds = seconds
+        self._abort = abort
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+
+    def run(self, call: Callable[..., T], *args: object) -> T:
+        """``call(*args)``'s result or exception; ``LateAnswer`` after ``seconds``."""
+        try:
+            future = self._pool.submit(call, *args)
+        except RuntimeError as exc:  # closed
+            raise StoreError("the remote store is closed") from exc
+        try:
+            return future.result(self.seconds)
+        except TimeoutError:
+            if future.done():
+                raise  # the call's own timeout
+        future.cancel()
+        try:
+            self._abort()
+        except Exception as exc:  # the call ends at its socket timeout instead
+            logger.debug("Cutting the remote connections failed: %s", exc)
+        raise LateAnswer(f"no whole answer within {self.seconds:.1f} s")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
