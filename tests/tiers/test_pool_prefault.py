@@ -14,9 +14,20 @@ from lmcache_ec.tiers.allocator import HostPoolAllocator
 MB = 1 << 20
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as stream:
-        return int(stream.read().split()[1]) * 4096
+def _resident(buffer: torch.Tensor) -> int:
+    """Resident bytes of the mapping holding ``buffer`` (its own: the pool is a
+    large allocation), unmoved by what the rest of the process frees meanwhile."""
+    address = buffer.data_ptr()
+    inside = False
+    with open("/proc/self/smaps") as stream:
+        for line in stream:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                start, end = (int(bound, 16) for bound in fields[0].split("-"))
+                inside = start <= address < end
+            elif inside and fields[0] == "Rss:":
+                return int(fields[1]) * 1024
+    raise AssertionError("no mapping holds the pool")
 
 
 def _allocate(pool: HostPoolAllocator, size: int):
@@ -24,12 +35,11 @@ def _allocate(pool: HostPoolAllocator, size: int):
 
 
 def test_a_window_ahead_of_the_first_allocation_becomes_resident():
-    before = _rss()
     pool = HostPoolAllocator(256 * MB, prefault_ahead=32 * MB)
     try:
         assert pool.prefaulter is not None
         assert wait_until(lambda: pool.prefaulter.populated >= 32 * MB - 4096)
-        assert _rss() - before >= 24 * MB  # made resident, not merely counted
+        assert _resident(pool.buffer) >= 24 * MB  # made resident, not merely counted
         assert pool.prefaulter.populated <= 32 * MB  # and no further: RSS follows use
     finally:
         pool.close()
