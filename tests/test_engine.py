@@ -265,6 +265,18 @@ def test_cpu_pool_is_not_touched_at_start(make_cache):
     assert grown < 256 * 1024**2, f"RSS grew {grown / 1e6:.0f} MB at construction"
 
 
+def test_a_cpu_pool_larger_than_the_host_grants_is_a_smaller_pool_not_a_failed_start(
+    make_cache, caplog
+):
+    asked = 2**47  # 128 TiB: more address space than a process has, whatever the overcommit
+    cache = make_cache({"max_local_cpu_size": asked / 1024**3, "local_disk": None})
+    assert 0 < cache.cpu_capacity < asked
+    tensor = make_tensor((16, 64), torch.bfloat16)
+    assert cache.put("big-pool", tensor) and bit_equal(cache.get("big-pool"), tensor)
+    warnings = [r.getMessage() for r in caplog.records if "max_local_cpu_size" in r.getMessage()]
+    assert len(warnings) == 1 and f"{cache.cpu_capacity / 1e9:.1f} GB" in warnings[0]
+
+
 SMALL_CPU = {"local_cpu": True, "max_local_cpu_size": 0.02}
 
 

@@ -51,6 +51,7 @@ _MADV_HUGEPAGE = 14
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14
 _PAGE = 4096
 _HUGE_PAGE = 2 * 1024**2
+MIN_POOL = 64 * 1024**2  # below this a pool the host refuses is an error, not a smaller pool
 
 
 def _madvise() -> Any:
@@ -138,14 +139,40 @@ class Prefaulter:
                 self._done += step
 
 
+def host_buffer(size: int, pinned: bool) -> torch.Tensor:
+    """A ``size``-byte pool, or, when the host refuses that much (a
+    ``max_local_cpu_size`` beyond its memory, or beyond what it can pin), the
+    largest of its halves it grants, with one warning: a size no host can
+    give must not keep the engine from starting. ``RuntimeError`` below
+    ``MIN_POOL``."""
+    wanted, refusal = size, None
+    while True:
+        try:
+            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+        except RuntimeError as exc:
+            if size // 2 < MIN_POOL:
+                raise
+            refusal, size = exc, size // 2 // _PAGE * _PAGE
+            continue
+        if refusal is not None:
+            logger.warning(
+                "CPU tier: max_local_cpu_size asks for %.1f GB, more than this host "
+                "grants (%s); the tier uses %.1f GB",
+                wanted / 1e9,
+                str(refusal).splitlines()[0],
+                size / 1e9,
+            )
+        return buffer
+
+
 class HostPoolAllocator(MixedMemoryAllocator):
     def __init__(
         self, size: int, prefault_ahead: int = PREFAULT_AHEAD, huge_pages: bool = False
     ) -> None:
         super().__init__(0)  # a zero-byte arena costs nothing; ours replaces it
-        self.size = size
         pinned = torch_dev.is_available()
-        self.buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+        self.buffer = host_buffer(size, pinned)
+        self.size = self.buffer.numel()
         self.pin_allocator = TensorMemoryAllocator(self.buffer, align_bytes=self.align_bytes)
         # Page-locked memory comes from the accelerator runtime: its pages are its own.
         self.huge_pages = not pinned and huge_pages and advise_huge_pages(self.buffer)

@@ -1483,6 +1483,17 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "cpu-pool-refused-is-fatal",
+        "a CPU pool larger than the host grants is a smaller pool, not a failed start",
+        "lmcache_ec/tiers/allocator.py",
+        "            refusal, size = exc, size // 2 // _PAGE * _PAGE\n            continue\n",
+        "            raise\n",
+        (
+            "tests/test_engine.py::"
+            "test_a_cpu_pool_larger_than_the_host_grants_is_a_smaller_pool_not_a_failed_start",
+        ),
+    ),
+    Mutation(
         "sentinel-client-retries",
         "a sentinel that never answers is asked once a discovery, not ten times with backoff",
         "lmcache_ec/remote/redis_store.py",
