@@ -231,7 +231,12 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
             self._mark_down(operation, exc)
             return _MISS
 
-    def _blocking(self, operation: str, call: Callable[[Any], Any]) -> Any:
+    def _blocking(
+        self,
+        operation: str,
+        call: Callable[[Any], Any],
+        late: Callable[[Future], None] | None = None,
+    ) -> Any:
         """Run ``call(connector)`` within the timeout (``Deadline``); ``_MISS`` if
         unavailable, failing or late. For connectors with blocking reads (``get_sync``).
         """
@@ -239,7 +244,7 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         if connection is None or not self.health.up:
             return _MISS
         try:
-            return self._deadline.run(call, _unwrapped(connection))
+            return self._deadline.run(call, _unwrapped(connection), late=late)
         except ShardUnavailable:
             self.health.count("shard_misses")
             return _MISS
@@ -324,7 +329,7 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         if self.local_cpu_backend is None:
             return None  # scheduler role: nowhere to put the bytes
         if self._has_blocking_reads():
-            memory_obj = self._blocking("get", lambda c: c.get_sync(key))
+            memory_obj = self._blocking("get", lambda c: c.get_sync(key), late=_release_late)
         else:
             memory_obj = self._call("get", lambda c: c.get(key), release_late=True)
         if memory_obj is _MISS or memory_obj is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from .store import StoreError
@@ -34,8 +34,17 @@ class Deadline:
         self._abort = abort
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
 
-    def run(self, call: Callable[..., T], *args: object) -> T:
-        """``call(*args)``'s result or exception; ``LateAnswer`` after ``seconds``."""
+    def run(
+        self,
+        call: Callable[..., T],
+        *args: object,
+        late: Callable[[Future[T]], None] | None = None,
+    ) -> T:
+        """``call(*args)``'s result or exception; ``LateAnswer`` after ``seconds``.
+
+        ``late``: called with the call's future once an abandoned call ends
+        (to release what it produced for nobody).
+        """
         try:
             future = self._pool.submit(call, *args)
         except RuntimeError as exc:  # closed
@@ -46,6 +55,8 @@ class Deadline:
             if future.done():
                 raise  # the call's own timeout
         future.cancel()
+        if late is not None:
+            future.add_done_callback(late)
         try:
             self._abort()
         except Exception as exc:  # the call ends at its socket timeout instead

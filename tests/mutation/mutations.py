@@ -1453,7 +1453,7 @@ MUTATIONS += [
         "remote-read-without-whole-deadline",
         "a server sending a value a byte at a time holds a read no longer than the timeout",
         "lmcache_ec/remote/backend.py",
-        "            return self._deadline.run(call, _unwrapped(connection))\n",
+        "            return self._deadline.run(call, _unwrapped(connection), late=late)\n",
         "            return call(_unwrapped(connection))\n",
         (
             "tests/faults/test_remote_outages.py::"
