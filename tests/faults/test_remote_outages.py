@@ -107,6 +107,15 @@ def test_silent_server_calls_return_within_the_timeout(
     # Every call runs under _within: a call that blocks on the silent server fails
     # its own assertion after BOUND (not pytest's timeout), with the server still
     # silent; the finally below then makes it answer, so the test cleans up.
+    # An upload first, while the tier is up: it runs on the store's threads,
+    # bounded by the client's socket timeouts alone (a read has a whole-call bound too).
+    writer, _ = _within(BOUND, ECCache.from_config, config, model=MODEL)
+    try:
+        writer.put("uploaded", make_tensor((4, 8), torch.float16))
+        _within(2 * BOUND, writer.flush, 10.0)
+        assert snapshot(writer)["tiers"]["remote"]["available"] is False
+    finally:
+        _within(2 * BOUND, writer.close)
     cache, _ = _within(BOUND, ECCache.from_config, config, model=MODEL)
     try:
         tensor = make_tensor((4, 8), torch.float16)
