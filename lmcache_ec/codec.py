@@ -135,7 +135,15 @@ def host_bytes(tensor: torch.Tensor) -> np.ndarray | None:
     thread): torch's intra-op pool is slower for MB-sized copies and, on a busy
     host, waits for its worker threads to be scheduled.
     """
-    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+    # A contiguous tensor may still have a stride other than 1 on a last dim of
+    # size 1 (``row.t()``), or a lazy negation: neither can be viewed as bytes.
+    if (
+        tensor.device.type != "cpu"
+        or not tensor.is_contiguous()
+        or tensor.stride(-1) != 1
+        or tensor.is_neg()
+        or tensor.is_conj()
+    ):
         return None
     return tensor.detach().view(torch.uint8).numpy().reshape(-1)
 
@@ -204,6 +212,7 @@ def _parse_verified(raw: bytes) -> dict[str, Any]:
 # same header every time, and JSON parsing is a third of the verification cost.
 _PARSED: dict[bytes, tuple[str, torch.dtype, tuple[int, ...]]] = {}
 _PARSED_MAX = 4096
+_PARSED_MAX_LEN = 4096  # a longer header (a huge mm_hash) is parsed each time, not kept
 
 
 def _header_essentials(raw: np.ndarray, header_sum: int) -> tuple[str, torch.dtype, tuple]:
@@ -215,9 +224,10 @@ def _header_essentials(raw: np.ndarray, header_sum: int) -> tuple[str, torch.dty
     if found is None:
         header = _parse_verified(data)
         found = (header.get("name"), header["torch_dtype"], tuple(header["shape"]))
-        if len(_PARSED) >= _PARSED_MAX:
-            _PARSED.clear()
-        _PARSED[data] = found
+        if len(data) <= _PARSED_MAX_LEN:
+            if len(_PARSED) >= _PARSED_MAX:
+                _PARSED.clear()
+            _PARSED[data] = found
     return found
 
 

@@ -127,6 +127,10 @@ class ECCache:
         )
         self._cpu = self._storage.cpu
         self._disk = self._storage.disk
+        # local_cpu off and no other tier (configured so, or turned off at start).
+        self._stores_nothing = not self._storage.tiers()
+        if self._stores_nothing:
+            logger.warning("No tier holds entries (local_cpu off, no other): nothing is stored")
         for tier in self._storage.every_tier():
             self.stats.watch_tier(tier.name, tier.snapshot)  # None: the tier keeps none
         self.stats.watch_features(self._storage.features_off)
@@ -262,6 +266,9 @@ class ECCache:
             header = codec.encode_header(key, tensor)
         size = codec.frame_size(header, tensor)
         self._check_fits(size)
+        if self._stores_nothing:
+            self.stats.add("put_rejected")
+            return False
         if self._cpu.holds_entries and self._cpu.contains(key):
             self.stats.add("put_skipped_existing")
             return True

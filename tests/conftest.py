@@ -27,7 +27,8 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (
         a.dtype == b.dtype
         and a.shape == b.shape
-        and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+        # reshape(-1): a contiguous [n, 1] tensor may have a last stride other than 1
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
     )
 
 

@@ -44,6 +44,25 @@ def test_non_contiguous_input():
     assert bit_equal(out, tensor.contiguous())
 
 
+def test_a_contiguous_tensor_whose_unit_last_dim_has_another_stride_round_trips():
+    # row.t(): contiguous by torch's rule (a size-1 dim's stride is free), but
+    # its last stride is not 1, so it cannot be viewed as bytes.
+    tensor = make_tensor((1, 37), torch.float32).t()
+    assert tensor.is_contiguous() and tensor.stride(-1) != 1
+    out = codec.decode_frame(frame_of(tensor), IDENTITY.key("h"))
+    assert bit_equal(out, tensor.contiguous())
+
+
+def test_a_long_header_is_verified_but_not_kept_in_the_parse_cache(tmp_path):
+    tensor = make_tensor((4, 8), torch.float16)
+    short, long = "short-hash", "h" * 100_000  # a hostile mm_hash: a 100 KB header
+    for mm_hash in (short, long):
+        read = _read(tmp_path, frame_of(tensor, mm_hash).numpy().tobytes())
+        assert bit_equal(codec.decode_read(read, IDENTITY.key(mm_hash)).view(), tensor)
+    kept = [len(header) for header in codec._PARSED]
+    assert kept and max(kept) < 4096  # the short one is kept, the long one is not
+
+
 @pytest.mark.parametrize(
     ("offset", "reason"),
     [(0, "bad magic"), (70, "header checksum"), (-1, "payload checksum")],

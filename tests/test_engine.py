@@ -277,6 +277,21 @@ def test_a_cpu_pool_larger_than_the_host_grants_is_a_smaller_pool_not_a_failed_s
     assert len(warnings) == 1 and f"{cache.cpu_capacity / 1e9:.1f} GB" in warnings[0]
 
 
+def test_a_batch_holding_a_transposed_row_is_stored_whole(cache):
+    column = make_tensor((1, 64), torch.bfloat16, seed=3).t()  # [64, 1], last stride 64
+    first = make_tensor((8, 64), torch.bfloat16, seed=4)
+    assert cache.put_many({"first": first, "column": column}) == [True, True]
+    assert bit_equal(cache.get("column"), column) and bit_equal(cache.get("first"), first)
+
+
+def test_with_no_tier_holding_entries_a_put_says_it_stored_nothing(make_cache, caplog):
+    cache = make_cache({"local_cpu": False, "local_disk": None})
+    assert cache.tiers == []
+    assert cache.put("nowhere", make_tensor((4, 8), torch.bfloat16)) is False
+    assert cache.stats.snapshot()["put_rejected"] == 1
+    assert any("No tier holds entries" in r.getMessage() for r in caplog.records)
+
+
 SMALL_CPU = {"local_cpu": True, "max_local_cpu_size": 0.02}
 
 

@@ -261,6 +261,57 @@ def test_the_batched_form_computes_only_what_no_tier_holds_in_one_call(cache):
     assert cache.get_or_compute_many(["c", "a"], compute)[0] is not None and len(calls) == 1
 
 
+@pytest.mark.parametrize("stored", [False, True], ids=["computed", "stored"])
+def test_a_hash_asked_twice_in_a_batch_gets_two_tensors(cache, stored):
+    if stored:
+        assert cache.put("twice", make_tensor(SHAPE, DTYPE, 7))
+    out = cache.get_or_compute_many(
+        ["twice", "twice"], lambda hashes: [make_tensor(SHAPE, DTYPE, 7) for _ in hashes]
+    )
+    out[0].zero_()  # the caller's own tensor, as from get_many
+    assert bit_equal(out[1], make_tensor(SHAPE, DTYPE, 7))
+
+
+def test_a_bad_hash_in_a_batch_leaves_no_flight_behind(cache):
+    good = Computation(seed=8)
+    for bad in ("", 123):
+        with pytest.raises((ValueError, TypeError)):
+            cache.get_or_compute_many(["good", bad], lambda hashes: [good() for _ in hashes])
+    assert good.calls == 0
+    thread, out = in_thread(lambda: cache.get_or_compute("good", good))
+    assert finished(thread), "a flight of the failed call was never landed"
+    assert bit_equal(out[0], make_tensor(SHAPE, DTYPE, 8))
+    assert bit_equal(cache.get_or_compute("good", good), make_tensor(SHAPE, DTYPE, 8))
+
+
+def test_followers_get_the_computed_tensor_whatever_the_leaders_caller_does_with_its_own(
+    cache,
+):
+    # The leader's caller changes the tensor it got at once; its followers,
+    # woken by the same landing, must still get what was computed.
+    for trial in range(20):
+        compute = Computation(seed=trial, hold=True)
+        name = f"shared-{trial}"
+
+        def lead(name=name, compute=compute):
+            cache.get_or_compute(name, compute).zero_()
+
+        def follow(name=name, compute=compute):
+            return cache.get_or_compute(name, compute)
+
+        leader, _ = in_thread(lead)
+        assert compute.started.wait(JOIN_S)
+        followers = [in_thread(follow), in_thread(follow)]
+        time.sleep(0.02)  # the followers join the flight (one that comes late loads it)
+        compute.go.set()
+        assert finished(leader)
+        expected = make_tensor(SHAPE, DTYPE, trial)
+        for thread, out in followers:
+            assert finished(thread)
+            assert bit_equal(out[0], expected), f"trial {trial}: a follower got a changed tensor"
+        assert compute.calls == 1
+
+
 def test_the_batched_form_waits_for_what_another_instance_holds(two):
     first, second = two
     holding = Computation(seed=40, hold=True)

@@ -87,6 +87,9 @@ class GetOrCompute:
         # What this call computes is stored under this identity, and only if it is
         # still the cache's at the store (see _compute_and_store).
         identity = self._cache.identity
+        # Every name before any flight is joined: a bad hash fails the call
+        # without leaving a flight (and its followers) behind.
+        names = {mm_hash: self._name(mm_hash, identity) for mm_hash in wanted}
         found: dict[str, torch.Tensor] = {}
         while len(found) < len(wanted):
             leading: dict[str, tuple[str, Flight]] = {}
@@ -94,10 +97,7 @@ class GetOrCompute:
             for mm_hash in wanted:
                 if mm_hash in found:
                     continue
-                key = self._cache.key(mm_hash)  # memoised: a hit costs no SHA-256
-                if key.identity is not identity:  # set_identity since the call began
-                    key = identity.key(mm_hash)
-                name = key.storage_name
+                name = names[mm_hash]
                 flight, leads = self._flights.join(name)
                 if leads:
                     leading[mm_hash] = (name, flight)
@@ -116,7 +116,19 @@ class GetOrCompute:
                 flight.done.wait()
                 if flight.result is not None:  # else its leader failed: ask again
                     found[mm_hash] = flight.result.to(target, copy=True)
-        return [found[mm_hash] for mm_hash in mm_hashes]
+        # A hash asked twice gets two tensors, as from get_many.
+        answers, seen = [], set()
+        for mm_hash in mm_hashes:
+            answers.append(found[mm_hash].clone() if mm_hash in seen else found[mm_hash])
+            seen.add(mm_hash)
+        return answers
+
+    def _name(self, mm_hash: str, identity: EncoderIdentity) -> str:
+        """The storage name of ``mm_hash`` under ``identity`` (the call's)."""
+        key = self._cache.key(mm_hash)  # memoised: a hit costs no SHA-256
+        if key.identity is not identity:  # set_identity since the call began
+            key = identity.key(mm_hash)
+        return key.storage_name
 
     def _abandon(self, leading: dict[str, tuple[str, Flight]]) -> None:
         """Land the flights joined as leader without a result: their followers ask again."""
@@ -143,7 +155,7 @@ class GetOrCompute:
                 self._claim_and_compute(missing, compute, device, wait_s, identity, results)
         finally:
             for mm_hash, (name, flight) in leading.items():
-                self._flights.land(name, flight, results.get(mm_hash))
+                self._flights.land(name, flight, results.get(mm_hash), share=torch.clone)
         return results
 
     def _claim_and_compute(

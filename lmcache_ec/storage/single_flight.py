@@ -100,11 +100,12 @@ def claim_store_factory(config: ECConfig) -> Callable[[], ClaimStore | None] | N
 class Flight:
     """One computation of one entry in this process: its leader's outcome."""
 
-    __slots__ = ("done", "leader", "result")
+    __slots__ = ("done", "followers", "leader", "result")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.leader = threading.get_ident()  # a follower in this thread would wait for itself
+        self.followers = 0
         self.result: Any = None  # None once done: the leader failed (followers retry)
 
 
@@ -120,14 +121,24 @@ class LocalFlights:
         with self._lock:
             flight = self._flights.get(name)
             if flight is not None:
+                flight.followers += 1
                 return flight, False
             flight = self._flights[name] = Flight()
             return flight, True
 
-    def land(self, name: str, flight: Flight, result: Any) -> None:
-        """The leader's end: ``result`` for its followers (None: failed, they retry)."""
+    def land(
+        self, name: str, flight: Flight, result: Any, share: Callable[[Any], Any] | None = None
+    ) -> None:
+        """The leader's end: ``result`` for its followers (None: failed, they retry).
+
+        ``share(result)`` is what followers get, when there are any: a copy of
+        their own, so the leader's caller may change the one it returns.
+        """
         with self._lock:
             if self._flights.get(name) is flight:
                 del self._flights[name]
+            followers = flight.followers  # none can join once it is out of the table
+        if followers and result is not None and share is not None:
+            result = share(result)
         flight.result = result
         flight.done.set()

@@ -1270,8 +1270,8 @@ MUTATIONS += [
         "single-flight-every-caller-leads",
         "threads of one process asking for one new entry share one computation",
         SINGLE_FLIGHT,
-        "            if flight is not None:\n                return flight, False\n",
-        "            if False:\n                return flight, False\n",
+        "            if flight is not None:\n                flight.followers += 1\n",
+        "            if False:\n                flight.followers += 1\n",
         (f"{T_GET_OR_COMPUTE}::test_threads_asking_for_one_new_key_share_one_compute",),
     ),
     Mutation(
@@ -1492,6 +1492,61 @@ MUTATIONS += [
             "tests/test_engine.py::"
             "test_a_cpu_pool_larger_than_the_host_grants_is_a_smaller_pool_not_a_failed_start",
         ),
+    ),
+    Mutation(
+        "batch-hash-checked-after-joining",
+        "a bad hash in a batch fails the call without leaving a flight behind",
+        "lmcache_ec/storage/get_or_compute.py",
+        "        names = {mm_hash: self._name(mm_hash, identity) for mm_hash in wanted}\n",
+        '        names = type("Lazy", (dict,), '
+        '{"__missing__": lambda _, h: self._name(h, identity)})()\n',
+        ("tests/test_get_or_compute.py::test_a_bad_hash_in_a_batch_leaves_no_flight_behind",),
+    ),
+    Mutation(
+        "followers-share-the-leaders-tensor",
+        "followers get the computed tensor whatever the leader's caller does with its own",
+        "lmcache_ec/storage/get_or_compute.py",
+        "share=torch.clone)",
+        "share=None)",
+        (
+            "tests/test_get_or_compute.py::test_followers_get_the_computed_tensor_whatever_the_leaders_caller_does_with_its_own",
+        ),
+    ),
+    Mutation(
+        "twice-asked-hash-aliased",
+        "a hash asked twice in a batch gets two tensors",
+        "lmcache_ec/storage/get_or_compute.py",
+        "found[mm_hash].clone() if mm_hash in seen else found[mm_hash]",
+        "found[mm_hash]",
+        (
+            "tests/test_get_or_compute.py::test_a_hash_asked_twice_in_a_batch_gets_two_tensors[computed]",
+        ),
+    ),
+    Mutation(
+        "unit-dim-stride-viewed-as-bytes",
+        "a contiguous tensor whose unit last dim has another stride is stored exactly",
+        "lmcache_ec/codec.py",
+        "        or tensor.stride(-1) != 1\n",
+        "",
+        ("tests/test_engine.py::test_a_batch_holding_a_transposed_row_is_stored_whole",),
+    ),
+    Mutation(
+        "long-headers-kept-in-parse-cache",
+        "a long header (a huge mm_hash) is verified but not kept in the parse cache",
+        "lmcache_ec/codec.py",
+        "        if len(data) <= _PARSED_MAX_LEN:\n",
+        "        if True:\n",
+        ("tests/test_codec.py::test_a_long_header_is_verified_but_not_kept_in_the_parse_cache",),
+    ),
+    Mutation(
+        "no-tier-put-reports-stored",
+        "with no tier holding entries a put says it stored nothing",
+        "lmcache_ec/engine.py",
+        "        if self._stores_nothing:\n"
+        '            self.stats.add("put_rejected")\n'
+        "            return False\n",
+        "",
+        ("tests/test_engine.py::test_with_no_tier_holding_entries_a_put_says_it_stored_nothing",),
     ),
     Mutation(
         "sentinel-client-retries",
