@@ -219,8 +219,18 @@ class ECCache:
 
         Entries stored under the previous identity stay where they are and are
         no longer found through this cache; tiers evict them as usual.
+        ``ValueError`` for another namespace (``_check_namespace``).
         """
+        self._check_namespace(identity)
         self._keying = (identity, {})
+
+    def _check_namespace(self, identity: EncoderIdentity) -> None:
+        # The purge watch and the node tier's directory follow one namespace.
+        if identity.namespace != self.config.namespace:
+            raise ValueError(
+                f"identity of namespace {identity.namespace!r:.80}, not this cache's "
+                f"{self.config.namespace!r:.80}: open one ECCache per namespace"
+            )
 
     def put(
         self, mm_hash: str, tensor: torch.Tensor, *, identity: EncoderIdentity | None = None
@@ -234,6 +244,8 @@ class ECCache:
         could not write it (full, I/O error). Raises ``TypeError``/``ValueError`` for
         input that can never be stored.
         """
+        if identity is not None:
+            self._check_namespace(identity)
         key = self.key(mm_hash) if identity is None else identity.key(mm_hash)
         validate_tensor(tensor, (identity or self.identity).dtype)
         return self._put(key, tensor)

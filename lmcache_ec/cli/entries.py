@@ -18,6 +18,7 @@ from rich.progress import Progress
 from ..config import ECConfig
 from ..purge import inventory
 from ..purge.inventory import Entry, Selector
+from ..purge.marker import PurgeMarker
 from ..remote_names import redact
 from .common import (
     ConfigOption,
@@ -180,6 +181,10 @@ def ls(
     """List cached entries of the disk and remote tiers (from their frame headers)."""
     tiers = _tiers(tier)
     selector = Selector(namespace, model, parse_duration(older_than), weights)
+    try:  # a selection no engine could read from the purge log deletes nothing
+        PurgeMarker.new(selector).to_line()
+    except ValueError as exc:
+        fail(f"cannot purge this selection: {exc}", 2)
     session = _Session(load(config), tiers)
     try:
         entries = session.select(selector)
@@ -248,6 +253,10 @@ def purge(
         fail("say what to purge: --model, --namespace, --weights, --older-than, or --all", 2)
     tiers = _tiers(tier)
     selector = Selector(namespace, model, parse_duration(older_than), weights)
+    try:  # a selection no engine could read from the purge log deletes nothing
+        PurgeMarker.new(selector).to_line()
+    except ValueError as exc:
+        fail(f"cannot purge this selection: {exc}", 2)
     session = _Session(load(config), tiers)
     deleted: Counter[str] = Counter()
     freed: Counter[str] = Counter()
@@ -299,7 +308,7 @@ def _mark_purged(
     purged tier (``purge/marker.py``): ``--namespace``'s, or else every namespace
     ``named`` has entries of (selected by name), and the config's own."""
     from ..key import slug
-    from ..purge.marker import PurgeMarker, append_disk, append_remote
+    from ..purge.marker import append_disk, append_remote
     from ..tiers.disk_layout import DirectoryModes
 
     config = session.config

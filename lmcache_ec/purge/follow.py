@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from ..config import ECConfig
@@ -47,10 +48,18 @@ class PurgeFollower:
         self._stats = stats
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._last_failure = ""
+        # Purges whose part on this engine's own directories the watch thread
+        # does (again), by generation: a disk record's (an entry a read in
+        # flight wrote back after the purger deleted it), or a remote record
+        # older than this engine (its private directories outlived a restart).
+        self._rescans: dict[str, PurgeMarker] = {}
         interval = config.purge_check_s
         disk_dir = storage.disk.directory if storage.disk is not None else None
-        self.watch = MarkerWatch(disk_dir, namespace, interval, self._purged)
+        self.watch = MarkerWatch(
+            disk_dir, namespace, interval, self._purged, on_old_remote=self._rescan_later
+        )
         self._thread: threading.Thread | None = None
         if disk_dir is None and config.remote.url is None:
             return
@@ -60,6 +69,7 @@ class PurgeFollower:
     def stop(self) -> None:
         """Ask the watch thread to end (``join`` waits for it)."""
         self._stop.set()
+        self._wake.set()
 
     def join(self, timeout: float) -> None:
         if self._thread is not None:
@@ -75,9 +85,12 @@ class PurgeFollower:
                     if catalog is not None:
                         self.watch.check_remote(catalog)
                     self.watch.poll_disk()
+                    self._run_rescans()
                 except Exception as exc:  # the watch outlives anything one check does
                     self._failed(exc)
-                if self._stop.wait(self.watch.interval):
+                self._wake.wait(self.watch.interval)
+                self._wake.clear()
+                if self._stop.is_set():
                     return
         finally:
             if catalog is not None:
@@ -96,31 +109,83 @@ class PurgeFollower:
         - remote record (on the watch thread): entries of this engine's own
           disk and node directories that the purge selected and that were
           created before it are deleted first — the purging process may not
-          share them;
+          share them; a disk record: the watch thread looks at them again soon
+          (``_rescan_later``), never the caller of a read that noticed it;
         - the CPU tier drops every entry whose namespace and model (and, when
           known from the key, weights version) the purge selected, whatever its
           age: they are read again from a lower tier if still there;
         - the remote tier forgets which keys it saw stored (a later put uploads
           again).
 
+        Reads begun before either part are served but not promoted
+        (``TierReader.purge_begins``): what they hold may be purged.
         ``PurgeIncomplete`` (after all of the above) if an entry could not be
         deleted: the watch applies the purge again at its next check.
         """
+        selector = marker.selector(self._namespace)
+        if tier == "remote":
+            undone = self._purge_own_directories(selector)
+        else:
+            undone = []
+            self._rescan_later(marker)
+        self._reader.purge_begins()
+        try:
+            with self._lock:
+                self._drop_cpu(selector)
+                for each in self._storage.every_tier():
+                    each.forget_stored()
+        finally:
+            self._reader.purge_ends()
+        if undone:  # still served from disk: not applied yet
+            raise PurgeIncomplete(
+                f"{len(undone)} selected entries not deleted (first: {undone[0]})"
+            )
+        self._stats.add("purges_seen")  # applied: counted once nothing serves the selection
+
+    def _rescan_later(self, marker: PurgeMarker) -> None:
+        """Have the watch thread apply ``marker`` to this engine's own directories."""
         with self._lock:
-            selector = marker.selector(self._namespace)
+            self._rescans[marker.generation] = marker
+        self._wake.set()
+
+    def _run_rescans(self) -> None:
+        """(watch thread) The queued directory parts; one left undone stays queued."""
+        with self._lock:
+            queued = list(self._rescans.values())
+        for marker in queued:
+            undone = self._purge_own_directories(marker.selector(self._namespace))
+            if undone:
+                self._failed(PurgeIncomplete(f"purge {marker.generation[:8]}: {undone[0]}"))
+                continue
+            with self._lock:
+                self._rescans.pop(marker.generation, None)
+
+    def _purge_own_directories(self, selector: selection.Selector) -> list[str]:
+        """(watch thread) Delete what ``selector`` selects in this engine's disk
+        and node directories, then from the CPU tier what promotions put there
+        meanwhile; what was left undone."""
+        self._reader.purge_begins()
+        try:
             tiers = self._storage.every_tier()
+            local = [t for t in tiers if t.directory is not None]
+            if not self._writes_landed(local):  # one may be an entry the purge selects
+                return [f"writes to {local[0].directory} still pending"]
             undone: list[str] = []
-            if tier == "remote":
-                for directory in [t.directory for t in tiers if t.directory is not None]:
-                    undone += self._purge_directory(directory, selector)
-            self._drop_cpu(selector)
-            for each in tiers:
-                each.forget_stored()
-            if undone:  # still served from disk: not applied yet
-                raise PurgeIncomplete(
-                    f"{len(undone)} selected entries not deleted (first: {undone[0]})"
-                )
-            self._stats.add("purges_seen")  # applied: counted once nothing serves the selection
+            for each in local:
+                undone += self._purge_directory(each.directory, selector)
+            with self._lock:
+                self._drop_cpu(selector)
+            return undone
+        finally:
+            self._reader.purge_ends()
+
+    def _writes_landed(self, tiers: list) -> bool:
+        deadline = time.monotonic() + self._config.close_timeout
+        while any(each.pending_writes() for each in tiers):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
 
     def _purge_directory(self, directory: str, selector: selection.Selector) -> list[str]:
         """Delete the entries of ``directory`` that ``selector`` selects, each

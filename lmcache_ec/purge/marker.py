@@ -136,7 +136,12 @@ class PurgeMarker:
         return str(fields or "all")
 
     def to_line(self) -> bytes:
-        """The record as one log line; ``ValueError`` if longer than ``RECORD_LIMIT``."""
+        """The record as one log line; ``ValueError`` if a reader would refuse it
+        (a text over ``_TEXT_LIMIT`` characters, a line over ``RECORD_LIMIT`` bytes)."""
+        for field in ("namespace", "model", "weights"):
+            value = getattr(self, field)
+            if value is not None and len(value) > _TEXT_LIMIT:
+                raise ValueError(f"a purge's {field} is longer than {_TEXT_LIMIT} characters")
         record = {
             "v": FORMAT_VERSION,
             "generation": self.generation,
@@ -306,11 +311,15 @@ class MarkerWatch:
         namespace: str,
         interval: float,
         on_purge: Callable[[PurgeMarker, str], None],
+        on_old_remote: Callable[[PurgeMarker], None] | None = None,
     ) -> None:
         self.disk_dir = disk_dir
         self.namespace = namespace
         self.interval = interval
         self._on_purge = on_purge
+        # A remote record older than this watch: nothing cached in memory is
+        # older, but directories of its own may be (they outlive a restart).
+        self._on_old_remote = on_old_remote
         self._started = time.time()
         self._lock = threading.Lock()
         self._handled: OrderedDict[str, None] = OrderedDict()
@@ -379,7 +388,9 @@ class MarkerWatch:
         if retry == "remote":  # a remote record, seen again on disk, still does its part
             tier = "remote"
         if first and retry is None and marker.time < self._started:
-            return False  # there before we started: nothing of ours to drop
+            if tier == "remote" and self._on_old_remote is not None:
+                self._on_old_remote(marker)
+            return False  # there before we started: nothing in memory to drop
         if retry is None:  # a retry is no news: logged when first seen
             logger.info(
                 "Purge %s seen on the %s tier (selection %s); dropping cached copies",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple, NoReturn
 
@@ -51,6 +52,7 @@ class Hit(NamedTuple):
 class Prefetched(NamedTuple):
     tier: Tier  # the tier the frames came from
     frames: dict[ECKey, bytes | None]  # None: that tier does not have the key
+    purges: int  # purges begun when the frames were fetched (``TierReader.purge_begins``)
 
 
 class _Dropped(Exception):
@@ -98,6 +100,21 @@ class TierReader:
         # The caller is done with the last read (copied out or released);
         # bound here, not wrapped: one call less on every read.
         self.done = self._promoter.read_done
+        # A read that began before a purge was applied, or while one is, may
+        # hold a purged entry: it is served, but not promoted (written back).
+        self._purge_lock = threading.Lock()
+        self._purges_begun = 0
+        self._purges_applying = 0
+
+    def purge_begins(self) -> None:
+        """A purge is being applied: promotions of reads begun before are not kept."""
+        with self._purge_lock:
+            self._purges_begun += 1
+            self._purges_applying += 1
+
+    def purge_ends(self) -> None:
+        with self._purge_lock:
+            self._purges_applying -= 1
 
     def settle(self, key: ECKey) -> None:
         """Finish a pending background promotion of ``key``, if any."""
@@ -127,6 +144,7 @@ class TierReader:
         """
         self._promoter.reading()
         self._promoter.settle(key)  # a read after a disk hit is a CPU hit
+        purges = self._purges_begun if prefetched is None else prefetched.purges
         cpu = self._cpu
         try:
             if cpu.holds_entries:
@@ -136,10 +154,10 @@ class TierReader:
                     self.tier_failed(cpu, "get", exc)
                     memory_obj = None
                 if memory_obj is not None:
-                    return self._from_buffer(key, 0, cpu, memory_obj)
+                    return self._from_buffer(key, 0, cpu, memory_obj, purges)
             for level, tier in enumerate(self._storage.tiers()):
                 if tier is not cpu:
-                    hit = self._from_tier(key, level, tier, prefetched)
+                    hit = self._from_tier(key, level, tier, prefetched, purges)
                     if hit is not None:
                         return hit
         except _Dropped:
@@ -190,12 +208,13 @@ class TierReader:
         wanted = [key for key in dict.fromkeys(keys) if not self._held_locally(key, local)]
         if len(wanted) < 2:
             return None
+        purges = self._purges_begun
         try:
             frames = tier.read_many(wanted)
         except Exception as exc:
             self.tier_failed(tier, "get", exc)
             return None
-        return Prefetched(tier, dict(zip(wanted, frames, strict=True)))
+        return Prefetched(tier, dict(zip(wanted, frames, strict=True)), purges)
 
     @staticmethod
     def _held_locally(key: ECKey, local: list[Tier]) -> bool:
@@ -208,7 +227,7 @@ class TierReader:
         return False
 
     def _from_tier(
-        self, key: ECKey, level: int, tier: Tier, prefetched: Prefetched | None
+        self, key: ECKey, level: int, tier: Tier, prefetched: Prefetched | None, purges: int
     ) -> Hit | None:
         try:
             data = _NOT_FETCHED
@@ -225,7 +244,7 @@ class TierReader:
         if data is None:
             return None
         if isinstance(data, MemoryObj):
-            return self._from_buffer(key, level, tier, data)
+            return self._from_buffer(key, level, tier, data, purges)
         # Fresh memory: whole bytes (remote) or a frame read from a file (disk, node).
         from_bytes = isinstance(data, bytes)
         try:
@@ -233,12 +252,14 @@ class TierReader:
         except Exception as exc:
             self._drop(key, tier, exc)
         if from_bytes:
-            self._promote_bytes(key, data, payload, level)
+            self._promote_bytes(key, data, payload, level, purges)
         elif level > 0:  # some tier above wants it
-            self._promoter.submit(key, tier, self._cpu.stamp())
+            self._promoter.submit(key, tier, self._cpu.stamp(), purges)
         return Hit(tier.name, None, payload)
 
-    def _from_buffer(self, key: ECKey, level: int, tier: Tier, memory_obj: MemoryObj) -> Hit | None:
+    def _from_buffer(
+        self, key: ECKey, level: int, tier: Tier, memory_obj: MemoryObj, purges: int
+    ) -> Hit | None:
         payload = known_payload(memory_obj, key)
         if payload is None:
             buffer = frame_bytes(memory_obj)
@@ -254,7 +275,7 @@ class TierReader:
                 self._drop(key, tier, exc)
             remember_payload(memory_obj, payload)
         if level > 0:
-            self._write_above(key, memory_obj, self._storage.tiers()[:level])
+            self._write_above(key, memory_obj, self._storage.tiers()[:level], purges)
         return Hit(tier.name, memory_obj, payload)
 
     def _drop(self, key: ECKey, tier: Tier, exc: Exception) -> NoReturn:
@@ -269,20 +290,30 @@ class TierReader:
     # -- promotion -----------------------------------------------------------
 
     def _write_above(
-        self, key: ECKey, memory_obj: MemoryObj, tiers: list[Tier], since: int | None = None
+        self,
+        key: ECKey,
+        memory_obj: MemoryObj,
+        tiers: list[Tier],
+        purges: int,
+        since: int | None = None,
     ) -> None:
-        """``memory_obj`` written to ``tiers``; ``since``: a late promotion, which
-        takes its place in the CPU tier's use order as of that tick."""
-        for tier in tiers:
-            try:
-                if since is not None and tier is self._cpu:
-                    self._cpu.write_used_at(key, memory_obj, since)
-                else:
-                    tier.write(key, memory_obj)
-            except Exception as exc:
-                self.tier_failed(tier, "promote", exc)
+        """``memory_obj`` written to ``tiers``, unless a purge began after the
+        read (``purges``: those begun when it began) or is being applied;
+        ``since``: a late promotion, which takes its place in the CPU tier's
+        use order as of that tick."""
+        with self._purge_lock:  # a purge begins before or after these writes, not during
+            if self._purges_applying or self._purges_begun != purges:
+                return
+            for tier in tiers:
+                try:
+                    if since is not None and tier is self._cpu:
+                        self._cpu.write_used_at(key, memory_obj, since)
+                    else:
+                        tier.write(key, memory_obj)
+                except Exception as exc:
+                    self.tier_failed(tier, "promote", exc)
 
-    def _promote_from(self, key: ECKey, source: Tier, since: int) -> None:
+    def _promote_from(self, key: ECKey, source: Tier, since: int, purges: int) -> None:
         """On the promoter thread: read ``key`` again from ``source`` into the
         CPU pool, verify it and hand it to the tiers above. ``since``: the CPU
         tier's use tick when the caller read it; the pool buffer may evict only
@@ -304,13 +335,15 @@ class TierReader:
                 # Verified again: the entry may have changed since the caller's read.
                 payload = codec.decode_payload(buffer, key)
                 remember_payload(memory_obj, payload)
-                self._write_above(key, memory_obj, above, since)
+                self._write_above(key, memory_obj, above, purges, since)
         except codec.CorruptEntryError:
             pass  # the next read of the entry finds it and drops it
         finally:
             memory_obj.ref_count_down()
 
-    def _promote_bytes(self, key: ECKey, data: Any, payload: codec.Payload, level: int) -> None:
+    def _promote_bytes(
+        self, key: ECKey, data: Any, payload: codec.Payload, level: int, purges: int
+    ) -> None:
         """One copy of a verified frame into the CPU pool, for the tiers above ``level``."""
         above = self._storage.tiers()[:level]
         if not above:
@@ -325,7 +358,7 @@ class TierReader:
         try:
             np.copyto(buffer.numpy()[:size], np.frombuffer(data, dtype=np.uint8))
             remember_payload(memory_obj, payload.over(buffer))
-            self._write_above(key, memory_obj, above)
+            self._write_above(key, memory_obj, above, purges)
         finally:
             memory_obj.ref_count_down()
 

@@ -1156,8 +1156,8 @@ MUTATIONS += [
         "late-promotion-goes-to-the-front",
         "a promoted old entry takes its place in the CPU tier's use order as of its read",
         "lmcache_ec/storage/reads.py",
-        "self._write_above(key, memory_obj, above, since)",
-        "self._write_above(key, memory_obj, above)",
+        "self._write_above(key, memory_obj, above, purges, since)",
+        "self._write_above(key, memory_obj, above, purges)",
         (
             "tests/storage/test_reads.py::test_a_promotion_that_lands_after_newer_puts_ranks_behind_them",
         ),
@@ -1547,6 +1547,53 @@ MUTATIONS += [
         "            return False\n",
         "",
         ("tests/test_engine.py::test_with_no_tier_holding_entries_a_put_says_it_stored_nothing",),
+    ),
+    Mutation(
+        "promotion-across-a-purge-kept",
+        "a read in flight across a purge does not store its entry again",
+        "lmcache_ec/storage/reads.py",
+        "            if self._purges_applying or self._purges_begun != purges:\n"
+        "                return\n",
+        "",
+        (
+            "tests/purge/test_purge_races.py::test_a_read_in_flight_across_a_purge_does_not_store_its_entry_again",
+        ),
+    ),
+    Mutation(
+        "disk-purge-not-rescanned",
+        "an entry a read wrote back before the engine saw the purge is deleted",
+        "lmcache_ec/purge/follow.py",
+        "            undone = []\n            self._rescan_later(marker)\n",
+        "            undone = []\n",
+        (
+            "tests/purge/test_purge_races.py::test_an_entry_a_read_wrote_back_before_the_engine_saw_the_purge_is_deleted",
+        ),
+    ),
+    Mutation(
+        "old-remote-purge-skipped",
+        "an engine started after a remote purge applies it to its own disk",
+        "lmcache_ec/purge/marker.py",
+        '            if tier == "remote" and self._on_old_remote is not None:\n',
+        "            if False:\n",
+        (
+            "tests/purge/test_purge_races.py::test_an_engine_started_after_a_remote_purge_applies_it_to_its_own_disk",
+        ),
+    ),
+    Mutation(
+        "purge-record-too-long-for-readers",
+        "a purge too long for its readers deletes nothing",
+        "lmcache_ec/purge/marker.py",
+        "            if value is not None and len(value) > _TEXT_LIMIT:\n",
+        "            if False:\n",
+        ("tests/purge/test_purge_races.py::test_a_purge_too_long_for_its_readers_deletes_nothing",),
+    ),
+    Mutation(
+        "identity-namespace-switch-allowed",
+        "an identity of another namespace is refused",
+        "lmcache_ec/engine.py",
+        "        if identity.namespace != self.config.namespace:\n",
+        "        if False:\n",
+        ("tests/purge/test_purge_races.py::test_an_identity_of_another_namespace_is_refused",),
     ),
     Mutation(
         "sentinel-client-retries",
