@@ -1596,6 +1596,32 @@ MUTATIONS += [
         ("tests/purge/test_purge_races.py::test_an_identity_of_another_namespace_is_refused",),
     ),
     Mutation(
+        "request-waits-beyond-its-room",
+        "a request needing more items than the bounds loads what fits and computes the rest",
+        "lmcache_ec/integration/vllm/scheduler.py",
+        "        if self._room is not None and not self._room.fits(nbytes):\n",
+        "        if False:\n",
+        (
+            "tests/vllm/test_item_lifecycle.py::test_a_request_needing_more_items_than_the_bounds_loads_what_fits_and_computes_the_rest[ec_consumer]",
+        ),
+    ),
+    Mutation(
+        "computed-output-not-saved-again",
+        "an output computed again after it left the tiers is saved again",
+        "lmcache_ec/integration/vllm/worker.py",
+        "            identity = self.cache.identity if self.weights is not None else None\n",
+        # the shortcut this guarantee removed: an item saved once is never saved again
+        "            identity = self.cache.identity if self.weights is not None else None\n"
+        "            seen = self.__dict__.setdefault('_seen', set())\n"
+        "            if mm_hash in seen:\n"
+        "                return\n"
+        "            seen.add(mm_hash)\n",
+        (
+            "tests/vllm/test_roles.py::"
+            "test_an_output_computed_again_after_it_left_the_tiers_is_saved_again",
+        ),
+    ),
+    Mutation(
         "sentinel-client-retries",
         "a sentinel that never answers is asked once a discovery, not ten times with backoff",
         "lmcache_ec/remote/redis_store.py",

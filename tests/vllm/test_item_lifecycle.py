@@ -295,3 +295,31 @@ def test_a_claim_of_an_ended_request_is_withdrawn_at_once(model_config, extra, d
     finally:
         first.shutdown()
         second.shutdown()
+
+
+@pytest.mark.parametrize("role", ["ec_both", "ec_consumer"])
+def test_a_request_needing_more_items_than_the_bounds_loads_what_fits_and_computes_the_rest(
+    model_config, extra, role
+):
+    """Its staged items keep their room until it is scheduled with all of them:
+    the one beyond ``max_inflight_items`` would wait for room only the request
+    frees (ec_both: ``stage_timeout_s``; ec_consumer: the request failed)."""
+    images = [image_hash(f"one-of-three-{i}.png") for i in range(3)]
+    writer = Engine(make_vllm_config(model_config, "ec_both", extra))
+    try:
+        writer.run_until_finished([writer.add_request([image]) for image in images])
+        writer.flush()
+    finally:
+        writer.shutdown()
+    settings = {**extra, "max_inflight_items": 2, "stage_timeout_s": 600.0}
+    engine = Engine(make_vllm_config(model_config, role, settings))
+    try:
+        engine.step()  # the scheduler learns the encoder weights
+        request = engine.add_request(images)
+        engine.run_until_finished([request], max_steps=200)
+        assert engine.finished[request] != "error"
+        assert len(engine.encoded) == 1 and engine.ec_stats["loads"] == 2
+        for image in images:
+            assert bit_equal(engine.gathered[image], encoder_output(image))
+    finally:
+        engine.shutdown()

@@ -49,6 +49,29 @@ def test_producer_saves_and_skips_what_is_stored(model_config, extra, disk_dir, 
     assert second.connector.scheduler._loads == {}  # and nothing is ever loaded
 
 
+def test_an_output_computed_again_after_it_left_the_tiers_is_saved_again(
+    model_config, extra, disk_dir
+):
+    """vLLM saves only what it computed: an item this worker saved before and
+    that the tiers no longer hold (evicted, purged) is stored again."""
+    engine = Engine(make_vllm_config(model_config, "ec_both", extra))
+    image = image_hash("popular.png")
+    try:
+        engine.run_until_finished([engine.add_request([image])])
+        engine.flush()
+        cache = engine.workers[0].worker.cache
+        assert cache.remove(image) and _entries(disk_dir) == []  # evicted, say
+        for encoder_cache in engine.encoder_caches:
+            encoder_cache.clear()  # and gone from vLLM's encoder cache too
+        engine.scheduler.reset_encoder_cache()
+        engine.run_until_finished([engine.add_request([image])])
+        engine.flush()
+        assert engine.encoded == [image, image]
+        assert len(_entries(disk_dir)) == 1 and cache.contains(image) is not None
+    finally:
+        engine.shutdown()
+
+
 def test_consumer_loads_but_never_saves(model_config, extra, disk_dir, v2):
     configs = [make_vllm_config(model_config, "ec_consumer", extra) for _ in range(2)]
     configs.append(make_vllm_config(model_config, "ec_producer", extra))

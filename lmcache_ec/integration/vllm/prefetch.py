@@ -9,6 +9,11 @@ rather than letting smaller items overtake it, so a large image is not
 starved; an item larger than ``max_bytes`` is never queued (it is computed).
 
 Items are shared: requests that need the same image wait on one prefetch.
+
+One request never waits on more than the bounds allow (``Room``): its
+staged items hold their room until the request is scheduled with all of
+them, so the ones beyond the bounds would wait for room only the request
+itself can free. Those are computed at once.
 """
 
 from __future__ import annotations
@@ -21,6 +26,21 @@ from dataclasses import dataclass
 class _Queued:
     deadline: float
     nbytes: int
+
+
+@dataclass
+class Room:
+    """What one request may still wait on: items and estimated bytes."""
+
+    items: int
+    nbytes: int
+
+    def fits(self, nbytes: int) -> bool:
+        return self.items >= 1 and nbytes <= self.nbytes
+
+    def take(self, nbytes: int) -> None:
+        self.items -= 1
+        self.nbytes -= nbytes
 
 
 class PrefetchQueue:
@@ -65,6 +85,10 @@ class PrefetchQueue:
 
     def fits_at_all(self, nbytes: int) -> bool:
         return nbytes <= self.max_bytes
+
+    def room(self, waited_bytes: list[int]) -> Room:
+        """A request's room, given the estimated bytes of what it waits on already."""
+        return Room(self.max_items - len(waited_bytes), self.max_bytes - sum(waited_bytes))
 
     def enqueue(self, identifier: str, deadline: float, nbytes: int) -> None:
         self._queued[identifier] = _Queued(deadline, nbytes)

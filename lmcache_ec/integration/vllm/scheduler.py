@@ -54,7 +54,7 @@ from .index import PENDING, TierIndex
 from .items import Item, ItemState, ItemTable
 from .known_weights import KnownWeights
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
-from .prefetch import PrefetchQueue
+from .prefetch import PrefetchQueue, Room
 from .request_waits import RequestWaits, Wait
 from .stage_client import StageClient
 from .step_wait import StepWait
@@ -145,6 +145,7 @@ class TierScheduler:
         # workers (V1 without a channel): their requests give them up. An order
         # made since waits for the step it was made in.
         self._held_back: set[str] = set()
+        self._room: Room | None = None  # the request being looked at's (``_look``)
         self._polled = False  # the channel was read this step
         self.known = KnownWeights(
             index, from_workers=weights_from_workers, reports_arrive=self._reports_arrive
@@ -238,16 +239,24 @@ class TierScheduler:
         """Decide each of ``identifiers`` for the request, then order what can start."""
         now = time.monotonic()
         request_id = wait.request_id
+        identifiers = list(identifiers)
+        others = wait.pending.difference(identifiers)
+        self._room = self.prefetch.room([wait.needed[other] for other in others])
         # The record each decision left: every write makes a new one, so a record
         # still identical after the dispatch below was moved by nothing else.
         decided: dict[str, Item | None] = {}
-        for identifier in identifiers:
-            answer = self._item_ready(identifier, now, wait.needed[identifier], request_id)
-            decided[identifier] = self.items.get(identifier)
-            waits = answer is ItemAnswer.WAIT
-            if waits:
-                self.prefetch.wait(identifier, request_id)
-            wait.record(identifier, waits=waits, direct=self.link.staging_direct(identifier))
+        try:
+            for identifier in identifiers:
+                nbytes = wait.needed[identifier]
+                answer = self._item_ready(identifier, now, nbytes, request_id)
+                decided[identifier] = self.items.get(identifier)
+                waits = answer is ItemAnswer.WAIT
+                if waits:
+                    self.prefetch.wait(identifier, request_id)
+                    self._room.take(nbytes)
+                wait.record(identifier, waits=waits, direct=self.link.staging_direct(identifier))
+        finally:
+            self._room = None
         self.link.dispatch()
         self.waits.wake()
         for identifier, record in decided.items():  # moved by its own decision: not news
@@ -345,6 +354,9 @@ class TierScheduler:
         if not self.prefetch.fits_at_all(nbytes):
             self.count("prefetch_too_large")
             self._fail(identifier, now)
+            return ItemAnswer.COMPUTE
+        if self._room is not None and not self._room.fits(nbytes):
+            self.count("prefetch_beyond_request_room")  # see prefetch.Room
             return ItemAnswer.COMPUTE
         deadline = now + self.settings.stage_timeout_s
         self.items.move(identifier, S.QUEUED, deadline)

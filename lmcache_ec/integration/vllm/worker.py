@@ -32,7 +32,6 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -49,8 +48,6 @@ from .saver import SaveQueue
 from .timeline import WorkerTimeline
 
 logger = logging.getLogger(__name__)
-
-_RECENT_MAX = 100_000  # identifiers remembered as already stored
 
 
 def writer_rank(identifier: str, tp_size: int) -> int:
@@ -104,7 +101,6 @@ class TierWorker:
         self._staged: dict[str, torch.Tensor] = {}
         self._staged_bytes = 0
         self._wanted: set[str] = set()  # ordered and not released
-        self._stored: OrderedDict[str, None] = OrderedDict()  # saved or loaded here
         self._saved: set[str] = set()
         self._staged_report: set[str] = set()
         self._failed: set[str] = set()
@@ -162,20 +158,12 @@ class TierWorker:
             # order of the same item under the new weights.
             self._wanted.clear()
             self._staged_report.clear()
-            self._stored.clear()
             self._counters["weights_changes"] = self._counters.get("weights_changes", 0) + 1
         logger.info("Encoder weights now %s; %d staged outputs dropped", weights, dropped)
         return True
 
     def _put(self, identifier: str, tensor: torch.Tensor, identity: EncoderIdentity) -> bool:
         return self.cache.put(identifier, tensor, identity=identity)
-
-    def _remember_stored(self, identifier: str) -> None:
-        with self._lock:
-            self._stored[identifier] = None
-            self._stored.move_to_end(identifier)
-            if len(self._stored) > _RECENT_MAX:
-                self._stored.popitem(last=False)
 
     # -- loads ---------------------------------------------------------------
 
@@ -210,8 +198,6 @@ class TierWorker:
                 if tensor is not None:
                     encoder_cache[identifier] = tensor
                     placed += 1
-        for identifier in meta.loads:
-            self._remember_stored(identifier)
         if meta.loads:
             self._count("loads", placed)
             self._count("load_seconds", time.perf_counter() - started)
@@ -353,12 +339,12 @@ class TierWorker:
     def save_caches(self, encoder_cache: dict[str, torch.Tensor], mm_hash: str) -> None:
         if not self.is_producer:
             return
+        # No "saved already" shortcut: vLLM saves only what it computed, so
+        # the scheduler found no tier holding it (evicted, purged) or gave its
+        # fetch up; a put of an entry still held stores nothing again.
         started = time.perf_counter()
         with self._lock:
-            already = mm_hash in self._stored
             identity = self.cache.identity if self.weights is not None else None
-        if already:
-            return
         if identity is None:  # weights not fingerprinted yet: no key can be trusted
             self._count("saves_skipped_weights_unknown")
             return
@@ -371,7 +357,6 @@ class TierWorker:
             and writer_rank(mm_hash, self.tp_size) != self.tp_rank
         )
         if other_rank_writes:
-            self._remember_stored(mm_hash)
             return
         tensor = encoder_cache.get(mm_hash)
         if tensor is None:
@@ -379,7 +364,6 @@ class TierWorker:
         if tensor.requires_grad:  # never under vLLM's inference mode; detach() costs µs
             tensor = tensor.detach()
         if self._saver.submit(mm_hash, tensor, identity):
-            self._remember_stored(mm_hash)
             self._count("saves_submitted")
         else:
             self._count("saves_dropped")
@@ -394,7 +378,6 @@ class TierWorker:
             if stored:
                 self._saved.add(identifier)
             else:
-                self._stored.pop(identifier, None)  # may be retried later
                 self._counters["save_failures"] = self._counters.get("save_failures", 0) + 1
 
     def flush(self, timeout: float = 30.0) -> bool:
