@@ -70,6 +70,15 @@ def _assert_closed_promptly(cache: ECCache) -> None:
     assert not cache._storage.thread.is_alive()
 
 
+def _close_unblocked(stop_server, cache: ECCache) -> None:
+    """``stop_server()``, then ``cache.close()`` within a bound: a call left
+    blocked (a failed assertion) returns once the server hangs up."""
+    stop_server()
+    closer = threading.Thread(target=cache.close, daemon=True)
+    closer.start()
+    closer.join(4 * BOUND)
+
+
 def _first_remote_hit(writer: ECCache, reader: ECCache, prefix: str) -> float:
     """Seconds until an entry written now is read back from the remote by ``reader``."""
     attempt = 0
@@ -150,12 +159,7 @@ def test_silent_server_calls_return_within_the_timeout(
         assert snapshot(cache)["tier_errors"]["remote"] >= 1
         _assert_closed_promptly(cache)
     finally:
-        # A call left blocked (the assertions above failed) returns once the
-        # server hangs up; only then is the cache closed, and within a bound.
-        black_hole.close()
-        closer = threading.Thread(target=cache.close, daemon=True)
-        closer.start()
-        closer.join(4 * BOUND)
+        _close_unblocked(black_hole.close, cache)
     fault_table(
         f"network stall: {kind} endpoint accepts, never answers",
         f"slowest call {slowest:.2f} s (remote_timeout {TIMEOUT} s); misses, local tiers "
@@ -184,10 +188,7 @@ def test_a_server_that_answers_a_byte_at_a_time_holds_no_read_past_the_timeout(
             assert drip.cut.wait(BOUND)
         _assert_closed_promptly(cache)
     finally:
-        drip.close()
-        closer = threading.Thread(target=cache.close, daemon=True)
-        closer.start()
-        closer.join(4 * BOUND)
+        _close_unblocked(drip.close, cache)
     fault_table(
         f"slow drip: {kind} sends an answer a byte at a time",
         f"read given up after {seconds:.2f} s (remote_timeout {TIMEOUT} s); a miss, "
