@@ -137,7 +137,12 @@ class ECCache:
         self._reader = TierReader(self._storage, self.stats)
         self._read_pool = ReadPool(config.read_threads)
         self._copier = HitCopier(self._reader, self.stats, self._cpu.name, self._read_pool)
-        self._replayer = RemoteReplayer(self._storage, _frame_bytes, lambda: self._closed)
+        self._replayer = RemoteReplayer(
+            self._storage,
+            _frame_bytes,
+            lambda: self._closed,
+            read_purges=lambda: self._purges.read_remote_now(),  # made below, called later
+        )
         self._replayer.attach()
         self._purges = PurgeFollower(
             config, identity.namespace, self._storage, self._reader, self.stats

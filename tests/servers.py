@@ -244,14 +244,23 @@ class Drip:
     """Accepts TCP connections and answers slowly enough that no answer ends.
 
     ``protocol="redis"``: ``EXISTS`` is answered ``1`` and ``PING`` ``PONG`` at
-    once; a ``GETRANGE`` (a read of a value) is answered with a 1 MiB bulk
-    string sent a byte every ``interval`` seconds. ``protocol="http"``: any
-    request gets a status line, then header bytes a byte at a time.
-    ``cut`` is set when a client hangs up on a dripping answer.
+    once; the command ``drip_on`` (default ``GETRANGE``, a read of a value) is
+    answered with a 1 MiB bulk string (``DEL``: an integer of no end) sent a
+    byte every ``interval`` seconds; ``replies`` answers others at once.
+    ``protocol="http"``: any request gets a status line, then header bytes a
+    byte at a time. ``cut`` is set when a client hangs up on a dripping answer.
     """
 
-    def __init__(self, protocol: str, interval: float) -> None:
+    def __init__(
+        self,
+        protocol: str,
+        interval: float,
+        drip_on: bytes = b"GETRANGE",
+        replies: dict[bytes, bytes] | None = None,
+    ) -> None:
         self.protocol, self.interval = protocol, interval
+        self.drip_on = drip_on
+        self.replies = {**_RESP_REPLIES, **(replies or {})}
         self.dripping, self.cut = threading.Event(), threading.Event()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind((HOST, 0))
@@ -282,16 +291,16 @@ class Drip:
                 commands, buffer = _resp_commands(buffer)
                 for command in commands:
                     name = command[0].upper()
-                    if name == b"GETRANGE":
-                        conn.sendall(b"$%d\r\n" % (1 << 20))
+                    if name == self.drip_on:
+                        conn.sendall(b":" if name == b"DEL" else b"$%d\r\n" % (1 << 20))
                         return self._drip(conn)
-                    conn.sendall(_RESP_REPLIES.get(name, b"+OK\r\n"))
+                    conn.sendall(self.replies.get(name, b"+OK\r\n"))
 
     def _drip(self, conn: socket.socket) -> None:
         self.dripping.set()
         while not self._stop.is_set():
             try:
-                conn.sendall(b"a")
+                conn.sendall(b"1")
             except OSError:
                 self.cut.set()
                 return

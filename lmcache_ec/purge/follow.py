@@ -96,6 +96,24 @@ class PurgeFollower:
             if catalog is not None:
                 catalog.close()
 
+    def read_remote_now(self) -> bool:
+        """Read the remote purge log now, in this thread, and apply what is new
+        in it (before writes made during an outage are re-sent: a purge recorded
+        meanwhile must not be undone); False if it could not be read."""
+        if self._config.remote.url is None:
+            return True
+        try:
+            catalog = selection.open_remote(self._config)
+        except Exception as exc:
+            logger.debug("Opening the remote purge log failed: %s", exc)
+            return False
+        if catalog is None:
+            return True
+        try:
+            return self.watch.read_remote(catalog) is not None
+        finally:
+            catalog.close()
+
     def _failed(self, exc: Exception) -> None:
         message = f"{type(exc).__name__}: {exc}"
         if message != self._last_failure:  # once per distinct failure

@@ -355,11 +355,16 @@ class MarkerWatch:
     def check_remote(self, catalog: Any) -> bool:
         """Read the remote log; True if a purge was handled. Store failures are
         logged at debug level and change nothing (the next check asks again)."""
+        return self.read_remote(catalog) is True
+
+    def read_remote(self, catalog: Any) -> bool | None:
+        """Read the remote log and apply what is new in it: None if it could
+        not be read, else whether a purge was handled."""
         try:
             data = read_remote(catalog, self.namespace)
         except Exception as exc:
             logger.debug("Reading the remote purge log failed: %s", exc)
-            return False
+            return None
         first = not self.remote_checked
         self.remote_checked = True
         return data is not None and self._handle(data, "remote", first)

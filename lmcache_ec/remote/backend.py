@@ -391,9 +391,16 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         """One upload on the store's threads; releases ``obj`` when done.
 
         The store bounds each call itself; queueing behind other uploads is
-        not a failure of the store.
+        not a failure of the store. One still queued when the tier went down
+        is remembered for the replay (``storage/replay.py``), not tried: each
+        would wait out the timeout holding its pool buffer.
         """
         try:
+            if self._closed or not self.health.up:  # queued before the tier went down
+                self.health.count("upload_skipped_unavailable")
+                if not self._closed:
+                    self.remember_missed([key])
+                return
             self._uploaded(key, connector.send_frame(key, obj))
         except Exception as exc:
             self._upload_failed(key, exc)
@@ -455,8 +462,11 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         connection = self.connection
         if connection is None or not self.health.up:
             return False
+        if self._has_blocking_reads():  # ours: a whole call within the timeout
+            removed = self._blocking("remove", lambda c: c.remove_sync(key))
+            return removed is not _MISS and bool(removed)
         try:
-            return bool(connection.remove_sync(key))  # bounded by our connectors
+            return bool(connection.remove_sync(key))
         except (NotImplementedError, ShardUnavailable):
             return False
         except Exception as exc:

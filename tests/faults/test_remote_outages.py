@@ -197,6 +197,23 @@ def test_a_server_that_answers_a_byte_at_a_time_holds_no_read_past_the_timeout(
     )
 
 
+def test_removing_a_damaged_entry_from_a_slow_server_holds_no_read_past_the_timeout(tmp_path):
+    # A damaged value at once, then a DEL answered a digit at a time: the read's
+    # removal of the damage is bounded like the read itself.
+    drip = Drip(
+        "redis", interval=TIMEOUT / 5, drip_on=b"DEL", replies={b"GETRANGE": b"$5\r\nhello\r\n"}
+    )
+    config = outage_config(f"redis://127.0.0.1:{drip.port}")
+    cache, _ = _within(BOUND, ECCache.from_config, config, model=MODEL)
+    try:
+        answer, _ = _within(2 * BOUND, cache.get, "damaged")
+        assert answer is None and drip.dripping.is_set()
+        assert snapshot(cache)["integrity_failures"] == 1
+        assert snapshot(cache)["tiers"]["remote"]["late_reads"] == 1
+    finally:
+        _close_unblocked(drip.close, cache)
+
+
 def test_unreachable_at_start_then_server_appears(tmp_path, fault_table, make_cache):
     port = free_port()  # nothing listens here yet
     url = f"redis://127.0.0.1:{port}"

@@ -1622,6 +1622,46 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "queued-upload-tried-after-down",
+        "uploads queued when the tier went down are remembered, not tried",
+        "lmcache_ec/remote/backend.py",
+        "            if self._closed or not self.health.up:  # queued before the tier went down\n",
+        "            if False:\n",
+        (
+            "tests/faults/test_remote_recovery.py::test_uploads_queued_when_the_tier_went_down_are_remembered_not_tried",
+        ),
+    ),
+    Mutation(
+        "replay-skips-what-finds-no-room",
+        "every write of an outage is re-sent, however small the CPU pool",
+        "lmcache_ec/storage/replay.py",
+        "        return memory_obj, memory_obj is None and bool(refused)\n",
+        "        return memory_obj, False\n",
+        (
+            "tests/faults/test_remote_recovery.py::test_every_write_of_an_outage_is_re_sent_through_a_small_pool",
+        ),
+    ),
+    Mutation(
+        "replay-before-reading-purges",
+        "a purge recorded during an outage is not undone by the replay",
+        "lmcache_ec/storage/replay.py",
+        "            if not self._read_purges():\n",
+        "            if False:\n",
+        (
+            "tests/faults/test_remote_recovery.py::test_a_purge_recorded_during_an_outage_is_not_undone_by_the_replay",
+        ),
+    ),
+    Mutation(
+        "remove-outside-deadline",
+        "removing a damaged entry from a slow server is bounded like a read",
+        "lmcache_ec/remote/backend.py",
+        "        if self._has_blocking_reads():  # ours: a whole call within the timeout\n",
+        "        if False:\n",
+        (
+            "tests/faults/test_remote_outages.py::test_removing_a_damaged_entry_from_a_slow_server_holds_no_read_past_the_timeout",
+        ),
+    ),
+    Mutation(
         "sentinel-client-retries",
         "a sentinel that never answers is asked once a discovery, not ten times with backoff",
         "lmcache_ec/remote/redis_store.py",

@@ -1,0 +1,108 @@
+"""After a remote outage: what was queued, and what is re-sent.
+
+- Uploads still queued when the tier went down are remembered for the
+  replay, not tried one by one against the dead store (each would wait out
+  the timeout holding a CPU-pool buffer).
+- The replay re-sends every entry written during the outage that a local
+  tier holds, however small the CPU pool it reads them through.
+- It never undoes a purge recorded during the outage: the remote purge log
+  is read (and applied) before anything is re-sent.
+"""
+
+from __future__ import annotations
+
+import redis
+import torch
+
+from lmcache_ec.config import load_config
+from lmcache_ec.key import slug
+from lmcache_ec.purge.inventory import Selector
+from lmcache_ec.purge.marker import PurgeMarker, append_remote
+from lmcache_ec.remote.catalog import open_catalog
+from tests.conftest import make_tensor
+from tests.faults.checks import snapshot, wait_for
+from tests.remote.conftest import outage_config
+
+MODEL = "test/recovery-model"
+UPLOADERS = 4  # the remote store's upload threads (lmcache_connector.WORKERS)
+
+
+def _remote(cache) -> dict:
+    return snapshot(cache)["tiers"]["remote"]
+
+
+def _stored_in(url: str) -> int:
+    with redis.Redis.from_url(url) as client:
+        return sum(1 for _ in client.scan_iter("*kv_bytes"))
+
+
+def test_uploads_queued_when_the_tier_went_down_are_remembered_not_tried(
+    black_hole, tmp_path, make_cache
+):
+    config = outage_config(f"redis://127.0.0.1:{black_hole.port}", local_disk=str(tmp_path))
+    cache = make_cache(config, model=MODEL)
+    puts = 3 * UPLOADERS
+    for i in range(puts):
+        assert cache.put(f"queued-{i}", make_tensor((4, 8), torch.bfloat16, seed=i))
+    wait_for(lambda: _remote(cache)["pending"] == 0, 30, "the upload queue emptied")
+    remote = _remote(cache)
+    # The first uploads wait out the silent store; the ones queued behind them
+    # find the tier down and are remembered without trying.
+    assert remote["upload_skipped_unavailable"] == puts - UPLOADERS
+    assert remote["awaiting_resend"] == puts
+
+
+def test_every_write_of_an_outage_is_re_sent_through_a_small_pool(
+    redis_process, tmp_path, make_cache
+):
+    # A 4 MB pool, 48 entries of 1 MB written during the outage: fewer than the
+    # uploads a replay may queue fit in it.
+    config = outage_config(redis_process.url, local_disk=str(tmp_path), max_local_cpu_size=0.004)
+    cache = make_cache(config, model=MODEL)
+    redis_process.kill()
+    written = 48
+    for i in range(written):
+        assert cache.put(f"outage-{i}", make_tensor((512, 1024), torch.bfloat16, seed=i))
+    assert cache.flush(60)
+    wait_for(lambda: _remote(cache)["awaiting_resend"] == written, 30, "every key remembered")
+    redis_process.restart()
+    wait_for(
+        lambda: (
+            _remote(cache)["available"]
+            and _remote(cache)["awaiting_resend"] == 0
+            and _remote(cache)["pending"] == 0
+        ),
+        60,
+        "the replay finished",
+    )
+    assert _stored_in(redis_process.url) == written
+
+
+def test_a_purge_recorded_during_an_outage_is_not_undone_by_the_replay(
+    redis_process, tmp_path, make_cache
+):
+    # The engine's own watch reads the remote log once at start, then not for a
+    # minute: only the replay can notice the purge in time.
+    config = outage_config(
+        redis_process.url,
+        local_disk=str(tmp_path),
+        remote_retry_interval=2.0,
+        purge_check_s=60.0,
+    )
+    cache = make_cache(config, model=MODEL)
+    wait_for(lambda: cache._purges.watch.remote_checked, 30, "the watch's first read")
+    redis_process.kill()
+    assert cache.put("written-while-cut-off", make_tensor((4, 8), torch.bfloat16))
+    wait_for(lambda: _remote(cache)["awaiting_resend"] == 1, 30, "the key remembered")
+    redis_process.restart()  # back, and purged (everything) before the engine's probe sees it
+    with open_catalog(load_config(config)) as catalog:
+        append_remote(catalog, slug("default"), PurgeMarker.new(Selector()).to_line())
+    wait_for(
+        lambda: _remote(cache)["available"] and _remote(cache)["awaiting_resend"] == 0,
+        60,
+        "the replay ran",
+    )
+    assert cache.flush(30)
+    assert _stored_in(redis_process.url) == 0  # not re-sent
+    assert cache.get("written-while-cut-off") is None  # and purged here too
+    assert snapshot(cache)["purges_seen"] == 1
