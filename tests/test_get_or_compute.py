@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import os
 import subprocess
 import sys
 import threading
@@ -330,6 +332,67 @@ def test_the_batched_form_waits_for_what_another_instance_holds(two):
     assert calls == [["y"]]  # "x" loaded from the instance that claimed it
     assert bit_equal(out[0][0], make_tensor(SHAPE, DTYPE, 40))
     assert bit_equal(out[0][1], make_tensor(SHAPE, DTYPE, 41))
+
+
+def claim_owner(cache: ECCache, claims_dir: str) -> str:
+    """Who ``cache``'s claims say holds them: read from one it holds while computing."""
+    probe = f"owner-probe-{id(cache)}"
+    path = os.path.join(claims_dir, cache.key(probe).storage_name + ".claim")
+    owners: list[str] = []
+
+    def compute() -> torch.Tensor:
+        with open(path) as record:
+            owners.append(json.load(record)["owner"])
+        return make_tensor(SHAPE, DTYPE)
+
+    cache.get_or_compute(probe, compute, wait_s=NEVER_S)
+    return owners[0]
+
+
+def test_batches_in_opposite_orders_compute_what_they_won_before_waiting(two, disk_dir):
+    first, second = two
+    claims_dir = claims_dir_for(str(disk_dir))
+    # As if each batch had won the first claim it asked for and lost the other (one
+    # claim per name on directories and S3): first holds "x", second holds "y".
+    for cache, mm_hash in ((first, "x"), (second, "y")):
+        holder = DirectoryClaims(claims_dir, owner=claim_owner(cache, claims_dir))
+        assert holder.claim(cache.key(mm_hash).storage_name, NEVER_S)
+    calls: dict[str, list[list[str]]] = {"first": [], "second": []}
+    go = threading.Event()  # first's compute is held until second met its claim
+
+    def compute_for(tag: str, seeds: dict[str, int]):
+        def compute(hashes: list[str]) -> list[torch.Tensor]:
+            calls[tag].append(hashes)
+            if tag == "first":
+                assert go.wait(JOIN_S)
+            return [make_tensor(SHAPE, DTYPE, seeds[h]) for h in hashes]
+
+        return compute
+
+    # Each also computes the other's entry, if it ever gets to: it then differs.
+    a, a_out = in_thread(
+        lambda: first.get_or_compute_many(
+            ["x", "y"], compute_for("first", {"x": 50, "y": 51}), wait_s=NEVER_S
+        )
+    )
+    assert waiting_on_another(first)  # "y" is second's
+    b, b_out = in_thread(
+        lambda: second.get_or_compute_many(
+            ["y", "x"], compute_for("second", {"x": 52, "y": 53}), wait_s=NEVER_S
+        )
+    )
+    assert waiting_on_another(second)  # "x" is first's, not computed yet
+    go.set()
+    # Waiting for the other's entry while holding its own claim uncomputed, each
+    # would wait for the other until wait_s ran out (NEVER_S: a stuck thread).
+    assert finished(a) and finished(b), "the instances waited on each other"
+    assert calls == {"first": [["x"]], "second": [["y"]]}  # each entry computed once
+    x, y = make_tensor(SHAPE, DTYPE, 50), make_tensor(SHAPE, DTYPE, 53)
+    assert bit_equal(a_out[0][0], x) and bit_equal(a_out[0][1], y)
+    assert bit_equal(b_out[0][0], y) and bit_equal(b_out[0][1], x)
+    for cache in two:
+        stats = cache.stats.snapshot()["get_or_compute"]
+        assert (stats["computes"], stats["waits"], stats["waits_loaded"]) == (2, 1, 1)
 
 
 def test_a_result_computed_across_new_weights_is_returned_but_never_stored(open_cache):

@@ -4,9 +4,13 @@
 guarantees in docs/library.md) run here, on the primitives of
 ``single_flight.py``: per entry, one caller of the process leads (the others
 follow and receive a copy of its result); a leader looks the entry up, and
-for what no tier holds claims it in the tier the instances share, waits for
-what another instance holds (``ClaimWait``), computes the rest in one call,
-stores it, and withdraws its claims once the output reached the shared tiers.
+for what no tier holds claims it in the tier the instances share, computes
+what it won in one call, stores it, and withdraws those claims once the output
+reached the shared tiers; only then does it wait for what another instance
+holds (``ClaimWait``): an instance never holds a claim it is not computing
+while it waits for another's, so two instances that each won what the other
+waits for never wait on each other. What the wait gives up on is computed in
+a second call.
 """
 
 from __future__ import annotations
@@ -167,11 +171,14 @@ class GetOrCompute:
         identity: EncoderIdentity,
         results: dict[str, torch.Tensor],
     ) -> None:
-        """Entries no tier held: claim them; wait for those others hold (the
-        ``ClaimWait`` rule), compute the rest; fill ``results``."""
+        """Entries no tier held: claim them; compute and store those won, then
+        wait for those others hold (the ``ClaimWait`` rule) and compute those
+        the wait gives up on; fill ``results``."""
         agent = self._claim_agent()
         rule = ClaimWait(wait_s)
         ttl = max(wait_s, 0.001)
+        # The wait ends wait_s after the claims, the compute of what was won included:
+        # another's claim, made before ours, lasts wait_s from its making too.
         deadline = time.monotonic() + wait_s
         if agent is None:
             answers: list[bool | None] = [True] * len(names)
@@ -181,18 +188,30 @@ class GetOrCompute:
             # (the first also opens the store), however short the wait.
             agent.wait_answers(list(names.values()), max(wait_s, self._claim_answer_s))
             answers = agent.ask_many(list(names.values()), ttl)
-        to_compute: list[str] = []
+        won: list[str] = []
         waiting: list[str] = []
-        for mm_hash, won in zip(names, answers, strict=True):
+        for mm_hash, answer in zip(names, answers, strict=True):
             # Unanswered within the bound: the store is too slow to wait on.
-            if won is None or rule.after_claim(won) is Turn.COMPUTE:
-                to_compute.append(mm_hash)
+            if answer is None or rule.after_claim(answer) is Turn.COMPUTE:
+                won.append(mm_hash)
             else:
                 waiting.append(mm_hash)
         self._cache.stats.add("compute_waits", len(waiting))
-        if to_compute and agent is not None and agent.shared:
+        if won and agent is not None and agent.shared:
             # Stored by a holder that released its claim between our lookup and our claim.
-            self._take_landed(to_compute, names, device, agent, results)
+            self._take_landed(won, names, device, agent, results)
+        # What this caller won is computed, stored and its claims withdrawn before
+        # it waits: an instance waiting for it may hold what this one waits for.
+        if won:
+            try:
+                self._compute_and_store(won, names, compute, device, wait_s, identity, results)
+            except BaseException:
+                for mm_hash in waiting:  # a claim asked for them may yet be answered ours
+                    if agent is not None:
+                        agent.release(names[mm_hash])
+                raise
+        waited = list(waiting)
+        late: list[str] = []  # the wait gave up on them: computed here after all
         looks = 0
         while waiting:
             time.sleep(rule.pause(looks, time.monotonic(), deadline))
@@ -207,17 +226,19 @@ class GetOrCompute:
                     results[mm_hash] = tensor
                     self._cache.stats.add("compute_waits_loaded")
                 elif turn is Turn.COMPUTE:
-                    to_compute.append(mm_hash)
+                    late.append(mm_hash)
                 else:
                     still.append(mm_hash)
             waiting = still
-        # Claims ours but not to compute (loaded): withdrawn now; any other name
-        # may still get an answer to a claim asked while waiting: withdrawn too.
-        for mm_hash in names:
-            if mm_hash not in to_compute and agent is not None:
-                agent.release(names[mm_hash])
-        if to_compute:
-            self._compute_and_store(to_compute, names, compute, device, wait_s, identity, results)
+        # A claim asked while waiting for an entry that was then loaded may still
+        # be answered ours: withdrawn. (The claims of ``won`` are withdrawn by
+        # their compute, those of ``late`` by theirs.)
+        if agent is not None:
+            for mm_hash in waited:
+                if mm_hash not in late:
+                    agent.release(names[mm_hash])
+        if late:
+            self._compute_and_store(late, names, compute, device, wait_s, identity, results)
 
     def _take_landed(
         self,

@@ -1662,6 +1662,29 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "get-or-compute-waits-before-computing-won",
+        "instances that each won what the other waits for never wait on each other",
+        "lmcache_ec/storage/get_or_compute.py",
+        # what was won is computed after the wait, with what the wait gave up on
+        "        if won:\n"
+        "            try:\n"
+        "                self._compute_and_store("
+        "won, names, compute, device, wait_s, identity, results)\n"
+        "            except BaseException:\n"
+        "                for mm_hash in waiting:  "
+        "# a claim asked for them may yet be answered ours\n"
+        "                    if agent is not None:\n"
+        "                        agent.release(names[mm_hash])\n"
+        "                raise\n"
+        "        waited = list(waiting)\n"
+        "        late: list[str] = []  # the wait gave up on them: computed here after all\n",
+        "        waited = list(waiting)\n        late: list[str] = won\n",
+        (
+            "tests/test_get_or_compute.py::"
+            "test_batches_in_opposite_orders_compute_what_they_won_before_waiting",
+        ),
+    ),
+    Mutation(
         "sentinel-client-retries",
         "a sentinel that never answers is asked once a discovery, not ten times with backoff",
         "lmcache_ec/remote/redis_store.py",
