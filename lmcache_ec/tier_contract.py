@@ -78,6 +78,9 @@ class Tier(Protocol):
 
     def pending_writes(self) -> int: ...
 
+    def writes_in_flight(self) -> frozenset[ECKey]:
+        """The keys of the writes accepted and not on the tier yet."""
+
     def take_missed(self) -> list[ECKey]:
         """Keys whose writes were lost while the tier was down (replayed on recovery)."""
 
@@ -115,6 +118,9 @@ class TierDefaults:
 
     def pending_writes(self) -> int:
         return 0
+
+    def writes_in_flight(self) -> frozenset[ECKey]:
+        return frozenset()
 
     def take_missed(self) -> list[ECKey]:
         return []

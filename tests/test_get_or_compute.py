@@ -491,3 +491,27 @@ def test_a_holder_keeps_its_claim_until_its_output_reached_the_shared_tier(two):
     assert waiting.calls == 0
     assert bit_equal(waited_out[0], held_out[0])
     assert second.stats.snapshot()["get_or_compute"]["waits_loaded"] == 1
+
+
+def test_followers_whose_copy_cannot_be_made_ask_again_and_never_hang(cache, monkeypatch):
+    # The followers' copy fails (out of memory, say): they ask again, and so
+    # does anyone later; no flight is left in the table.
+    compute = Computation(seed=9, hold=True)
+    leader, led = in_thread(
+        lambda: cache.get_or_compute_many(["a", "b"], lambda h: [compute() for _ in h])
+    )
+    assert compute.started.wait(JOIN_S)
+    follower, followed = in_thread(lambda: cache.get_or_compute("a", compute))
+    time.sleep(0.05)  # the follower joins the flight of "a"
+
+    def no_memory(tensor, *args, **kwargs):
+        raise torch.OutOfMemoryError("no memory for the followers' copy")
+
+    monkeypatch.setattr(torch, "clone", no_memory)
+    compute.go.set()
+    assert finished(leader) and finished(follower), "a follower waits for ever"
+    monkeypatch.undo()
+    assert bit_equal(followed[0], make_tensor(SHAPE, DTYPE, 9))  # read again: stored
+    later, out = in_thread(lambda: cache.get_or_compute("b", compute))
+    assert finished(later) and bit_equal(out[0], make_tensor(SHAPE, DTYPE, 9))
+    assert not isinstance(led[0], BaseException)

@@ -110,7 +110,8 @@ class PurgeFollower:
         if catalog is None:
             return True
         try:
-            return self.watch.read_remote(catalog) is not None
+            # A purge left incomplete may have left entries it selects on disk.
+            return self.watch.read_remote(catalog) is not None and not self.watch.retrying()
         finally:
             catalog.close()
 
@@ -182,11 +183,12 @@ class PurgeFollower:
         """(watch thread) Delete what ``selector`` selects in this engine's disk
         and node directories, then from the CPU tier what promotions put there
         meanwhile; what was left undone."""
+        local = [t for t in self._storage.every_tier() if t.directory is not None]
         self._reader.purge_begins()
         try:
-            tiers = self._storage.every_tier()
-            local = [t for t in tiers if t.directory is not None]
-            if not self._writes_landed(local):  # one may be an entry the purge selects
+            # Writes accepted before now may be entries the purge selects: they
+            # land first (promotions accepted from now on are skipped).
+            if not self._writes_landed(local):
                 return [f"writes to {local[0].directory} still pending"]
             undone: list[str] = []
             for each in local:
@@ -198,8 +200,10 @@ class PurgeFollower:
             self._reader.purge_ends()
 
     def _writes_landed(self, tiers: list) -> bool:
+        """Whether the writes in flight to ``tiers`` now landed within ``close_timeout``."""
+        waited = [(each, each.writes_in_flight()) for each in tiers]
         deadline = time.monotonic() + self._config.close_timeout
-        while any(each.pending_writes() for each in tiers):
+        while any(keys & each.writes_in_flight() for each, keys in waited):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.005)

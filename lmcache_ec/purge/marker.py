@@ -417,6 +417,11 @@ class MarkerWatch:
             self._retrying.pop(marker.generation, None)
         return True
 
+    def retrying(self) -> bool:
+        """Whether a purge was left incomplete and waits to be applied again."""
+        with self._lock:
+            return bool(self._retrying)
+
     def _retry_later(self, generation: str, tier: str) -> None:
         """Forget ``generation`` so that the next check of ``tier`` applies it again."""
         with self._lock:

@@ -49,7 +49,7 @@ from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 from ..config import RemoteSettings, from_lmcache
 from ..remote_names import redact, redact_text
 from ..tier_contract import TierDefaults, TierKind
-from .deadline import GRACE, Deadline, LateAnswer
+from .deadline import GRACE, Deadline, LateAnswer, ReadersBusy
 from .health import RecentKeys, RemoteHealth
 from .lmcache_connector import ECStoreConnector
 from .store import ShardUnavailable, open_store
@@ -78,6 +78,7 @@ for _name in (
 
 MISSED_LIMIT = 100_000  # keys remembered for re-upload after an outage
 READERS = 16  # threads running blocking reads (``Deadline``)
+READ_BATCH = 32  # keys per bounded call of a batch read (one Redis pipeline)
 _MISS = object()
 
 
@@ -248,6 +249,9 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         except ShardUnavailable:
             self.health.count("shard_misses")
             return _MISS
+        except ReadersBusy:  # this process is busy, not the store
+            self.health.count("reads_busy")
+            return _MISS
         except Exception as exc:
             if isinstance(exc, LateAnswer):
                 self.health.count("late_reads")
@@ -304,10 +308,14 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         return connection is not None and hasattr(_unwrapped(connection), "get_frames_sync")
 
     def get_frames(self, keys: list[CacheEngineKey]) -> list[bytes | None]:
-        """``get_frame`` for several keys in one request; all None if unavailable."""
-        frames = self._blocking("get", lambda c: c.get_frames_sync(keys))
-        if frames is _MISS:
-            return [None] * len(keys)
+        """``get_frame`` for several keys, ``READ_BATCH`` a request, each request
+        bounded on its own (a large batch may take longer than one timeout);
+        None for those of a request that failed."""
+        frames: list[bytes | None] = []
+        for first in range(0, len(keys), READ_BATCH):
+            batch = keys[first : first + READ_BATCH]
+            answer = self._blocking("get", lambda c, b=batch: c.get_frames_sync(b))
+            frames += [None] * len(batch) if answer is _MISS else answer
         for key, data in zip(keys, frames, strict=True):
             if data is not None:
                 self._known.add(key)

@@ -3,16 +3,18 @@
 Client socket timeouts bound each read of a socket: a server that sends a
 value a byte at a time, each byte within the timeout, holds its caller for as
 long as the value is long. ``Deadline.run`` runs the call on one of its
-threads and waits for it at most ``seconds``; a late call raises
-``LateAnswer`` and the store's connections are cut (``RemoteStore.abort``),
-which ends the abandoned call at its next socket read. A call that cannot be
-cut (S3) or that its client retries keeps one of the threads until it ends;
-callers beyond ``threads`` queue within their own bound.
+threads and waits for it at most ``seconds`` once it runs; a late call
+raises ``LateAnswer`` and the store's connections are cut
+(``RemoteStore.abort``), which ends the abandoned call at its next socket
+read. A call that cannot be cut (S3) or that its client retries keeps one of
+the threads until it ends. A call that waited ``seconds`` for a free thread
+(every one busy) is given up as ``ReadersBusy``: the store is not at fault.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
@@ -26,6 +28,10 @@ GRACE = 0.5  # seconds a caller waits beyond ``remote_timeout`` for a whole call
 
 class LateAnswer(StoreError):
     """The store did not finish answering within the call's bound."""
+
+
+class ReadersBusy(StoreError):
+    """Every thread was busy for the whole bound: the call never ran."""
 
 
 class Deadline:
@@ -45,15 +51,23 @@ class Deadline:
         ``late``: called with the call's future once an abandoned call ends
         (to release what it produced for nobody).
         """
+        started = threading.Event()
+
+        def run() -> T:
+            started.set()
+            return call(*args)
+
         try:
-            future = self._pool.submit(call, *args)
+            future = self._pool.submit(run)
         except RuntimeError as exc:  # closed
             raise StoreError("the remote store is closed") from exc
+        if not started.wait(self.seconds) and future.cancel():
+            raise ReadersBusy(f"no free thread within {self.seconds:.1f} s")
         try:
             return future.result(self.seconds)
         except TimeoutError:
-            if future.done():
-                raise  # the call's own timeout
+            if future.done():  # it ended meanwhile: its own answer or error
+                return future.result()
         future.cancel()
         if late is not None:
             future.add_done_callback(late)

@@ -158,7 +158,7 @@ class GetOrCompute:
             if missing:
                 self._claim_and_compute(missing, compute, device, wait_s, identity, results)
         finally:
-            for mm_hash, (name, flight) in leading.items():
+            for mm_hash, (name, flight) in leading.items():  # land never raises
                 self._flights.land(name, flight, results.get(mm_hash), share=torch.clone)
         return results
 

@@ -116,6 +116,10 @@ class TierReader:
         with self._purge_lock:
             self._purges_applying -= 1
 
+    def _purges_at_start(self) -> int:
+        """What a read notes as it begins: -1 (never promoted) while a purge is applied."""
+        return -1 if self._purges_applying else self._purges_begun
+
     def settle(self, key: ECKey) -> None:
         """Finish a pending background promotion of ``key``, if any."""
         self._promoter.settle(key)
@@ -144,7 +148,7 @@ class TierReader:
         """
         self._promoter.reading()
         self._promoter.settle(key)  # a read after a disk hit is a CPU hit
-        purges = self._purges_begun if prefetched is None else prefetched.purges
+        purges = self._purges_at_start() if prefetched is None else prefetched.purges
         cpu = self._cpu
         try:
             if cpu.holds_entries:
@@ -208,7 +212,7 @@ class TierReader:
         wanted = [key for key in dict.fromkeys(keys) if not self._held_locally(key, local)]
         if len(wanted) < 2:
             return None
-        purges = self._purges_begun
+        purges = self._purges_at_start()
         try:
             frames = tier.read_many(wanted)
         except Exception as exc:

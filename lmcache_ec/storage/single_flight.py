@@ -138,7 +138,11 @@ class LocalFlights:
             if self._flights.get(name) is flight:
                 del self._flights[name]
             followers = flight.followers  # none can join once it is out of the table
-        if followers and result is not None and share is not None:
-            result = share(result)
-        flight.result = result
-        flight.done.set()
+        try:
+            if followers and result is not None and share is not None:
+                result = share(result)
+        except Exception:  # no copy for them (out of memory): they ask again
+            result = None
+        finally:
+            flight.result = result
+            flight.done.set()

@@ -144,6 +144,10 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         with self._flight_lock:
             return len(self._in_flight)
 
+    def writes_in_flight(self) -> frozenset[ECKey]:
+        with self._flight_lock:
+            return frozenset(self._in_flight)
+
     # -- lookups -------------------------------------------------------------
 
     def path_of(self, key: ECKey) -> str:

@@ -6,6 +6,7 @@ import redis
 import torch
 
 from lmcache_ec import ECCache
+from lmcache_ec.bench.proxy import SlowProxy
 from lmcache_ec.remote.redis_store import MGET_BATCH
 from lmcache_ec.remote_names import redis_data_key
 from tests.conftest import bit_equal, make_tensor
@@ -89,3 +90,27 @@ def test_get_many_of_more_than_one_batch_hits_every_entry(redis_url, make_cache)
     snapshot = cache.stats.snapshot()
     assert snapshot["integrity_failures"] == 0
     assert snapshot["hits"] == {"remote": 40}
+
+
+def test_a_batch_longer_than_one_timeout_is_read_whole_from_a_healthy_slow_store(
+    redis_server, redis_url, make_cache
+):
+    """Each request of a batch read has the whole-call bound, not the batch:
+    a new connection (two round trips with redis-py's handshake) and four
+    pipelines, each 0.5 s away, are 3.5 s, past one bound (2.5 s)."""
+    entries = {f"far-{i}": make_tensor((4, 32), torch.float16, seed=i) for i in range(100)}
+    assert len(entries) > 3 * MGET_BATCH
+    _stored(make_cache(remote_config(redis_url), model=MODEL), entries)
+    proxy = SlowProxy(redis_server.port, 0.5)
+    try:
+        far = {**remote_config(proxy.url), "remote_timeout": 2.0}
+        cache = make_cache(far, model=MODEL)
+        results = cache.get_many(list(entries))
+        assert all(
+            r is not None and bit_equal(r, entries[n])
+            for n, r in zip(entries, results, strict=True)
+        )
+        remote = cache.stats.snapshot()["tiers"]["remote"]
+        assert remote["available"] and remote.get("late_reads", 0) == 0
+    finally:
+        proxy.close()
