@@ -1685,6 +1685,47 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "deadline-ended-call-blamed",
+        "a read that ends as its wait times out gives its answer",
+        "lmcache_ec/remote/deadline.py",
+        "                return future.result()\n",
+        "                raise\n",
+        (
+            "tests/remote/test_deadline.py::test_a_call_ending_as_its_wait_times_out_gives_its_answer",
+        ),
+    ),
+    Mutation(
+        "busy-readers-blame-the-store",
+        "a read that finds every reader thread busy is not the store's fault",
+        "lmcache_ec/remote/deadline.py",
+        "        if not started.wait(self.seconds) and future.cancel():\n",
+        "        if False:\n",
+        (
+            "tests/remote/test_deadline.py::test_a_call_that_finds_every_thread_busy_is_not_the_stores_fault",
+        ),
+    ),
+    Mutation(
+        "batch-read-bound-as-a-whole",
+        "each request of a batch read has the bound, not the whole batch",
+        "lmcache_ec/remote/backend.py",
+        "READ_BATCH = 32  # keys per bounded call of a batch read (one Redis pipeline)\n",
+        "READ_BATCH = 10**9\n",
+        (
+            "tests/remote/test_remote_reads.py::test_a_batch_longer_than_one_timeout_is_read_whole_from_a_healthy_slow_store",
+        ),
+    ),
+    Mutation(
+        "failed-share-hangs-followers",
+        "followers whose copy cannot be made ask again and never hang",
+        "lmcache_ec/storage/single_flight.py",
+        "        except Exception:  # no copy for them (out of memory): they ask again\n"
+        "            result = None\n",
+        "        except Exception:\n            raise\n",
+        (
+            "tests/test_get_or_compute.py::test_followers_whose_copy_cannot_be_made_ask_again_and_never_hang",
+        ),
+    ),
+    Mutation(
         "sentinel-client-retries",
         "a sentinel that never answers is asked once a discovery, not ten times with backoff",
         "lmcache_ec/remote/redis_store.py",
