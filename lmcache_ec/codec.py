@@ -203,6 +203,10 @@ def _parse_verified(raw: bytes) -> dict[str, Any]:
     # float or bool dims) was not written by put and must not reach torch.
     if len(shape) != 2 or not all(type(d) is int and d > 0 for d in shape):
         raise CorruptEntryError(f"bad shape {shape!r:.80}")
+    # Readers of ``created`` (listings, purges by age) take it as a number.
+    created = header.get("created", 0.0)
+    if type(created) not in (int, float) or not math.isfinite(created):
+        raise CorruptEntryError(f"bad created {created!r:.80}")
     header["torch_dtype"] = dtype
     header["shape"] = shape
     return header

@@ -4,7 +4,8 @@ Sources, lowest precedence first:
 
 1. the defaults of the key table (``config_schema.SCHEMA``);
 2. the ``ec:`` mapping of the YAML file (and top-level ``ec_<key>`` entries,
-   LMCache 0.5.6's flat spelling of the same keys) — or, with no file at all,
+   LMCache 0.5.6's flat spelling of the same keys; the section, the prefix and
+   the keys in any letter case) — or, with no file at all,
    the embedded default (CPU tier + a disk tier under the user's cache dir);
 3. ``LMCACHE_EC_<KEY>`` environment variables.
 
@@ -15,7 +16,8 @@ be wrong for encoder outputs.
 Inside ``ec:`` the keys are LMCache's own (``local_cpu``, ``max_local_cpu_size``
 in GB, ``local_disk``, ``max_local_disk_size`` in GB, ``remote_url`` …) plus
 lmcache-ec's additions. Unknown keys and invalid values raise ``ConfigError``
-naming the key and where it came from.
+naming the key and where it came from; so does a key left empty (YAML null)
+whose default is set: leave the key out to get its default.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ import platformdirs
 import yaml
 
 from .config_schema import ALIASES, REMOTE_FIELDS, REPLACED, SCHEMA, Option, gb_to_bytes
-from .remote_names import redact
+from .remote_names import redact, redact_text
 
 ENV_PREFIX = "LMCACHE_EC_"
 CONFIG_FILE_ENV = "LMCACHE_CONFIG_FILE"
 FILE_PREFIX = "ec_"
+SECRET_KEYS = ("remote_url", "s3_endpoint_url")  # values may hold a password: redacted in errors
 
 
 class ConfigError(ValueError):
@@ -92,7 +95,10 @@ def _coerce(opt: Option, value: Any, origin: str) -> Any:
                 raise ValueError("expected a mapping")
             return dict(value)
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # int(inf): Overflow
-        raise ConfigError(f"{where}invalid value {value!r:.80}: {exc}") from None
+        shown = repr(value)
+        if opt.name in SECRET_KEYS:  # redacted before it is cut: no password half-shown
+            shown = redact_text(shown)
+        raise ConfigError(f"{where}invalid value {shown:.80}: {exc}") from None
     raise AssertionError(opt.kind)
 
 
@@ -217,8 +223,6 @@ def _build(resolved: dict[str, Any], source: str) -> ECConfig:
     remote["plugins"] = tuple(remote["plugins"] or ())
     # No frame larger than the CPU pool can be put or promoted: reads take no more.
     remote["max_frame_bytes"] = gb_to_bytes(resolved["max_local_cpu_size"])
-    if resolved["local_disk"]:
-        resolved["local_disk"] = _disk_path(resolved["local_disk"])
     return ECConfig(remote=RemoteSettings(**remote), source=source, **resolved)
 
 
@@ -243,12 +247,18 @@ def _read_yaml(path: str) -> Mapping[str, Any]:
 def _ec_section(document: Mapping[str, Any], origin: str) -> dict[str, tuple[Any, str]]:
     """The ``ec:`` keys of a full LMCache config document, with their origin."""
     found: dict[str, tuple[Any, str]] = {}
-    section = document.get("ec")
+    # Any letter case, as top-level ec_<key> and the keys inside: an ``EC:``
+    # section is never silently ignored.
+    spellings = [key for key in document if str(key).lower() == "ec"]
+    if len(spellings) > 1:
+        named = " and ".join(repr(key) for key in spellings)
+        raise ConfigError(f"{origin}: {named} both name the 'ec' section; keep one")
+    section = document[spellings[0]] if spellings else None
     if section is not None:
         if not isinstance(section, dict):
-            raise ConfigError(f"{origin}: 'ec' must be a mapping")
+            raise ConfigError(f"{origin}: '{spellings[0]}' must be a mapping")
         for name, value in section.items():
-            found[str(name).lower()] = (value, f"{origin} ec.{name}")
+            found[str(name).lower()] = (value, f"{origin} {spellings[0]}.{name}")
     for name, value in document.items():
         lower = str(name).lower()
         if lower.startswith(FILE_PREFIX) and lower != "ec":
@@ -279,7 +289,7 @@ def load_config(
         raw = {k: (v, origin) for k, v in embedded_default().items()}
     elif isinstance(source, Mapping):
         origin = "config dict"
-        if "ec" in source or any(str(k).startswith(FILE_PREFIX) for k in source):
+        if any(str(k).lower() == "ec" or str(k).lower().startswith(FILE_PREFIX) for k in source):
             raw = _ec_section(source, origin)
         else:
             raw = {str(k).lower(): (v, f"{origin} {k}") for k, v in source.items()}
@@ -297,10 +307,19 @@ def load_config(
         if opt is None:
             raise ConfigError(f"{where}: {_unknown_key(name)}")
         coerced = _coerce(opt, value, where)
+        if coerced is None and opt.default is not None:
+            # A key left empty (``namespace:``) would skip every check below.
+            raise ConfigError(
+                f"{where}: '{name}' must be set (leave the key out for its default {opt.default!r})"
+            )
         if coerced is not None and opt.check is not None:
             problem = opt.check(coerced)
             if problem:
+                if name in SECRET_KEYS:
+                    problem = redact_text(problem)
                 raise ConfigError(f"{where}: '{name}' {problem}")
+        if name == "local_disk" and coerced:
+            coerced = _disk_path(coerced, where)  # here, where its origin is known
         resolved[name] = coerced
     return _build(resolved, origin)
 
@@ -352,10 +371,10 @@ def _lmcache_keys() -> frozenset[str]:
     return frozenset(_CONFIG_DEFINITIONS)
 
 
-def _disk_path(value: str) -> str:
+def _disk_path(value: str, where: str) -> str:
     path = value[len("file://") :] if value.startswith("file://") else value
     if "," in path:
-        raise ConfigError("'local_disk' takes one directory for the encoder tier")
+        raise ConfigError(f"{where}: 'local_disk' takes one directory for the encoder tier")
     if "\0" in path:
-        raise ConfigError("'local_disk' must not contain a NUL byte")
+        raise ConfigError(f"{where}: 'local_disk' must not contain a NUL byte")
     return str(Path(path).expanduser().resolve())

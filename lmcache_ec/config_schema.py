@@ -51,6 +51,10 @@ def _non_negative(value: Any) -> str | None:
 
 GB = 1024**3  # bytes in the config's "GB", as LMCache reads its own sizes
 MAX_SIZE_GB = 1024**3  # 1 EiB: beyond any host, and bytes still fit in an int64
+# One day: a longer wait is a typo, and a bound far past it (1e300) overflows
+# the waits it becomes (threading's timeouts stop at threading.TIMEOUT_MAX).
+MAX_SECONDS = 86400.0
+MAX_READ_THREADS = 256  # threads one get_many batch may start; more is a typo
 
 
 def gb_to_bytes(size_gb: float) -> int:
@@ -62,6 +66,29 @@ def _size_gb(value: Any) -> str | None:
     problem = _positive(value)
     if problem is None and value > MAX_SIZE_GB:
         problem = f"must be at most {MAX_SIZE_GB} (GB)"
+    if problem is None and gb_to_bytes(value) < 1:  # 1e-12: a tier of 0 bytes holds nothing
+        problem = f"must be at least one byte ({1 / GB:.3g} GB)"
+    return problem
+
+
+def _at_most_a_day(value: Any) -> str | None:
+    return None if value <= MAX_SECONDS else f"must be at most {MAX_SECONDS:g} (one day)"
+
+
+def _seconds(value: Any) -> str | None:
+    """A positive number of seconds, at most a day."""
+    return _positive(value) or _at_most_a_day(value)
+
+
+def _seconds_or_zero(value: Any) -> str | None:
+    """A non-negative number of seconds, at most a day."""
+    return _non_negative(value) or _at_most_a_day(value)
+
+
+def _read_threads(value: Any) -> str | None:
+    problem = _positive(value)  # an int: at least 1
+    if problem is None and value > MAX_READ_THREADS:
+        problem = f"must be at most {MAX_READ_THREADS}"
     return problem
 
 
@@ -142,7 +169,7 @@ SCHEMA: dict[str, Option] = {
             "is safe from other processes' evictions: a process over the directory's limit "
             "evicts its own entries first, then others' idle ones, else skips the write.",
             lmcache=False,
-            check=_non_negative,
+            check=_seconds_or_zero,
         ),
         Option(
             "cpu_huge_pages",
@@ -203,7 +230,7 @@ SCHEMA: dict[str, Option] = {
             "unavailable until a health probe succeeds. In a Redis Cluster a shard that "
             "fails costs only its own keys. Alias: blocking_timeout_secs.",
             lmcache=False,
-            check=_positive,
+            check=_seconds,
             aliases=("blocking_timeout_secs",),
         ),
         Option(
@@ -214,7 +241,7 @@ SCHEMA: dict[str, Option] = {
             "lookups miss and writes stay local meanwhile; when a probe succeeds the "
             "tier reconnects and re-sends what was written locally in the meantime.",
             lmcache=False,
-            check=_positive,
+            check=_seconds,
         ),
         Option(
             "s3_endpoint_url",
@@ -265,7 +292,8 @@ SCHEMA: dict[str, Option] = {
             "cache_policy",
             kind="str",
             default="LRU",
-            help="Eviction policy of the CPU and disk tiers.",
+            help="Eviction policy of the CPU tier. The disk and node tiers always evict the "
+            "least recently used entries first (by file modification time).",
             lmcache=True,
             check=_cache_policy,
         ),
@@ -294,7 +322,7 @@ SCHEMA: dict[str, Option] = {
             "the purge (plus remote_timeout when the purge reached it only through the "
             "remote tier).",
             lmcache=False,
-            check=_positive,
+            check=_seconds,
         ),
         Option(
             "read_threads",
@@ -304,7 +332,7 @@ SCHEMA: dict[str, Option] = {
             "included): disk and remote reads run side by side. CPU hits are copied on "
             "the caller's thread; 1 reads every item there.",
             lmcache=False,
-            check=_positive,  # an int: at least 1
+            check=_read_threads,
         ),
         Option(
             "close_timeout",
@@ -312,7 +340,7 @@ SCHEMA: dict[str, Option] = {
             default=30.0,
             help="Seconds close() waits for accepted writes to reach every tier.",
             lmcache=False,
-            check=_non_negative,
+            check=_seconds_or_zero,
         ),
         Option(
             "timeline_path",

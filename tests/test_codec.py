@@ -200,6 +200,9 @@ def _with_header(frame: torch.Tensor, header: bytes) -> torch.Tensor:
         ("float-dim", "bad shape"),
         ("no-name", "another key"),
         ("unknown-dtype", "unreadable header"),
+        ("created-text", "bad created"),  # listings and purges by age take it as a number
+        ("created-nan", "bad created"),
+        ("created-null", "bad created"),
     ],
 )
 def test_header_with_a_valid_checksum_but_hostile_content_is_rejected(tmp_path, hostile, reason):
@@ -223,6 +226,9 @@ def test_header_with_a_valid_checksum_but_hostile_content_is_rejected(tmp_path, 
         "float-dim": json.dumps({**text, "shape": [4.0, 4]}).encode(),
         "no-name": json.dumps({k: v for k, v in text.items() if k != "name"}).encode(),
         "unknown-dtype": json.dumps({**text, "tensor_dtype": "int8"}).encode(),
+        "created-text": json.dumps({**text, "created": "yesterday"}).encode(),
+        "created-nan": json.dumps({**text, "created": float("nan")}).encode(),
+        "created-null": json.dumps({**text, "created": None}).encode(),
     }[hostile]
     bad = _with_header(frame, header)
     with pytest.raises(codec.CorruptEntryError, match=reason):

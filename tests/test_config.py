@@ -222,3 +222,88 @@ def test_connector_options_refuse_what_is_not_a_finite_number_at_least_zero(name
 
     with pytest.raises(ConfigError, match=f"ec_connector_extra_config.{name}"):
         ConnectorSettings.from_extra_config({name: value})
+
+
+# -- what a file may get wrong: refused, naming the key and where it came from ---
+
+
+@pytest.mark.parametrize("key", [n for n, o in SCHEMA.items() if o.default is not None])
+def test_a_key_left_empty_is_an_error_unless_its_default_is_unset(tmp_path, key):
+    """``namespace:`` (YAML null) would skip the key's check and replace its default."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"ec:\n  {key}:\n")
+    with pytest.raises(ConfigError, match=f"ec.{key}: '{key}' must be set"):
+        load_config(str(path))
+
+
+def test_a_key_left_empty_whose_default_is_unset_stays_unset(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("ec:\n  local_disk:\n  remote_url:\n  timeline_path:\n")
+    config = load_config(str(path))
+    assert config.local_disk is None and config.remote.url is None
+    assert config.timeline_path is None
+
+
+@pytest.mark.parametrize(
+    ("section", "says"),
+    [
+        ({"close_timeout": 1e300}, "at most 86400"),  # would overflow doctor's thread waits
+        ({"remote_timeout": 1e300}, "at most 86400"),
+        ({"remote_retry_interval": 86401}, "at most 86400"),
+        ({"purge_check_s": 1e10}, "at most 86400"),
+        ({"min_residency_s": 1e300}, "at most 86400"),
+        ({"read_threads": 10**6}, "at most 256"),
+        ({"max_local_cpu_size": 1e-12}, "at least one byte"),  # a pool of 0 bytes
+        ({"max_local_disk_size": 1e-12}, "at least one byte"),
+    ],
+)
+def test_values_past_any_use_are_refused(tmp_path, section, says):
+    path = write_yaml(tmp_path / "c.yaml", {"ec": section})
+    (name,) = section
+    with pytest.raises(ConfigError, match=f"ec.{name}: '{name}' must be {says}"):
+        load_config(path)
+
+
+def test_the_largest_values_taken_are_usable():
+    config = load_config({"close_timeout": 86400, "remote_timeout": 86400, "read_threads": 256})
+    assert config.close_timeout == 86400 and config.read_threads == 256
+
+
+@pytest.mark.parametrize(
+    ("section", "shown"),
+    [
+        ({"remote_url": ["redis://u:s3cret@h:1"]}, "redis://u:***@h:1"),
+        ({"s3_endpoint_url": ["http://key:s3cret@minio:9000"]}, "http://key:***@minio:9000"),
+        ({"remote_url": "redis://u:s3cret@h:6379x"}, "'remote_url'"),
+    ],
+)
+def test_a_config_error_never_shows_a_password(tmp_path, section, shown):
+    path = write_yaml(tmp_path / "c.yaml", {"ec": section})
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "s3cret" not in str(info.value) and shown in str(info.value)
+
+
+def test_a_local_disk_of_several_directories_names_where_it_came_from(tmp_path):
+    with pytest.raises(ConfigError, match="LMCACHE_EC_LOCAL_DISK: 'local_disk' takes one"):
+        load_config({}, environ={"LMCACHE_EC_LOCAL_DISK": "/data/a,/data/b"})
+    path = write_yaml(tmp_path / "c.yaml", {"ec": {"local_disk": "/data/a,/data/b"}})
+    with pytest.raises(ConfigError, match=f"{path} ec.local_disk: 'local_disk' takes one"):
+        load_config(path)
+
+
+def test_the_ec_section_is_found_in_any_letter_case(tmp_path):
+    """As top-level ``EC_LOCAL_DISK`` is: an ``EC:`` section is never silently ignored."""
+    path = write_yaml(tmp_path / "c.yaml", {"EC": {"local_disk": str(tmp_path / "store")}})
+    assert load_config(path).local_disk == str(tmp_path / "store")
+    path = write_yaml(tmp_path / "d.yaml", {"Ec": {"bogus_key": 1}})
+    with pytest.raises(ConfigError, match=r"Ec\.bogus_key: unknown key"):
+        load_config(path)
+    path = write_yaml(tmp_path / "e.yaml", {"ec": {}, "EC": {}})
+    with pytest.raises(ConfigError, match="both name the 'ec' section"):
+        load_config(path)
+
+
+def test_cache_policy_claims_only_the_tier_it_governs():
+    """The disk and node tiers evict by modification time whatever ``cache_policy`` says."""
+    assert SCHEMA["cache_policy"].help.startswith("Eviction policy of the CPU tier.")

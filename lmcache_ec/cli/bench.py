@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from .common import (
     console,
@@ -256,7 +257,7 @@ def local(
         for engine in ("lmcache-ec", "ECCacheEngine"):
             data = startup_result.get(engine, {})
             if "error" in data:
-                table.add_row(engine, "[red]failed[/]", str(data["error"]))
+                table.add_row(engine, "[red]failed[/]", escape(str(data["error"])))
             else:
                 table.add_row(
                     engine, f"{data['seconds']:.3f}", f"{data['rss_bytes'] / 1024**2:.0f} MB"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import signal
@@ -13,6 +14,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..config import ConfigError, ECConfig, load_config
@@ -44,7 +46,8 @@ def new_table(title: str, columns: Iterable[str], right: Container[str] = ()) ->
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}")
+    # Escaped: messages quote config values, paths and URLs ("[/db]" is no tag).
+    err_console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
 
 
@@ -92,6 +95,8 @@ def parse_duration(text: str | None) -> float | None:
         value = float(number) * (scale or 1)
     except ValueError:
         fail(f"invalid duration {text!r}: use e.g. 90s, 15m, 2h, 7d", 2)
+    if not math.isfinite(value):  # nan selects nothing; no engine reads such a purge record
+        fail(f"invalid duration {text!r}: must be a finite number", 2)
     if value < 0:
         fail(f"invalid duration {text!r}: must be >= 0", 2)
     return value
@@ -105,7 +110,7 @@ def short(text: Any, width: int = 16) -> str:
 def write_json(path: str | Path | None, data: Any) -> None:
     if path is not None:
         Path(path).write_text(json.dumps(data, indent=2))
-        console.print(f"wrote {path}")
+        console.print(f"wrote {escape(str(path))}")
 
 
 def write_report(
@@ -125,12 +130,12 @@ def write_report(
     write_json(json_path, result)
     if markdown is not None:
         markdown.write_text(to_markdown(result))
-        console.print(f"wrote {markdown}")
+        console.print(f"wrote {escape(str(markdown))}")
     if not no_chart:
         png = chart or (json_path.with_suffix(".png") if json_path else Path(default_chart))
         try:
             draw_chart(result, str(png))
-            console.print(f"wrote {png}")
+            console.print(f"wrote {escape(str(png))}")
         except ImportError:
             console.print("chart skipped: matplotlib is not installed (pip install matplotlib)")
 

@@ -1,7 +1,8 @@
 """``doctor``: validate the configuration and check every tier it names.
 
 Each check yields ``ok``, ``warn`` (works, but probably not what you want) or
-``fail`` (the tier will not work); any ``fail`` makes the exit status 1.
+``fail`` (the tier will not work); any ``fail`` makes the exit status 1, an
+invalid configuration 2 (invalid usage, as for every command).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import typer
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
+from rich.markup import escape
 
 from ..config import ConfigError, ECConfig, load_config
 from ..purge import inventory
@@ -396,11 +398,13 @@ def doctor(
         if round_trip and not any(c.status == "fail" for c in checks):
             checks.append(check_engine(loaded))
     table = new_table("lmcache-ec doctor", ("check", "status", "details"))
-    for check in checks:
-        table.add_row(check.area, f"[{STYLE[check.status]}]{check.status}[/]", check.message)
+    for check in checks:  # messages quote paths, URLs and errors: never markup
+        table.add_row(
+            escape(check.area), f"[{STYLE[check.status]}]{check.status}[/]", escape(check.message)
+        )
     console.print(table)
     failed = [c for c in checks if c.status == "fail"]
     if failed:
         console.print(f"[bold red]{len(failed)} problem(s) found.[/]")
-        raise typer.Exit(1)
+        raise typer.Exit(1 if loaded is not None else 2)  # 2: the configuration is invalid
     console.print("[green]All checks passed.[/]")

@@ -135,7 +135,7 @@ class _Session:
 
     def report(self) -> None:
         for problem in self.problems:
-            err_console.print(f"[yellow]warning:[/] {problem}")
+            err_console.print(f"[yellow]warning:[/] {escape(problem)}")
         if self.problems:
             raise typer.Exit(1)
 
@@ -181,10 +181,6 @@ def ls(
     """List cached entries of the disk and remote tiers (from their frame headers)."""
     tiers = _tiers(tier)
     selector = Selector(namespace, model, parse_duration(older_than), weights)
-    try:  # a selection no engine could read from the purge log deletes nothing
-        PurgeMarker.new(selector).to_line()
-    except ValueError as exc:
-        fail(f"cannot purge this selection: {exc}", 2)
     session = _Session(load(config), tiers)
     try:
         entries = session.select(selector)
@@ -202,14 +198,15 @@ def ls(
             ("tier", "namespace", "model", "mm_hash", "shape", "dtype", "size", "age"),
             right=("size", "age"),
         )
+        # Header fields are whatever a writer stored: escaped, never read as markup.
         for entry in shown:
             row = _row(entry, now)
             if entry.error:
                 table.add_row(
                     entry.tier,
                     "[red]unreadable[/]",
-                    entry.error,
-                    short(entry.name, 24),
+                    escape(entry.error),
+                    escape(short(entry.name, 24)),
                     "",
                     "",
                     human_bytes(entry.size),
@@ -218,11 +215,11 @@ def ls(
                 continue
             table.add_row(
                 entry.tier,
-                short(row["namespace"], 20),
-                short(row["model"], 32),
-                short(row["mm_hash"], 16),
-                "x".join(str(d) for d in row["shape"]),
-                row["dtype"],
+                escape(short(row["namespace"], 20)),
+                escape(short(row["model"], 32)),
+                escape(short(row["mm_hash"], 16)),
+                escape("x".join(str(d) for d in row["shape"])),
+                escape(str(row["dtype"])),
                 human_bytes(entry.size),
                 human_age(row["age_seconds"]),
             )
@@ -431,7 +428,7 @@ def _print_stats(tiers: dict[str, Any], groups: dict, counters: Any, url: str | 
             str(tier["entries"]),
             human_bytes(tier["bytes"]),
             human_bytes(capacity) if capacity else "-",
-            str(tier["location"]),
+            escape(str(tier["location"])),
         )
     console.print(table)
     if groups:
@@ -441,7 +438,7 @@ def _print_stats(tiers: dict[str, Any], groups: dict, counters: Any, url: str | 
             right=("entries", "bytes"),
         )
         for (tier, ns, model), (count, size) in sorted(groups.items()):
-            table.add_row(tier, ns, model, str(count), human_bytes(size))
+            table.add_row(tier, escape(ns), escape(model), str(count), human_bytes(size))
         console.print(table)
     if counters is None and url:
         return  # the reason is reported as a warning
@@ -451,7 +448,7 @@ def _print_stats(tiers: dict[str, Any], groups: dict, counters: Any, url: str | 
             "http://HOST:PORT/metrics of an engine exporting them.[/]"
         )
         return
-    table = new_table(f"Counters from {url}", ("counter", "value"), right=("value",))
+    table = new_table(f"Counters from {escape(str(url))}", ("counter", "value"), right=("value",))
     for name, value in counters.items():  # escape: "hits[disk]" is not markup
         table.add_row(escape(name), f"{value:.4g}" if isinstance(value, float) else str(value))
     console.print(table)
@@ -470,6 +467,7 @@ def _scrape(url: str, session: _Session) -> dict[str, Any] | None:
     that is not Prometheus text (an HTML page, a binary body), is a problem
     (exit 1), never a silent ``hit_rate 0``.
     """
+    from http.client import HTTPException, InvalidURL
     from urllib.request import urlopen
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -477,8 +475,15 @@ def _scrape(url: str, session: _Session) -> dict[str, Any] | None:
     try:
         with urlopen(url, timeout=5) as response:
             body = response.read()
+    except (ValueError, InvalidURL) as exc:  # not a URL: the user's to fix
+        fail(f"invalid --metrics-url {url!r}: {exc}", 2)
     except OSError as exc:
         session.problems.append(f"cannot read metrics from {url}: {exc}")
+        return None
+    except HTTPException as exc:  # something answered, but not in HTTP
+        session.problems.append(
+            f"cannot read metrics from {url}: not an HTTP response ({type(exc).__name__}: {exc})"
+        )
         return None
     try:
         # The parser is lazy: parse it all here, where its errors are caught.

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from ..config import ENV_PREFIX
 from ..config_schema import SCHEMA, Option
@@ -73,14 +74,14 @@ def config_doc(
         return
     try:
         document = path.read_text(encoding="utf-8")
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8
         fail(f"cannot read {path}: {exc}", 2)
     if table_in(document) is None:
         fail(f"{path} has no generated-table markers", 2)
     if check:
         if table_in(document) != render_table():
             fail(f"{path} is out of date with the code: run lmcache-ec config-doc --write")
-        console.print(f"{path} matches the code")
+        console.print(f"{escape(str(path))} matches the code")
         return
     path.write_text(with_table(document), encoding="utf-8")
-    console.print(f"wrote {path}")
+    console.print(f"wrote {escape(str(path))}")

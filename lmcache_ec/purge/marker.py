@@ -137,7 +137,12 @@ class PurgeMarker:
 
     def to_line(self) -> bytes:
         """The record as one log line; ``ValueError`` if a reader would refuse it
-        (a text over ``_TEXT_LIMIT`` characters, a line over ``RECORD_LIMIT`` bytes)."""
+        (a text over ``_TEXT_LIMIT`` characters, a line over ``RECORD_LIMIT`` bytes,
+        an ``older_than`` that is no finite number of seconds at least 0)."""
+        if self.older_than is not None and not (
+            math.isfinite(self.older_than) and self.older_than >= 0
+        ):
+            raise ValueError(f"a purge's older_than must be finite and >= 0, not {self.older_than}")
         for field in ("namespace", "model", "weights"):
             value = getattr(self, field)
             if value is not None and len(value) > _TEXT_LIMIT:

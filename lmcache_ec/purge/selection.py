@@ -11,6 +11,7 @@ selection by age or weights version reads each named entry's frame header.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -42,8 +43,11 @@ class Entry:
 
     @property
     def created(self) -> float | None:
-        if self.header is not None and "created" in self.header:
-            return float(self.header["created"])
+        """The header's creation time; else (none, or not a finite number: a
+        store anyone can write to may hold any header) the file's mtime."""
+        created = (self.header or {}).get("created")
+        if type(created) in (int, float) and math.isfinite(created):
+            return float(created)
         return self.mtime
 
     def age(self, now: float | None = None) -> float | None:

@@ -25,14 +25,15 @@ def test_doctor_passes_on_the_embedded_default(invoke):
 
 
 def test_doctor_names_an_invalid_key(tmp_path, invoke):
+    """An invalid configuration is exit 2 (invalid usage), as for every command."""
     config = write_config(tmp_path / "bad.yaml", max_local_cpu_size=-1)
-    result = invoke("doctor", "--config", config, expect=1)
+    result = invoke("doctor", "--config", config, expect=2)
     assert "max_local_cpu_size" in result.stdout and "must be > 0" in result.stdout
 
 
 def test_doctor_names_an_unknown_key(tmp_path, invoke):
     config = write_config(tmp_path / "bad.yaml", local_cpu_size=1)
-    result = invoke("doctor", "--config", config, expect=1)
+    result = invoke("doctor", "--config", config, expect=2)
     assert "unknown key 'local_cpu_size'" in result.stdout
 
 

@@ -4,11 +4,13 @@
   user's directory is ``tests/chaos/test_unusable_disk_dir.py``): the disk
   tier is skipped with a warning naming it, the other tiers are still served;
 - a ``--metrics-url`` page that is not Prometheus text (an HTML page, a body
-  that is not UTF-8), served by a real HTTP server on 127.0.0.1.
+  that is not UTF-8), served by a real HTTP server on 127.0.0.1, or a server
+  there that does not answer in HTTP at all.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -102,3 +104,22 @@ def test_stats_reports_a_metrics_page_that_is_not_prometheus_text(
     result = invoke("stats", "--config", config_file, "--metrics-url", url, expect=None)
     said = _clean_failure(result)
     assert f"{url} is not a Prometheus metrics page" in said
+
+
+def test_stats_reports_a_metrics_server_that_does_not_speak_http(config_file, invoke):
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:  # one connection: a line that is no HTTP status line
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(4096)
+            connection.sendall(b"garbage\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/metrics"
+    try:
+        result = invoke("stats", "--config", config_file, "--metrics-url", url, expect=None)
+    finally:
+        listener.close()
+    said = _clean_failure(result)
+    assert f"cannot read metrics from {url}: not an HTTP response" in said

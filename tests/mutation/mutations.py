@@ -1726,6 +1726,111 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "markup-in-errors",
+        "error text is printed as it is, never as Rich markup",
+        "lmcache_ec/cli/common.py",
+        'err_console.print(f"[bold red]error:[/] {escape(message)}")',
+        'err_console.print(f"[bold red]error:[/] {message}")',
+        (
+            "tests/cli/test_invalid_inputs.py::test_a_config_path_that_looks_like_markup_is_printed_as_it_is",
+        ),
+    ),
+    Mutation(
+        "empty-key-skips-checks",
+        "a key left empty whose default is set is a ConfigError naming it",
+        "lmcache_ec/config.py",
+        "if coerced is None and opt.default is not None:",
+        "if coerced is None and opt.default is not None and False:",
+        (
+            "tests/test_config.py::test_a_key_left_empty_is_an_error_unless_its_default_is_unset[namespace]",
+        ),
+    ),
+    Mutation(
+        "metrics-url-traceback",
+        "a --metrics-url that is not a URL exits 2 with a message",
+        "lmcache_ec/cli/entries.py",
+        "except (ValueError, InvalidURL) as exc:",
+        "except (TypeError, KeyError) as exc:",
+        (
+            "tests/cli/test_invalid_inputs.py::test_a_metrics_url_that_is_no_url_is_a_usage_error[http://localhost:abc/metrics]",
+        ),
+    ),
+    Mutation(
+        "header-created-unchecked",
+        "a header whose created is not a finite number is corrupt",
+        "lmcache_ec/codec.py",
+        '    created = header.get("created", 0.0)\n',
+        "    created = 0.0\n",
+        (
+            "tests/test_codec.py::test_header_with_a_valid_checksum_but_hostile_content_is_rejected"
+            "[created-text-bad created]",
+        ),
+    ),
+    Mutation(
+        "nan-purge-record",
+        "no purge record that engines reject is ever written",
+        "lmcache_ec/purge/marker.py",
+        "            math.isfinite(self.older_than) and self.older_than >= 0\n",
+        "            True\n",
+        (
+            "tests/cli/test_invalid_inputs.py::test_a_purge_record_no_engine_would_read_is_refused_before_it_is_written[nan]",
+        ),
+    ),
+    Mutation(
+        "unbounded-timeouts",
+        "time settings past one day are a ConfigError, never an OverflowError",
+        "lmcache_ec/config_schema.py",
+        "return None if value <= MAX_SECONDS else",
+        "return None if value <= math.inf else",
+        ("tests/cli/test_invalid_inputs.py::test_doctor_refuses_a_timeout_past_any_use",),
+    ),
+    Mutation(
+        "password-in-config-error",
+        "config errors never show a remote password",
+        "lmcache_ec/config.py",
+        "            shown = redact_text(shown)\n",
+        "            pass\n",
+        (
+            "tests/test_config.py::test_a_config_error_never_shows_a_password[section0-redis://u:***@h:1]",
+        ),
+    ),
+    Mutation(
+        "local-disk-origin",
+        "a local_disk error names where the value came from",
+        "lmcache_ec/config.py",
+        "raise ConfigError(f\"{where}: 'local_disk' takes one directory for the encoder tier\")",
+        "raise ConfigError(\"'local_disk' takes one directory for the encoder tier\")",
+        (
+            "tests/test_config.py::test_a_local_disk_of_several_directories_names_where_it_came_from",
+        ),
+    ),
+    Mutation(
+        "upper-case-ec-ignored",
+        "the ec section is found in any letter case",
+        "lmcache_ec/config.py",
+        'spellings = [key for key in document if str(key).lower() == "ec"]',
+        'spellings = [key for key in document if key == "ec"]',
+        ("tests/test_config.py::test_the_ec_section_is_found_in_any_letter_case",),
+    ),
+    Mutation(
+        "config-doc-not-utf8",
+        "config-doc on a file that is not UTF-8 exits 2",
+        "lmcache_ec/cli/reference.py",
+        "except (OSError, ValueError) as exc:",
+        "except OSError as exc:",
+        (
+            "tests/cli/test_invalid_inputs.py::test_config_doc_check_of_a_file_that_is_not_utf8_is_a_usage_error",
+        ),
+    ),
+    Mutation(
+        "doctor-invalid-config-exit",
+        "doctor exits 2 on an invalid configuration",
+        "lmcache_ec/cli/doctor.py",
+        "raise typer.Exit(1 if loaded is not None else 2)",
+        "raise typer.Exit(1)",
+        ("tests/cli/test_doctor.py::test_doctor_names_an_invalid_key",),
+    ),
+    Mutation(
         "sentinel-client-retries",
         "a sentinel that never answers is asked once a discovery, not ten times with backoff",
         "lmcache_ec/remote/redis_store.py",

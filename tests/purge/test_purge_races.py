@@ -141,6 +141,8 @@ def test_a_purge_too_long_for_its_readers_deletes_nothing(tmp_path, disk_dir, ma
     result = CliRunner().invoke(app, ["purge", "--config", str(config), "--model", model])
     assert result.exit_code == 2 and "longer than" in result.output
     assert len(_entries(disk_dir)) == 1  # nothing deleted that no engine would hear of
+    listed = CliRunner().invoke(app, ["ls", "--config", str(config), "--model", model])
+    assert listed.exit_code == 0  # a listing of that selection is fine
 
 
 def test_an_identity_of_another_namespace_is_refused(make_cache):
