@@ -1831,6 +1831,18 @@ MUTATIONS += [
         ("tests/cli/test_doctor.py::test_doctor_names_an_invalid_key",),
     ),
     Mutation(
+        "replay-trusts-an-incomplete-purge",
+        "a replay does not trust a purge log read that left a purge incomplete",
+        "lmcache_ec/purge/follow.py",
+        "            return self.watch.read_remote(catalog) is not None "
+        "and not self.watch.retrying()\n",
+        "            return self.watch.read_remote(catalog) is not None\n",
+        (
+            "tests/purge/test_purge_failures.py::"
+            "test_a_replay_does_not_trust_a_purge_log_read_that_left_a_purge_incomplete",
+        ),
+    ),
+    Mutation(
         "sentinel-client-retries",
         "a sentinel that never answers is asked once a discovery, not ten times with backoff",
         "lmcache_ec/remote/redis_store.py",

@@ -119,3 +119,37 @@ def test_a_remote_purge_left_incomplete_keeps_its_part_when_seen_on_disk(disk_di
     append_disk(str(disk_dir), slug("default"), line)
     assert watch.poll_disk(now=10.0)
     assert applied == ["remote", "remote"]
+
+
+def test_a_replay_does_not_trust_a_purge_log_read_that_left_a_purge_incomplete(
+    disk_dir, monkeypatch, make_cache
+):
+    """Writes of an outage are re-sent only once the remote purge log was read
+    and every purge in it applied: an entry a purge could not delete from this
+    engine's disk must not reach the store again."""
+    log = _RemoteLog(b"")
+    log.close = lambda: None
+    monkeypatch.setattr(selection, "open_remote", lambda config: log)
+    config = {
+        "local_cpu": True,
+        "max_local_cpu_size": 0.05,
+        "local_disk": str(disk_dir),
+        "remote_url": "redis://127.0.0.1:1",  # the log is the stand-in above
+    }
+    cache = make_cache(config, model=MODEL, purge_check_s=NEVER)
+    assert cache.put("img", torch.ones(SHAPE)) and cache.flush(10)
+    stuck = str(disk_dir / f"{cache.key('img').storage_name}.pt")
+    remove, failing = os.remove, [True]
+
+    def flaky_remove(path, *args, **kwargs):
+        if path == stuck and failing[0]:
+            raise OSError(errno.EIO, "Input/output error", path)
+        return remove(path, *args, **kwargs)
+
+    monkeypatch.setattr(selection.os, "remove", flaky_remove)
+    log.data = PurgeMarker.new(Selector(model=MODEL)).to_line()
+    assert cache._purges.read_remote_now() is False  # read, but the purge left img
+    assert os.path.exists(stuck)
+    failing[0] = False
+    assert cache._purges.read_remote_now() is True  # applied again, and through
+    assert not os.path.exists(stuck)
