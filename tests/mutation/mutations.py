@@ -1843,6 +1843,26 @@ MUTATIONS += [
         ),
     ),
     Mutation(
+        "read-during-a-purge-promoted",
+        "a read begun while a purge is applied is not promoted",
+        "lmcache_ec/storage/reads.py",
+        "        return -1 if self._purges_applying else self._purges_begun\n",
+        "        return self._purges_begun\n",
+        (
+            "tests/purge/test_purge_races.py::test_a_read_begun_while_a_purge_is_applied_is_not_promoted",
+        ),
+    ),
+    Mutation(
+        "rescan-waits-for-every-write",
+        "a purge rescan waits only for the writes in flight when it began",
+        "lmcache_ec/purge/follow.py",
+        "        while any(keys & each.writes_in_flight() for each, keys in waited):\n",
+        "        while any(each.writes_in_flight() for each, keys in waited):\n",
+        (
+            "tests/purge/test_purge_races.py::test_a_rescan_waits_only_for_the_writes_in_flight_when_it_began",
+        ),
+    ),
+    Mutation(
         "sentinel-client-retries",
         "a sentinel that never answers is asked once a discovery, not ten times with backoff",
         "lmcache_ec/remote/redis_store.py",

@@ -153,3 +153,43 @@ def test_an_identity_of_another_namespace_is_refused(make_cache):
     with pytest.raises(ValueError, match="namespace"):
         cache.put("x", TENSOR, identity=other)
     assert cache.identity.namespace == "tenant-a"
+
+
+def test_a_read_begun_while_a_purge_is_applied_is_not_promoted(tmp_path, redis_url, make_cache):
+    disk = tmp_path / "disk"
+    config = _config(disk, redis_url)
+    with make_cache({**config, "local_disk": None}, model=MODEL) as writer:
+        assert writer.put("x", TENSOR) and writer.flush(30)
+    engine = make_cache(config, model=MODEL)
+    remote = next(tier for tier in engine._storage.tiers() if tier.name == "remote")
+    fetch = remote.read
+
+    def read_as_the_purge_ends(key):
+        data = fetch(key)
+        engine._reader.purge_ends()  # the purge under way when the read began is done
+        return data
+
+    engine._reader.purge_begins()
+    remote.read = read_as_the_purge_ends
+    try:
+        assert engine.get("x") is not None
+    finally:
+        remote.read = fetch
+    assert engine.flush(10)
+    assert engine.contains("x") == "remote" and _entries(disk) == []  # not kept above
+
+
+def test_a_rescan_waits_only_for_the_writes_in_flight_when_it_began(make_cache, disk_dir):
+    """Under a steady stream of writes it does not wait for a moment with none."""
+
+    class Busy:  # a directory tier that always has a write in flight, a new one each look
+        looks = 0
+
+        def writes_in_flight(self):
+            self.looks += 1
+            return frozenset({f"write-{self.looks}"})
+
+    cache = make_cache(purge_check_s=3600.0, close_timeout=30.0)
+    started = time.monotonic()
+    assert cache._purges._writes_landed([Busy()])
+    assert time.monotonic() - started < 5  # well before close_timeout: not waited out
