@@ -63,7 +63,7 @@ def test_every_write_of_an_outage_is_re_sent_through_a_small_pool(
     written = 48
     for i in range(written):
         assert cache.put(f"outage-{i}", make_tensor((512, 1024), torch.bfloat16, seed=i))
-    assert cache.flush(60)
+        assert cache.flush(30)  # on disk: its pool buffer free for the next put
     wait_for(lambda: _remote(cache)["awaiting_resend"] == written, 30, "every key remembered")
     redis_process.restart()
     # (awaiting_resend is 0 as soon as a replay starts: count what landed.)
