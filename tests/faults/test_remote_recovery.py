@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import redis
 import torch
 
@@ -76,20 +78,25 @@ def test_a_purge_recorded_during_an_outage_is_not_undone_by_the_replay(
 ):
     # The engine's own watch reads the remote log once at start, then not for a
     # minute: only the replay can notice the purge in time.
-    config = outage_config(
-        redis_process.url,
-        local_disk=str(tmp_path),
-        remote_retry_interval=2.0,
-        purge_check_s=60.0,
-    )
+    config = outage_config(redis_process.url, local_disk=str(tmp_path), purge_check_s=60.0)
     cache = make_cache(config, model=MODEL)
     wait_for(lambda: cache._purges.watch.remote_checked, 30, "the watch's first read")
+    health = cache._storage.storage_backends["RemoteBackend"].health
+    probe, purged = health._probe_once, threading.Event()
+
+    async def probe_once_purged():  # the engine sees the store only once it is purged
+        if not purged.is_set():
+            raise ConnectionError("still cut off")
+        await probe()
+
+    health._probe_once = probe_once_purged
     redis_process.kill()
     assert cache.put("written-while-cut-off", make_tensor((4, 8), torch.bfloat16))
     wait_for(lambda: _remote(cache)["awaiting_resend"] == 1, 30, "the key remembered")
-    redis_process.restart()  # back, and purged (everything) before the engine's probe sees it
+    redis_process.restart()  # back, and purged (everything) before the engine sees it
     with open_catalog(load_config(config)) as catalog:
         append_remote(catalog, slug("default"), PurgeMarker.new(Selector()).to_line())
+    purged.set()
     wait_for(
         lambda: _remote(cache)["available"] and _remote(cache)["awaiting_resend"] == 0,
         60,
