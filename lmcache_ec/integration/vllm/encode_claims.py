@@ -15,6 +15,7 @@ not claim again (it loads the output, or computes once the bound passed).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 
 from ...claims import ClaimAgent
@@ -27,6 +28,14 @@ from .step_wait import StepWait
 S = ItemState
 CLAIM_STATES = (S.CLAIMING, S.CLAIMED, S.AWAITING)
 _MAX_HELD = 4096  # claims remembered for release; older ones are left to expire
+
+
+class ClaimDecision(enum.Enum):
+    """What to do about an item no tier holds (``EncodeClaims.decide``)."""
+
+    ENCODE_HERE = "encode_here"  # this instance encodes it
+    WAIT = "wait"  # another instance encodes it (at most claim_wait_s)
+    FETCH = "fetch"  # its output landed: prefetch it
 
 
 class EncodeClaims:
@@ -48,13 +57,12 @@ class EncodeClaims:
         self._held: dict[str, str] = {}  # identifier -> request it was claimed for
         self.rule = ClaimWait(settings.claim_wait_s)
 
-    def decide(self, identifier: str, now: float, request_id: str) -> bool | None:
-        """For an item no tier holds: True to encode it here, False while another
-        instance encodes it (at most ``claim_wait_s``), None once its output
-        landed (prefetch it)."""
+    def decide(self, identifier: str, now: float, request_id: str) -> ClaimDecision:
+        """For an item no tier holds: encode it here, wait while another instance
+        encodes it (at most ``claim_wait_s``), or fetch its output once it landed."""
         state = self.items.state(identifier)
         if state is S.CLAIMED:
-            return True
+            return ClaimDecision.ENCODE_HERE
         if state is S.AWAITING:
             turn = self.rule.turn(
                 now,
@@ -64,8 +72,9 @@ class EncodeClaims:
             )
             if turn is Turn.LOAD:
                 self._count("claim_waits_answered")
-                return None
-            return turn is Turn.COMPUTE  # COMPUTE: waited long enough, encode it here
+                return ClaimDecision.FETCH
+            # COMPUTE: waited long enough, encode it here
+            return ClaimDecision.ENCODE_HERE if turn is Turn.COMPUTE else ClaimDecision.WAIT
         name = self.index.storage_name(identifier)
         if state is not S.CLAIMING:
             self.items.move(identifier, S.CLAIMING, now + self.settings.claim_wait_s)
@@ -75,18 +84,19 @@ class EncodeClaims:
             self.items.get(identifier).deadline - now,
         ):
             won = self.agent.ask(name)
-        if won is None:
-            return now >= self.items.get(identifier).deadline
+        if won is None:  # unanswered: wait within the bound, then encode
+            expired = now >= self.items.get(identifier).deadline
+            return ClaimDecision.ENCODE_HERE if expired else ClaimDecision.WAIT
         if self.rule.after_claim(won) is Turn.COMPUTE:
             self.items.move(identifier, S.CLAIMED)
             self._held[identifier] = request_id
             if len(self._held) > _MAX_HELD:  # saves dropped: those expire
                 del self._held[next(iter(self._held))]
             self._count("claims_won")
-            return True
+            return ClaimDecision.ENCODE_HERE
         self.items.move(identifier, S.AWAITING, now + self.settings.claim_wait_s)
         self._count("claims_lost")
-        return False
+        return ClaimDecision.WAIT
 
     def release(self, identifier: str) -> None:
         """The item's output landed (or will not come from here): others go ahead."""

@@ -1,21 +1,11 @@
 """Scheduler side: decide per step which items workers stage and load.
 
 The flow, states, bounds and options are described once, in docs/vllm.md
-("Flow per engine step"); each item's state, and the transitions allowed,
-in ``items.py``. In short:
-
-1. ``ensure_cache_available`` defers a request (not the batch) while an item
-   the tiers hold is *prefetched*: staged into every rank's memory
-   (``prefetch.py`` orders it, the stage channel ``channel.py`` carries it,
-   ``step_wait.py`` bounds the wait within the step). Past its deadline the
-   item is computed, or, on a consumer-only instance, its requests are
-   reported unavailable. On ``ec_both`` an item no tier holds is claimed
-   first, so one instance encodes it (``encode_claims.py``).
-2. ``has_cache_item`` is True only for items staged on every rank (for an
-   encode-only producer: items the tiers hold).
-3. ``update_state_after_alloc``: only items approved this step become loads.
-4. ``build_connector_meta``: load/release (and, without a channel, stage) orders.
-5. ``update_connector_output``: saves, staging results, worker stats.
+("Flow per engine step": what each of vLLM's hooks below does); each item's
+state, and the transitions allowed, in ``items.py``. Prefetches are ordered
+by ``prefetch.py``, carried by the stage channel (``channel.py``), waited
+for within a step's budget (``step_wait.py``); claims are
+``encode_claims.py``'s.
 
 A deferred request costs nothing per step until something it waits on
 changes (``request_waits.py`` keeps the books): the item table reports items
@@ -49,7 +39,7 @@ from typing import Any
 from ...claims import ClaimAgent
 from ...runtime_dirs import RuntimeDirUnavailable
 from .connector_options import ConnectorSettings
-from .encode_claims import CLAIM_STATES, EncodeClaims
+from .encode_claims import CLAIM_STATES, ClaimDecision, EncodeClaims
 from .index import PENDING, TierIndex
 from .items import Item, ItemState, ItemTable
 from .known_weights import KnownWeights
@@ -75,18 +65,6 @@ class ItemAnswer(enum.Enum):
     HELD = "held"  # staged on every rank, or in vLLM's encoder cache
     COMPUTE = "compute"  # nothing to wait for: the encoder runs for it
     WAIT = "wait"  # on its way: the request is deferred
-
-
-class ClaimDecision(enum.Enum):
-    """``EncodeClaims.decide``'s answer, named."""
-
-    ENCODE_HERE = "encode_here"  # this instance encodes it
-    WAIT = "wait"  # another instance encodes it (at most claim_wait_s)
-    FETCH = "fetch"  # its output landed: prefetch it
-
-    @classmethod
-    def of(cls, answer: bool | None) -> ClaimDecision:
-        return cls.FETCH if answer is None else cls.ENCODE_HERE if answer else cls.WAIT
 
 
 class TierScheduler:
@@ -345,7 +323,7 @@ class TierScheduler:
         that claimed it (``encode_claims.py``) and prefetch its output."""
         if self.claims is None:
             return ItemAnswer.COMPUTE
-        decision = ClaimDecision.of(self.claims.decide(identifier, now, request_id))
+        decision = self.claims.decide(identifier, now, request_id)
         if decision is ClaimDecision.FETCH:
             return self._enqueue(identifier, now, nbytes)
         return ItemAnswer.COMPUTE if decision is ClaimDecision.ENCODE_HERE else ItemAnswer.WAIT
