@@ -49,6 +49,32 @@ def _purge_remote(config: dict, storage_name: str) -> None:
         append_remote(catalog, slug("default"), PurgeMarker.new(Selector(model=MODEL)).to_line())
 
 
+def _engine_reading_x_from_the_remote(disk, redis_url: str, make_cache):
+    """(config, engine); "x" is on the remote tier only."""
+    config = _config(disk, redis_url)
+    with make_cache({**config, "local_disk": None}, model=MODEL) as writer:
+        assert writer.put("x", TENSOR) and writer.flush(30)
+    return config, make_cache(config, model=MODEL)
+
+
+def _get_x_while(engine, meanwhile) -> torch.Tensor | None:
+    """``engine.get("x")``, its remote read running ``meanwhile(key)`` between
+    fetching the frame and returning it."""
+    remote = next(tier for tier in engine._storage.tiers() if tier.name == "remote")
+    fetch = remote.read
+
+    def read(key):
+        data = fetch(key)
+        meanwhile(key)
+        return data
+
+    remote.read = read
+    try:
+        return engine.get("x")
+    finally:
+        remote.read = fetch
+
+
 def _wait_for(condition, what: str, limit: float = 20.0) -> None:
     deadline = time.monotonic() + limit
     while not condition():
@@ -60,24 +86,13 @@ def test_a_read_in_flight_across_a_purge_does_not_store_its_entry_again(
     tmp_path, redis_url, make_cache
 ):
     disk = tmp_path / "disk"
-    config = _config(disk, redis_url)
-    with make_cache({**config, "local_disk": None}, model=MODEL) as writer:
-        assert writer.put("x", TENSOR) and writer.flush(30)  # on the remote tier only
-    engine = make_cache(config, model=MODEL)
-    remote = next(tier for tier in engine._storage.tiers() if tier.name == "remote")
-    fetch = remote.read
+    config, engine = _engine_reading_x_from_the_remote(disk, redis_url, make_cache)
 
-    def read_across_the_purge(key):
-        data = fetch(key)  # fetched before the purge ...
+    def purged_and_applied(key):  # after the fetch, before the read returns
         _purge_remote(config, key.storage_name)
         _wait_for(lambda: engine.stats.snapshot()["purges_seen"] == 1, "the purge applied")
-        return data  # ... returned after the engine applied it
 
-    remote.read = read_across_the_purge
-    try:
-        assert engine.get("x") is not None  # served: it was read before the purge
-    finally:
-        remote.read = fetch
+    assert _get_x_while(engine, purged_and_applied) is not None  # read before the purge
     assert engine.flush(10)
     assert engine.get("x") is None  # neither kept in the CPU tier
     assert _entries(disk) == []  # nor written to the disk
@@ -87,28 +102,18 @@ def test_an_entry_a_read_wrote_back_before_the_engine_saw_the_purge_is_deleted(
     tmp_path, redis_url, make_cache
 ):
     disk = tmp_path / "disk"
-    config = _config(disk, redis_url)
-    with make_cache({**config, "local_disk": None}, model=MODEL) as writer:
-        assert writer.put("x", TENSOR) and writer.flush(30)
-    engine = make_cache(config, model=MODEL)
-    remote = next(tier for tier in engine._storage.tiers() if tier.name == "remote")
-    fetch = remote.read
+    config, engine = _engine_reading_x_from_the_remote(disk, redis_url, make_cache)
 
-    def read_then_purged(key):
-        data = fetch(key)
+    def purged(key):
         # The purger, meanwhile: deletes from the remote (the shared disk has
         # nothing yet), then records the purge on the disk log.
         with open_catalog(load_config(config)) as catalog:
             assert catalog.delete(key.storage_name)
         marker = PurgeMarker.new(Selector(model=MODEL))
         append_disk(str(disk), slug("default"), marker.to_line())
-        return data  # written back to the CPU tier and the disk: the engine has not seen it
 
-    remote.read = read_then_purged
-    try:
-        assert engine.get("x") is not None
-    finally:
-        remote.read = fetch
+    # Written back to the CPU tier and the disk: the engine has not seen the purge.
+    assert _get_x_while(engine, purged) is not None
     _wait_for(lambda: engine.get("x") is None and not _entries(disk), "the copy purged")
 
 
@@ -157,24 +162,10 @@ def test_an_identity_of_another_namespace_is_refused(make_cache):
 
 def test_a_read_begun_while_a_purge_is_applied_is_not_promoted(tmp_path, redis_url, make_cache):
     disk = tmp_path / "disk"
-    config = _config(disk, redis_url)
-    with make_cache({**config, "local_disk": None}, model=MODEL) as writer:
-        assert writer.put("x", TENSOR) and writer.flush(30)
-    engine = make_cache(config, model=MODEL)
-    remote = next(tier for tier in engine._storage.tiers() if tier.name == "remote")
-    fetch = remote.read
-
-    def read_as_the_purge_ends(key):
-        data = fetch(key)
-        engine._reader.purge_ends()  # the purge under way when the read began is done
-        return data
-
+    _, engine = _engine_reading_x_from_the_remote(disk, redis_url, make_cache)
     engine._reader.purge_begins()
-    remote.read = read_as_the_purge_ends
-    try:
-        assert engine.get("x") is not None
-    finally:
-        remote.read = fetch
+    # The purge under way when the read began is done before it returns.
+    assert _get_x_while(engine, lambda key: engine._reader.purge_ends()) is not None
     assert engine.flush(10)
     assert engine.contains("x") == "remote" and _entries(disk) == []  # not kept above
 
