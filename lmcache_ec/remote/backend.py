@@ -52,7 +52,7 @@ from ..tier_contract import TierDefaults, TierKind
 from .deadline import GRACE, Deadline, LateAnswer, ReadersBusy
 from .health import RecentKeys, RemoteHealth
 from .lmcache_connector import ECStoreConnector
-from .store import ShardUnavailable, open_store
+from .store import READ_BATCH, ShardUnavailable, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,6 @@ for _name in (
 
 MISSED_LIMIT = 100_000  # keys remembered for re-upload after an outage
 READERS = 16  # threads running blocking reads (``Deadline``)
-READ_BATCH = 32  # keys per bounded call of a batch read (one Redis pipeline)
 _MISS = object()
 
 

@@ -39,13 +39,13 @@ from ..remote_names import (
     redis_meta_key,
 )
 from .bounded import bounded_frame
-from .store import RemoteStore
+from .store import READ_BATCH, RemoteStore
 
 logger = logging.getLogger(__name__)
 
 # Entries per pipeline in batched reads: one round trip for a typical request's
 # items, while a single reply stays bounded (32 x 1.3 MB frames = 42 MB).
-MGET_BATCH = 32
+MGET_BATCH = READ_BATCH
 SCAN_BATCH = 500
 _NODE_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 

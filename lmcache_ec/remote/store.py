@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from ..config import RemoteSettings
 
 
+READ_BATCH = 32  # names a request of a batch read: one Redis pipeline, one bound
+
+
 class StoreError(OSError):
     """The remote store failed a call."""
 

@@ -1707,8 +1707,8 @@ MUTATIONS += [
     Mutation(
         "batch-read-bound-as-a-whole",
         "each request of a batch read has the bound, not the whole batch",
-        "lmcache_ec/remote/backend.py",
-        "READ_BATCH = 32  # keys per bounded call of a batch read (one Redis pipeline)\n",
+        "lmcache_ec/remote/store.py",
+        "READ_BATCH = 32  # names a request of a batch read: one Redis pipeline, one bound\n",
         "READ_BATCH = 10**9\n",
         (
             "tests/remote/test_remote_reads.py::test_a_batch_longer_than_one_timeout_is_read_whole_from_a_healthy_slow_store",
