@@ -338,7 +338,10 @@ SCHEMA: dict[str, Option] = {
             "close_timeout",
             kind="float",
             default=30.0,
-            help="Seconds close() waits for accepted writes to reach every tier.",
+            help=(
+                "The most seconds close() takes: waiting for accepted writes to reach "
+                "every tier and stopping the tiers share this one bound."
+            ),
             lmcache=False,
             check=_seconds_or_zero,
         ),

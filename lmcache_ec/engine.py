@@ -4,8 +4,9 @@ Contract:
 
 - ``put`` validates, frames (``codec.py``) and hands the frame to LMCache's
   StorageManager: the CPU tier holds it before ``put`` returns; lower tiers
-  are written in the background. ``close()`` waits (up to ``close_timeout``)
-  until every accepted write has reached every tier.
+  are written in the background. ``close()`` waits until every accepted
+  write has reached every tier, then stops the tiers: both within one
+  ``close_timeout``.
 - ``get`` walks the tiers in order (CPU → disk → remote). A hit below the CPU
   tier is verified (checksum, identity, shape) and then promoted into the
   tiers above it. A frame that fails verification is removed from every
@@ -118,6 +119,7 @@ class ECCache:
         self.stats = ECStats()
         self._closed = False
         self._close_lock = threading.Lock()
+        self._pool_was_full = False  # a full CPU pool is logged once per episode
         self._storage = ECStorageManager(
             config=config.to_lmcache(),
             metadata=_lmcache_metadata(identity.model),
@@ -292,9 +294,9 @@ class ECCache:
         memory_obj = self._cpu.allocate_frame(size)
         buffer = None if memory_obj is None else _frame_bytes(memory_obj)
         if memory_obj is None or buffer is None:
-            self.stats.add("put_rejected")
-            logger.warning("CPU pool full: %s not stored", key)
+            self._pool_full(key)
             return False
+        self._pool_was_full = False
         try:
             codec.write_frame(buffer[:size], header, tensor)
         except BaseException:
@@ -311,6 +313,18 @@ class ECCache:
             return False
         self.stats.put(size, time.perf_counter() - started)
         return True
+
+    def _pool_full(self, key: ECKey) -> None:
+        """A put refused for want of a CPU-pool buffer: counted each time, logged
+        once until a put is stored again (a full pool refuses every put)."""
+        self.stats.add("put_rejected")
+        if not self._pool_was_full:
+            self._pool_was_full = True
+            logger.warning(
+                "CPU pool full: %s not stored; further puts are not stored (counted "
+                "in put_rejected) until the pool has room",
+                key,
+            )
 
     def remove(self, mm_hash: str) -> bool:
         """Delete ``mm_hash`` from every tier; True if any tier held it."""
@@ -496,32 +510,37 @@ class ECCache:
         return True
 
     def close(self) -> None:
-        """Flush accepted writes, then release the tiers. Idempotent; bounded."""
+        """Flush accepted writes, then release the tiers. Idempotent; returns
+        within ``close_timeout`` (what is still running then is left to finish)."""
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
+        # One deadline for the flush and the stop alike: close() is bounded by close_timeout.
+        deadline = time.monotonic() + self.config.close_timeout
         self._purges.stop()
         claims = self._get_or_compute.take_claims()
-        if not self.flush():
+        if not self.flush(max(deadline - time.monotonic(), 0.0)):
             logger.warning(
                 "close(): %d writes still pending after %.0fs",
                 self.pending_writes(),
                 self.config.close_timeout,
             )
         # LMCache's close can block on a remote connector; never let it hang us.
-        closer = threading.Thread(target=self._close_storage, name="ec-close", daemon=True)
+        closer = threading.Thread(
+            target=self._close_storage, args=(deadline,), name="ec-close", daemon=True
+        )
         closer.start()
-        closer.join(timeout=max(self.config.close_timeout, 1.0))
+        closer.join(timeout=max(deadline - time.monotonic(), 0.0))
         if closer.is_alive():
             logger.warning("close(): storage backends did not stop in time; leaving them")
         if claims is not None:  # after the flush: claims still held are withdrawn now
-            claims.close()
+            claims.close(min(2.0, max(deadline - time.monotonic(), 0.0)))
 
-    def _close_storage(self) -> None:
-        self._purges.join(self.config.close_timeout)
+    def _close_storage(self, deadline: float) -> None:
+        self._purges.join(max(deadline - time.monotonic(), 0.0))
         self._read_pool.close()
-        self._reader.close(self.config.close_timeout)
+        self._reader.close(max(deadline - time.monotonic(), 0.0))
         self._storage.close()
         # LMCache stops its event loop but leaves the loop's to_thread pool
         # (a non-daemon thread) running; stop it so close() leaves nothing behind.

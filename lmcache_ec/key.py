@@ -11,7 +11,8 @@ digest; the storage name is ``ec<version>.<namespace-slug>.<model-slug>.<digest-
 - two identities that differ in any field get different digests, so entries
   of two models, two revisions or two tenants never meet;
 - the slugs carry a short hash of the exact string, so a storage-name prefix
-  selects exactly one namespace (and model) for listing and purging.
+  selects one namespace (and model) up to a 32-bit tag collision; listing
+  and purging confirm the exact strings from each entry's header.
 
 ``ECKey`` subclasses LMCache's ``CacheEngineKey`` so that ``StorageManager`` and
 its backends take it unchanged. Backends only hash, compare and ``to_string()``

@@ -16,14 +16,21 @@ with mode 0700 and used only while this user owns it: nothing is read or
 written in a directory another user owns.
 
 Another local user can make that name first. The user dir is then
-``lmcache-ec-<uid>-<token>``: ``token`` is random, made once per user and
-kept in ``~/.config/lmcache-ec/runtime-token`` (mode 0600), so every process
-of the user finds the same name and nobody else can know it in advance. Once
+``lmcache-ec-<uid>-<token>``: ``token`` is random and kept in
+``~/.config/lmcache-ec/runtime-token`` (mode 0600), so every process of the
+user finds the same name and nobody else can know it before it is made. Once
 that directory exists it is preferred, so processes started before and after
-the squatter left still agree. Where neither name can be had (no home
-directory of this user's, or that name is taken too),
-``RuntimeDirUnavailable`` names the path and its owner, and only the feature
-that needed it is off (``feature_off``: one warning per path and process).
+the squatter left still agree. Its name can be seen in the shared base, and a
+reboot empties a tmpfs, so another user may take that name too: a fresh token
+then replaces the old one (written aside and renamed over it, under a lock,
+so this user's processes replacing it at once agree on one) and later
+processes find the new name. A private directory of this user's under an
+earlier token's name is still preferred where it is there: nodes may share
+a home, and a token replaced on one leaves the others' processes where they
+are. Where no name can be had (no home directory of
+this user's, a base that cannot be written), ``RuntimeDirUnavailable`` names
+the path and its owner, and only the feature that needed it is off
+(``feature_off``: one warning per path and process).
 
 ``$XDG_RUNTIME_DIR`` (made by the login manager for this user alone) serves
 the sockets only: a scheduler and its workers share one environment, while
@@ -36,6 +43,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import enum
+import fcntl
 import hashlib
 import logging
 import os
@@ -45,6 +53,8 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -53,6 +63,8 @@ NAME = "lmcache-ec"
 DEFAULT_BASE = "/dev/shm"  # node_dir's default
 TOKEN_FILE = (".config", "lmcache-ec", "runtime-token")  # under the home directory
 _TOKEN_HEX = 16  # 64 random bits: nobody makes the name ahead by guessing it
+_TOKEN_TRIES = 3  # fresh tokens tried when each one's name is found taken
+_TOKEN_LOCK_S = 2.0  # a holder stuck longer (stopped) is not waited for
 SOCKET_PATH_MAX = 107  # a Unix socket's path: 108 bytes, its NUL included
 
 
@@ -162,33 +174,83 @@ def _read_token() -> str | None:
         text = os.read(fd, 64).decode("ascii", "replace").strip()
     finally:
         os.close(fd)
-    hex_digits = set("0123456789abcdef")
-    return text if len(text) == _TOKEN_HEX and set(text) <= hex_digits else None
+    return text if _is_token(text) else None
 
 
-def _make_token() -> str:
-    """This user's token, made if missing (of two processes making it, one wins)."""
-    path = token_path()
+def _is_token(text: str) -> bool:
+    return len(text) == _TOKEN_HEX and set(text) <= set("0123456789abcdef")
+
+
+def _write_token(path: str) -> str:
+    """A fresh token, written aside and renamed over ``path``: a reader finds
+    the old token or the new one, never part of one."""
+    token = secrets.token_hex(_TOKEN_HEX // 2)
+    temp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        temp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.write(fd, secrets.token_hex(_TOKEN_HEX // 2).encode())
+            os.write(fd, token.encode())
         finally:
             os.close(fd)
-        try:
-            os.link(temp, path)  # never replaces, never seen half-written
-        except FileExistsError:
-            pass
-        finally:
+        os.replace(temp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
             os.unlink(temp)
+        raise
+    return token
+
+
+@contextlib.contextmanager
+def _token_lock(path: str) -> Iterator[None]:
+    """Held while the token at ``path`` is read and replaced, so that this
+    user's processes replacing it at once agree on one. Without it (a file
+    system with no locks, a holder stopped for ``_TOKEN_LOCK_S``) racing
+    processes may each use a private directory of their own: still never one
+    another user holds."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + _TOKEN_LOCK_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.01)
+            except OSError:  # no locks on this file system
+                break
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _alternative(plain: str) -> tuple[str, list[RuntimeDirUnavailable]]:
+    """``<plain>-<token>``, a private directory of this user's, and the names
+    found taken on the way: a token whose name another user holds (it is
+    listed in the shared base) is replaced by a fresh one, which this user's
+    later processes read. ``RuntimeDirUnavailable`` if none can be had."""
+    path = token_path()
+    taken: list[RuntimeDirUnavailable] = []
+    try:
+        with _token_lock(path):
+            token = _read_token()  # again: another process may have replaced it
+            for _ in range(_TOKEN_TRIES):
+                if token is None:
+                    token = _write_token(path)
+                try:
+                    return private_dir(f"{plain}-{token}"), taken
+                except RuntimeDirUnavailable as exc:
+                    if exc.reason is not Reason.TAKEN:
+                        raise
+                    taken.append(exc)
+                    token = None
+    except RuntimeDirUnavailable:
+        raise
     except OSError as exc:
         raise _unusable(path, exc) from None
-    token = _read_token()
-    if token is None:
-        raise RuntimeDirUnavailable(path, Reason.UNUSABLE, detail="not a private file of this user")
-    return token
+    raise taken[-1]
 
 
 # -- the directories --------------------------------------------------------------
@@ -205,37 +267,59 @@ def _warn_once(key: tuple[str, str], message: str, *args: object) -> None:
     logger.warning(message, *args)
 
 
+def _existing_alternative(plain: str) -> str | None:
+    """A private directory of this user's under an alternative name, if one is
+    there: the token's, else the first by name that an earlier token named (a
+    process on another node sharing this home may have replaced the token;
+    this node's processes keep the directory they were using)."""
+    token = _read_token()
+    if token is not None and _is_private(f"{plain}-{token}"):
+        return f"{plain}-{token}"
+    base, prefix = os.path.split(plain)
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return None
+    for name in names:
+        earlier = name.startswith(f"{prefix}-") and _is_token(name[len(prefix) + 1 :])
+        # Private and this user's: no other user made it, whoever knew the name.
+        if earlier and _is_private(os.path.join(base, name)):
+            return os.path.join(base, name)
+    return None
+
+
 def user_dir(base: str) -> UserDir:
     """This user's private directory under the shared directory ``base`` (made
     if missing); ``RuntimeDirUnavailable`` names the plain name's owner when
-    neither name can be had."""
+    no name can be had."""
     plain = os.path.join(base, f"{NAME}-{os.getuid()}")
-    token = _read_token()
-    if token is not None and _is_private(f"{plain}-{token}"):
-        return UserDir(f"{plain}-{token}", _foreign(plain))
+    found = _existing_alternative(plain)
+    if found is not None:
+        return UserDir(found, _foreign(plain))
     try:
         return UserDir(private_dir(plain))
     except RuntimeDirUnavailable as taken:
         if taken.reason is not Reason.TAKEN:
             raise
         try:
-            alternative = private_dir(f"{plain}-{token or _make_token()}")
+            alternative, also_taken = _alternative(plain)
         except RuntimeDirUnavailable as exc:
             raise RuntimeDirUnavailable(
                 plain, Reason.TAKEN, taken.owner, f"no private alternative ({exc})"
             ) from None
-        _warn_once(("alternative", plain), "%s; using %s instead", taken, alternative)
+        replaced = "".join(f"; {each}: a new token was made" for each in also_taken)
+        # Once per directory: a token replaced later in this process is news.
+        _warn_once(
+            ("alternative", alternative), "%s%s; using %s instead", taken, replaced, alternative
+        )
         return UserDir(alternative, taken)
 
 
 def find_user_dir(base: str) -> str | None:
     """The directory ``user_dir(base)`` gives, if it exists; nothing is made."""
     plain = os.path.join(base, f"{NAME}-{os.getuid()}")
-    token = _read_token()
-    for path in ((f"{plain}-{token}",) if token else ()) + (plain,):
-        if _is_private(path):
-            return path
-    return None
+    found = _existing_alternative(plain)
+    return found if found is not None or not _is_private(plain) else plain
 
 
 def state_base(node_dir: str = DEFAULT_BASE) -> str:

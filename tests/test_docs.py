@@ -145,3 +145,22 @@ def test_every_page_is_reachable_from_the_readme():
     indexed = set(_relative_links((DOCS / "README.md").read_text()))
     pages = {page.name for page in DOCS.glob("*.md")} - {"README.md"}
     assert pages <= indexed, f"docs/README.md does not link {sorted(pages - indexed)}"
+
+
+# The calls that name a counter of the vLLM connector, with the prefix the
+# scheduler's counters get (``TierScheduler.count``: ``scheduler_<name>``).
+_COUNTER_CALLS = re.compile(r'\b(?:_?count|record)\(\s*"([a-z_]+)"|_counters\["([a-z_]+)"\]')
+
+
+def test_every_counter_of_the_vllm_connector_is_documented():
+    """A counter added to the connector is named in docs/vllm.md's list (as is, or
+    with the scheduler's ``scheduler_`` prefix)."""
+    document = (DOCS / "vllm.md").read_text()
+    named = set(re.findall(r"`([a-z_]+)`", document))
+    counted = set()
+    for source in (ROOT / "lmcache_ec" / "integration" / "vllm").glob("*.py"):
+        for match in _COUNTER_CALLS.finditer(source.read_text()):
+            counted.add(match.group(1) or match.group(2))
+    assert counted, "no counter found: the pattern no longer matches the code"
+    missing = sorted(n for n in counted if n not in named and f"scheduler_{n}" not in named)
+    assert not missing, f"counters not named in docs/vllm.md: {missing}"

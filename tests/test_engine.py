@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
 
 from lmcache_ec import ECCache
 from lmcache_ec.key import EncoderIdentity
+from lmcache_ec.tiers.budget import DirectoryBudget
+from lmcache_ec.tiers.disk_layout import DirectoryLayout
 from tests.conftest import bit_equal, make_tensor
 from tests.copies import COPIES, CopyCounter
 
@@ -228,6 +233,54 @@ def test_close_flushes_every_accepted_write(make_cache):
     for name, tensor in tensors.items():
         assert reader.contains(name) == "disk"
         assert bit_equal(reader.get(name), tensor)
+
+
+def test_close_is_bounded_by_close_timeout_when_writes_and_the_stop_both_wait(disk_dir, make_cache):
+    """Disk writes stuck behind a ledger another process holds: the flush and
+    the tiers' stop share one ``close_timeout`` (each waited its own in turn)."""
+    cache = make_cache(close_timeout=0.5)
+    ledger = DirectoryBudget(DirectoryLayout(str(disk_dir)), 1, 0)._ledger_path()
+    holder = os.open(ledger, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        for i in range(4):
+            assert cache.put(f"held-{i}", make_tensor((64, 64), torch.float16, seed=i))
+        started = time.monotonic()
+        cache.close()
+        took = time.monotonic() - started
+    finally:
+        os.close(holder)
+    assert took < 0.5 + 0.5, f"close() took {took:.2f} s with close_timeout 0.5 s"
+
+
+def _fill_pool(cache: ECCache) -> list:
+    """Every buffer of the CPU pool, held: no put finds room until they go back."""
+    held = []
+    for size in (1 << 20, 1 << 14, 1 << 10, 1 << 8):
+        while (buffer := cache._cpu.allocate_frame(size)) is not None:
+            held.append(buffer)
+    return held
+
+
+def test_a_full_cpu_pool_is_logged_once_per_episode_and_counted_per_put(cpu_cache, caplog):
+    tensor = make_tensor((16, 64), torch.float16)
+
+    def pool_full_lines() -> int:
+        return sum("CPU pool full" in r.getMessage() for r in caplog.records)
+
+    held = _fill_pool(cpu_cache)
+    assert [cpu_cache.put(f"refused-{i}", tensor) for i in range(5)] == [False] * 5
+    assert cpu_cache.stats.snapshot()["put_rejected"] == 5
+    assert pool_full_lines() == 1
+    for buffer in held:
+        buffer.ref_count_down()
+    assert cpu_cache.put("stored", tensor)  # the episode ends
+    held = _fill_pool(cpu_cache)
+    assert cpu_cache.put("refused-again", tensor) is False
+    assert cpu_cache.stats.snapshot()["put_rejected"] == 6
+    assert pool_full_lines() == 2  # a new episode, a new line
+    for buffer in held:
+        buffer.ref_count_down()
 
 
 def test_concurrent_callers(cache):

@@ -1,22 +1,33 @@
 """This user's runtime directories: where each feature's state goes (runtime_dirs.py).
 
-What happens when another user takes one first: tests/chaos/test_runtime_dirs.py.
+What happens when another user takes one first: tests/chaos/test_runtime_dirs.py;
+here, that a name another user learnt and took (the token's directory is listed
+in the shared base, and a reboot empties it) gives way to a fresh token that
+all of this user's processes agree on.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 
 from lmcache_ec.runtime_dirs import (
     SOCKET_PATH_MAX,
+    TOKEN_FILE,
     find_user_dir,
     socket_dir,
     socket_path,
     state_base,
+    token_path,
     user_dir,
 )
+
+SQUATTER = 65534  # nobody
 
 
 def test_the_user_dir_is_made_private_and_found_again(tmp_path, monkeypatch):
@@ -63,3 +74,137 @@ def test_a_socket_path_fits_a_unix_socket_and_names_its_engine(monkeypatch):
 def test_ledgers_and_sockets_leave_an_unwritable_node_dir_for_the_temp_directory(tmp_path):
     assert state_base(str(tmp_path)) == str(tmp_path)
     assert state_base(str(tmp_path / "missing")) == tempfile.gettempdir()
+
+
+# -- a token whose name another user took -------------------------------------------
+
+
+def squat(path) -> None:
+    """``path`` taken by another local user: a directory of uid 65534 where this
+    test may ``chown``, else a file (this user can use neither)."""
+    if os.geteuid() == 0:
+        os.mkdir(path)
+        os.chmod(path, 0o777)
+        os.chown(path, SQUATTER, SQUATTER)
+    else:
+        path.write_text("")
+
+
+def _shared_base(tmp_path, monkeypatch):
+    """A world-writable base like /dev/shm whose plain name another user holds;
+    this user's home under the test's directory."""
+    base = tmp_path / "shm"
+    base.mkdir()
+    os.chmod(base, 0o1777)
+    squat(base / f"lmcache-ec-{os.getuid()}")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    return base
+
+
+def _token() -> str:
+    with open(token_path()) as stream:
+        return stream.read().strip()
+
+
+def _is_untouched(path) -> bool:
+    return os.listdir(path) == [] if path.is_dir() else path.read_text() == ""
+
+
+def test_a_token_whose_name_another_user_took_is_replaced_and_found_by_later_processes(
+    tmp_path, monkeypatch, caplog
+):
+    base = _shared_base(tmp_path, monkeypatch)
+    seen = user_dir(str(base)).path  # the name anyone can list in the base
+    shutil.rmtree(seen)  # a reboot empties the tmpfs, and the other user is first
+    squat(base / os.path.basename(seen))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lmcache_ec.runtime_dirs"):
+        fresh = user_dir(str(base))
+    plain = str(base / f"lmcache-ec-{os.getuid()}")
+    assert fresh.path != seen and fresh.path == f"{plain}-{_token()}"
+    assert fresh.taken is not None and fresh.taken.path == plain
+    assert os.stat(fresh.path).st_mode & 0o777 == 0o700
+    assert os.stat(token_path()).st_mode & 0o777 == 0o600
+    assert _is_untouched(base / os.path.basename(seen))  # nothing read or written there
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert seen in warnings[0] and "a new token was made" in warnings[0]
+    assert fresh.path in warnings[0]
+    assert find_user_dir(str(base)) == fresh.path
+    later = subprocess.run(
+        [sys.executable, "-c", _PRINT_USER_DIR, str(base), ""],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert later.stdout.strip() == fresh.path
+
+
+def test_a_token_replaced_on_another_node_leaves_this_nodes_processes_in_their_directory(
+    tmp_path, monkeypatch
+):
+    here = _shared_base(tmp_path, monkeypatch)  # one home, two nodes' /dev/shm
+    there = tmp_path / "other-node-shm"
+    there.mkdir()
+    os.chmod(there, 0o1777)
+    squat(there / f"lmcache-ec-{os.getuid()}")
+    in_use = user_dir(str(here)).path  # this node's processes are in it
+    squat(there / os.path.basename(in_use))  # the other node's squatter knew the name
+    replaced = user_dir(str(there)).path
+    assert os.path.basename(replaced) != os.path.basename(in_use)
+    assert replaced.endswith(_token())
+    # A process started here now still joins the others here.
+    assert user_dir(str(here)).path == in_use and find_user_dir(str(here)) == in_use
+    assert sorted(os.listdir(here)) == sorted(
+        [f"lmcache-ec-{os.getuid()}", os.path.basename(in_use)]
+    )
+
+
+_PRINT_USER_DIR = """
+import os, sys, time
+from lmcache_ec.runtime_dirs import user_dir
+go, deadline = sys.argv[2], time.monotonic() + 30
+if go:  # ready; then all start at once
+    open(f"{go}.{os.getpid()}", "w").close()
+while go and not os.path.exists(go) and time.monotonic() < deadline:
+    time.sleep(0.001)
+print(user_dir(sys.argv[1]).path)
+"""
+
+
+def _wait_for(condition, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_processes_replacing_a_taken_token_at_once_agree_on_one_directory(tmp_path, monkeypatch):
+    base = _shared_base(tmp_path, monkeypatch)
+    stale = "0123456789abcdef"  # known to the other user, who took its name
+    token_file = tmp_path.joinpath("home", *TOKEN_FILE)
+    token_file.parent.mkdir(parents=True)
+    token_file.write_text(stale)
+    os.chmod(token_file, 0o600)
+    squat(base / f"lmcache-ec-{os.getuid()}-{stale}")
+    go = tmp_path / "go"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PRINT_USER_DIR, str(base), str(go)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )
+        for _ in range(6)
+    ]
+    _wait_for(lambda: all(os.path.exists(f"{go}.{p.pid}") for p in processes))
+    go.write_text("")
+    paths = {process.communicate(timeout=60)[0].strip() for process in processes}
+    assert all(process.returncode == 0 for process in processes)
+    agreed = f"lmcache-ec-{os.getuid()}-{_token()}"
+    assert _token() != stale and paths == {str(base / agreed)}
+    # The others' fresh tokens went unused: no private directory was made for one.
+    names = {f"lmcache-ec-{os.getuid()}", f"lmcache-ec-{os.getuid()}-{stale}", agreed}
+    assert set(os.listdir(base)) == names

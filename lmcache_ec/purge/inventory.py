@@ -13,9 +13,9 @@ What can be seen from here:
 - **cpu**: lives inside the process that owns the ``ECCache``; ``scan_cpu``
   lists it for that process only.
 
-Selection by namespace and model uses the storage name alone (its slugs carry
-a hash of the exact strings, see ``key.py``), so filtering never reads a file;
-selection by age or weights version reads each named entry's frame header.
+Selection (``selection.py``) starts from the storage name and confirms the
+exact namespace and model, and the age or weights version, from each named
+entry's frame header.
 Deleting a disk file under a running engine is safe: its next read of that
 entry is a miss and the stale index entry is dropped.
 """

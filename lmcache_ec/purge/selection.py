@@ -4,9 +4,13 @@ Shared by the engine (applying a purge another process made to this
 process's tiers) and ``inventory`` (listing and purging from the CLI), so
 the engine needs nothing from the layer above it.
 
-Selection by namespace and model uses the storage name alone (its slugs carry
-a hash of the exact strings, see ``key.py``), so filtering never reads a file;
-selection by age or weights version reads each named entry's frame header.
+Selection by namespace and model starts from the storage name (its slugs
+carry a 32-bit hash of the exact strings, see ``key.py``), so a listing reads
+only entries whose names match; as another name can share a slug, each named
+entry's frame header then confirms the exact namespace and model (as it does
+age and weights version). A header proves the identity only when that
+identity hashes to the entry's name; an entry without such a header (damaged,
+unreadable) is taken by its name, as any damaged entry is.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 from .. import codec
 from ..config import ECConfig
-from ..key import KEY_FORMAT_VERSION, ECKey, slug
+from ..key import KEY_FORMAT_VERSION, ECKey, EncoderIdentity, slug
 from ..tiers.disk_layout import DirectoryLayout, read_header_file
 
 
@@ -68,7 +72,9 @@ class Selector:
     @property
     def needs_headers(self) -> bool:
         return (
-            self.older_than is not None
+            self.namespace is not None  # a slug names a namespace only up to its tag
+            or self.model is not None
+            or self.older_than is not None
             or self.weights is not None
             or (self.created_before is not None)
         )
@@ -95,8 +101,25 @@ class Selector:
         age = entry.age(now)
         return age is not None and age >= self.older_than
 
+    def matches_identity(self, entry: Entry) -> bool:
+        """Whether the namespace and model that ``entry``'s header proves are the
+        selected ones; an entry whose header proves none (damaged, unreadable,
+        or stating an identity its name was not made from) is selected by its
+        name, which has matched already."""
+        if self.namespace is None and self.model is None:
+            return True
+        identity = proven_identity(entry)
+        if identity is None:
+            return True
+        if self.namespace is not None and identity.namespace != self.namespace:
+            return False
+        return self.model is None or identity.model == self.model
+
     def matches_header(self, entry: Entry, now: float) -> bool:
-        """Age, weights and creation-time conditions (headers read where needed)."""
+        """Exact identity, age, weights and creation-time conditions (headers
+        read where needed)."""
+        if not self.matches_identity(entry):
+            return False
         if not self.matches_age(entry, now):
             return False
         if self.created_before is not None:
@@ -106,6 +129,24 @@ class Selector:
         if self.weights is None:
             return True
         return entry.header is not None and str(entry.header.get("weights", "")) == self.weights
+
+
+_IDENTITY_FIELDS = ("namespace", "model", "revision", "fingerprint", "dtype", "weights")
+
+
+def proven_identity(entry: Entry) -> EncoderIdentity | None:
+    """The identity ``entry``'s header states, if the entry's name was made from
+    it (the digest covers the exact strings, so a header cannot claim another
+    entry's name); None without a header, or with one that states anything else."""
+    header = entry.header
+    if header is None:
+        return None
+    try:
+        identity = EncoderIdentity(**{f: header.get(f, "") for f in _IDENTITY_FIELDS})
+        proven = identity.storage_name(header.get("mm_hash")) == entry.name
+    except (TypeError, ValueError):  # a field that is no (non-empty) string
+        return None
+    return identity if proven else None
 
 
 # -- disk ----------------------------------------------------------------------
@@ -162,6 +203,7 @@ def open_remote(config: ECConfig) -> Any | None:
 def filter_headers(
     entries: Iterable[Entry], selector: Selector, now: float | None = None
 ) -> Iterator[Entry]:
-    """Entries whose headers (read already) meet the age/weights/creation conditions."""
+    """Entries whose headers (read already) meet the identity, age, weights and
+    creation conditions."""
     now = time.time() if now is None else now
     return (e for e in entries if selector.matches_header(e, now))

@@ -37,6 +37,8 @@ from ..tier_contract import Tier, TierKind
 from .manager import ECStorageManager
 from .promotion import Promoter
 
+_DROPS_REMEMBERED = 4096
+
 logger = logging.getLogger(__name__)
 
 _PAYLOAD = "_ec_payload"  # attribute holding a buffer's verified layout
@@ -103,6 +105,10 @@ class TierReader:
         # A read that began before a purge was applied, or while one is, may
         # hold a purged entry: it is served, but not promoted (written back).
         self._purge_lock = threading.Lock()
+        # Entries whose drop was logged: one that cannot be removed (a read-only
+        # directory) is dropped again at every read, logged once.
+        self._drops_logged: dict[tuple[str, str], None] = {}
+        self._drops_lock = threading.Lock()
         self._purges_begun = 0
         self._purges_applying = 0
 
@@ -287,9 +293,21 @@ class TierReader:
         # make the decoder raise, the answer is a miss, never an error.
         reason = exc.reason if isinstance(exc, codec.CorruptEntryError) else repr(exc)
         self._stats.add("integrity_failures")
-        logger.warning("Dropping corrupt entry %s from %s: %s", key, tier.name, reason)
+        if self._first_drop(key, tier):
+            logger.warning("Dropping corrupt entry %s from %s: %s", key, tier.name, reason)
         self.remove_everywhere(key)
         raise _Dropped from None
+
+    def _first_drop(self, key: ECKey, tier: Tier) -> bool:
+        """Whether this entry's drop is news (the last 4096 drops are remembered)."""
+        name = (tier.name, str(key))
+        with self._drops_lock:
+            if name in self._drops_logged:
+                return False
+            self._drops_logged[name] = None
+            if len(self._drops_logged) > _DROPS_REMEMBERED:
+                del self._drops_logged[next(iter(self._drops_logged))]
+            return True
 
     # -- promotion -----------------------------------------------------------
 

@@ -3,15 +3,17 @@
 Accounting is a ledger file (the bytes in use, decimal) read and rewritten
 under an ``flock`` on itself. It lives in this user's node-local runtime
 directory (``runtime_dirs.py``: ``<user dir>/ledgers``, under ``node_dir``),
-named by the directory's device and inode, so the directory holds nothing
-but entries and every process on the node finds the same ledger. Where no
-private runtime directory can be had, the ledger is this process's own
-(``ledger_dir``): each process then keeps the limit for itself, and writes
-still land. A writer *reserves* its
-entry's size and, still under the lock, makes its temp file, whose name
-carries that size; so the directory (entries plus writes in progress, each at
-its reserved size) never holds more than the limit, and a scan by another
-process counts a write in progress in full from the start. A removal, and a
+named by the directory's device and inode (looked up again at every lock,
+so a directory made again moves every process to its new ledger), so the
+directory holds nothing but entries and every process on the node finds the
+same ledger. Where no private runtime directory can be had, the ledger is
+this process's own (``ledger_dir``): each process then keeps the limit for
+itself, and writes still land. A writer *reserves* its entry's size and,
+still under the lock, makes its temp file, whose name carries that size (a
+temp file is removed again where the ledger cannot be written); so the
+directory (entries plus writes in progress, each at its reserved size) never
+holds more than the limit, and a scan by another process counts a write in
+progress in full from the start. A removal, and a
 reservation given back, deletes its file and subtracts its bytes under one
 hold of the lock: a scan by another process between the two would count the
 file gone already, and the subtraction would then take its bytes twice.
@@ -146,13 +148,19 @@ class DirectoryBudget:
         self._local = threading.Lock()  # flock is per open file, not per thread
         self._fd = -1  # the ledger, while locked
         self._ledger: str | None = None
+        self._ledger_of: tuple[int, int] | None = None  # the directory's (dev, inode)
 
     def _ledger_path(self) -> str:
-        # By inode: a directory deleted and made again starts a new ledger.
-        if self._ledger is None:
-            stat = os.stat(self.layout.path)
+        """The ledger of the directory now at ``layout.path``. By inode: a
+        directory made again (by any process), or a symlink to it swapped, has
+        a new ledger, which every process sharing the path moves to at its next
+        lock, not only the one that made it. Raises ``OSError`` (no directory)."""
+        stat = os.stat(self.layout.path)
+        directory = (stat.st_dev, stat.st_ino)
+        if self._ledger is None or directory != self._ledger_of:
             ledgers, self.unshared = ledger_dir(self.node_dir)
             self._ledger = os.path.join(ledgers, f"{stat.st_dev}-{stat.st_ino}")
+            self._ledger_of = directory
         return self._ledger
 
     def directory_changed(self) -> None:
@@ -204,7 +212,14 @@ class DirectoryBudget:
                 if used is None:
                     return None
             temp = self.layout.create_temp(name, size)
-            self._write(used + size)
+            try:
+                self._write(used + size)
+            except OSError:
+                # The ledger's filesystem is full: a temp file left would count
+                # as a write in progress, at its reserved size, for every scan.
+                with contextlib.suppress(OSError):
+                    os.remove(temp)
+                raise
         return temp
 
     def wrote(self, name: str) -> None:
@@ -254,7 +269,7 @@ class DirectoryBudget:
         """Evict (LRU, no residency protection) to the limit; at start-up, where
         the limit may have shrunk. The number of entries evicted."""
         with self._locked():
-            scan = self.layout.scan()
+            scan = self.layout.scan(max_reserved=self.limit)
             used = scan.total
             evicted = 0
             for entry in scan.entries:
@@ -271,7 +286,7 @@ class DirectoryBudget:
     def _make_room(self, size: int) -> int | None:
         """Under the lock: the true usage after evicting for ``size`` more
         bytes, or None if it cannot fit (the ledger is still corrected)."""
-        scan = self.layout.scan()
+        scan = self.layout.scan(max_reserved=self.limit)
         self._own.intersection_update(e.name for e in scan.entries)  # others evicted some
         used = scan.total
         short = self._short_of(size)
@@ -316,7 +331,7 @@ class DirectoryBudget:
     def clear(self) -> int:
         """Remove every entry (and dead writers' temp files); the number removed."""
         with self._locked():
-            scan = self.layout.scan()
+            scan = self.layout.scan(max_reserved=self.limit)
             used, removed = scan.total, 0
             for entry in scan.entries:
                 try:

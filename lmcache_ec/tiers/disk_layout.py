@@ -11,7 +11,10 @@ CLI. A directory holds:
   the pid lets any process reclaim a dead writer's leftovers at once; the
   bytes reserved for the write count from the moment the file is made (under
   the budget's lock), so a scan by another process never sees a write in
-  progress as smaller than it will be;
+  progress as smaller than it will be. A name is trusted no further: one
+  reserving more than the directory's limit counts at its own size, pids 0
+  and 1 are no writer's, and an mtime counts no later than the ctime (an
+  mtime can be set to the future, a ctime cannot);
 - the purge logs, one per namespace (``purge/marker.py``), which are not entries.
 
 A directory's size ledger (``budget.py``) lives outside it, in this user's
@@ -43,6 +46,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from stat import S_ISREG
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
@@ -106,6 +110,8 @@ def temp_reserved(filename: str) -> int:
 
 
 def _alive(pid: int) -> bool:
+    if pid <= 1 and pid != os.getpid():
+        return False  # kill(0) reaches our own group, and init never dies: says nothing
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -113,6 +119,17 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True  # exists, another user's
     return True
+
+
+def _abandoned(filename: str, stat: os.stat_result, now: float) -> bool:
+    """Whether temp file ``filename`` is no live write's: its writer is gone, or
+    it has not changed for ``STALE_TEMP_SECONDS``. Its mtime counts no later
+    than its ctime, which only the kernel sets: an mtime set years ahead does
+    not keep it fresh."""
+    owner = temp_owner(filename)
+    if owner is None or not _alive(owner):
+        return True
+    return now - min(stat.st_mtime, stat.st_ctime) > STALE_TEMP_SECONDS
 
 
 def use_stamp() -> int:
@@ -221,10 +238,12 @@ class DirectoryLayout:
 
     # -- scanning ------------------------------------------------------------
 
-    def scan(self, *, reclaim: bool = True) -> Scan:
+    def scan(self, *, reclaim: bool = True, max_reserved: int | None = None) -> Scan:
         """Entries by recency and the bytes of live writes (each at least what
-        it reserved); a dead writer's temp files (or any older than
-        ``STALE_TEMP_SECONDS``) are removed."""
+        it reserved); a dead writer's temp files (or any unchanged for
+        ``STALE_TEMP_SECONDS``) are removed. A name reserving more than
+        ``max_reserved`` (the directory's limit: no write reserves more) is no
+        write's: the file counts at its own size only."""
         entries: list[Stored] = []
         entry_inodes: set[int] = set()
         writes: dict[int, int] = {}  # inode -> bytes
@@ -233,20 +252,21 @@ class DirectoryLayout:
             name = item.name
             try:
                 if is_temp(name):
+                    reserved = temp_reserved(name)
+                    if max_reserved is not None and reserved > max_reserved:
+                        reserved = 0
                     try:
                         stat = item.stat()
                     except FileNotFoundError:
                         # Published (or given up) since it was listed: its entry
                         # may not be in the listing, so the write counts at its
                         # reservation (an entry listed with its inode counts once).
-                        writes[item.inode()] = temp_reserved(name)
+                        writes[item.inode()] = reserved
                         continue
-                    owner = temp_owner(name)
-                    dead = owner is None or not _alive(owner)
-                    if reclaim and (dead or now - stat.st_mtime > STALE_TEMP_SECONDS):
+                    if reclaim and _abandoned(name, stat, now):
                         os.remove(item.path)
                     else:
-                        writes[item.inode()] = max(stat.st_size, temp_reserved(name))
+                        writes[item.inode()] = max(stat.st_size, reserved)
                     continue
                 stem = entry_stem(name)
                 if stem is None:
@@ -397,8 +417,9 @@ def read_frame(fd: int, size: int) -> FrameRead:
 def read_header_file(path: str) -> dict[str, Any]:
     """The verified frame header of an entry file (payload not read).
 
-    Raises ``CorruptEntryError`` (not a frame) or ``OSError``."""
-    with open(path, "rb") as stream:
+    Raises ``CorruptEntryError`` (not a frame, or not a regular file: a FIFO
+    or device would block the read, a symlink may lead anywhere) or ``OSError``."""
+    with open(_open_regular(path), "rb") as stream:
         prefix = stream.read(PREFIX_SIZE)
         header_len, _, _, header_sum = read_prefix(prefix)
         if PREFIX_SIZE + header_len > os.fstat(stream.fileno()).st_size:
@@ -407,3 +428,23 @@ def read_header_file(path: str) -> dict[str, Any]:
     if len(raw) < header_len:
         raise CorruptEntryError("truncated header")
     return parse_header(raw, header_sum)
+
+
+def _open_regular(path: str) -> int:
+    """A read-only descriptor of the regular file ``path``, never following a
+    symlink nor waiting on a FIFO's writer. Raises ``CorruptEntryError`` (not
+    a regular file) or ``OSError``."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+            raise CorruptEntryError("not a regular file") from None
+        raise
+    try:
+        if not S_ISREG(os.fstat(fd).st_mode):
+            raise CorruptEntryError("not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

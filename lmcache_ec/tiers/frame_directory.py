@@ -10,11 +10,18 @@ every process sees every other's writes, evictions and purges at once
 
 - Layout, atomic writes, temp files, recency: ``disk_layout.py``.
 - One size limit for the directory, kept by every process: ``budget.py``.
-- No exception from I/O: failed writes are logged and counted
-  (``snapshot()``), a vanished file is a miss, a directory deleted under a
-  running engine is created again by the next write. A directory that cannot
-  be made or listed at start is the one exception: ``RuntimeDirUnavailable``,
-  and the engine runs without the tier (``manager.py``).
+- No exception from I/O: failed reads and writes are counted (``snapshot()``)
+  and logged once an episode (until a read, or a write, succeeds again), a
+  vanished file is a miss, a directory deleted under a running engine is
+  created again by the next write. A directory that cannot be made or listed
+  at start is the one exception: ``RuntimeDirUnavailable``, and the engine
+  runs without the tier (``manager.py``).
+- An entry name holding what no read can serve (a FIFO, socket, symlink or
+  directory; a file this process may not read) is a miss, counted
+  (``damaged``) and removed, so that the next put of the key writes a good
+  one; a read never waits on it. A file larger than the tier's limit is no
+  entry this process could have written: a miss before anything is allocated
+  (``read_skipped_too_large``), left for processes with a larger limit.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
+from stat import S_ISREG
 from typing import Any, BinaryIO
 
 import torch
@@ -43,6 +51,10 @@ logger = logging.getLogger(__name__)
 
 
 SEEN_MAX = 1 << 16
+# O_NONBLOCK: opening a FIFO never waits for a writer; O_NOFOLLOW: a symlink
+# planted under an entry's name leads nowhere.
+ENTRY_OPEN = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+NOT_A_FILE = (errno.ELOOP, errno.ENXIO)  # open(2) of a symlink (O_NOFOLLOW), of a socket
 
 
 def _warn_if_open(path: str, modes: DirectoryModes) -> None:
@@ -93,6 +105,7 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         self.counters: Counter[str] = Counter()
         self._last_write_ok = True
         self._had_room = True  # no-room episodes are logged once each
+        self._reads_ok = True  # so are episodes of failed reads and damaged entries
         self._in_flight: set[ECKey] = set()
         self._seen: set[ECKey] = set()  # entries known to exist, to count vanished ones
         self._flight_lock = threading.Lock()
@@ -188,20 +201,93 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         return self.get_frame(key)
 
     def _open(self, key: ECKey, path: str) -> int | None:
+        """A read-only descriptor of the entry's regular file; None for a miss:
+        no entry, one no read can serve (removed: ``_unservable``), one too
+        large for this tier, or an I/O error (each counted)."""
         try:
-            return os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+            fd = os.open(path, ENTRY_OPEN)
+        except OSError as exc:
+            self._open_failed(key, path, exc)
+            return None
+        if self._servable(key, path, fd):
+            return fd
+        os.close(fd)
+        return None
+
+    def _open_failed(self, key: ECKey, path: str, exc: OSError) -> None:
+        if isinstance(exc, FileNotFoundError):
             if key in self._seen:  # deleted under us (purge, rm, another's eviction)
                 self._seen.discard(key)
                 self.counters["vanished"] += 1
-            return None
+        elif isinstance(exc, PermissionError):  # another user's file, in a directory of ours
+            self._unservable(key, path, f"not readable by this process ({exc.strerror})")
+        elif exc.errno in NOT_A_FILE:
+            self._unservable(key, path, "not a regular file")
+        else:
+            self._read_failed(path, exc)
+
+    def _servable(self, key: ECKey, path: str, fd: int) -> bool:
+        """Whether the opened entry ``fd`` can be read: a regular file within the
+        tier's limit."""
+        try:
+            info = os.fstat(fd)
+            os.set_blocking(fd, True)  # O_NONBLOCK was for open(2) only
         except OSError as exc:
             self._read_failed(path, exc)
-            return None
+            return False
+        if not S_ISREG(info.st_mode):  # a FIFO, a directory
+            self._unservable(key, path, "not a regular file")
+            return False
+        return not self._too_large(path, info.st_size)
+
+    def _too_large(self, path: str, size: int) -> bool:
+        """A file larger than this tier's limit: no entry this process could
+        write, so a miss before anything is allocated for it; left in place (a
+        process with a larger limit may have written it; eviction ages it out)."""
+        if size <= self.max_cache_size:
+            return False
+        self.counters["read_skipped_too_large"] += 1
+        self._read_trouble(
+            "%s tier: %s holds %d bytes, more than the tier's limit (%d): a miss",
+            self.name,  # type: ignore[attr-defined]
+            path,
+            size,
+            self.max_cache_size,
+        )
+        return True
+
+    def _unservable(self, key: ECKey, path: str, why: str) -> None:
+        """An entry no read can serve: a miss, counted and removed (the
+        directory's owner can remove another user's file), so that the next
+        put of the key writes one that serves rather than being skipped as
+        existing."""
+        self.counters["damaged"] += 1
+        try:
+            if not self.budget.remove(key.to_string()):  # it subtracts what it removes
+                self.layout.remove(path)  # a dangling symlink, which it cannot stat
+            outcome = "removed"
+        except OSError as exc:
+            self.counters["remove_errors"] += 1
+            outcome = f"cannot be removed ({exc.strerror or exc})"
+        self._read_trouble(
+            "%s tier: entry %s is %s: a miss, %s",
+            self.name,  # type: ignore[attr-defined]
+            path,
+            why,
+            outcome,
+        )
 
     def _read_failed(self, path: str, exc: OSError) -> None:
         self.counters["read_errors"] += 1
-        logger.warning("%s read of %s failed: %s", self.name, path, exc)  # type: ignore[attr-defined]
+        self._read_trouble("%s read of %s failed: %s", self.name, path, exc)  # type: ignore[attr-defined]
+
+    def _read_trouble(self, message: str, *args: object) -> None:
+        """Log a failed read or damaged entry if it starts an episode (one line,
+        not one per read: an entry that cannot be removed is met at every read
+        of it); the episode ends when a read succeeds."""
+        if self._reads_ok:
+            self._reads_ok = False
+            logger.warning(message + "; more are counted, not logged, until a read succeeds", *args)
 
     def get_frame(self, key: ECKey) -> FrameRead | None:
         """The entry read whole into fresh memory, its payload hashed as it lands."""
@@ -268,6 +354,7 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         """A read of ``key``: its entry (path or open descriptor) stamped used now."""
         self.layout.touch(entry)
         self._remember(key)
+        self._reads_ok = True
 
     def _remember(self, key: ECKey) -> None:
         if len(self._seen) >= SEEN_MAX:
@@ -379,8 +466,15 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
                 self.counters["skipped_existing"] += 1
         except OSError as exc:
             self.counters["write_errors"] += 1
+            if self._last_write_ok:  # one line per episode, not per write (a full disk)
+                logger.warning(
+                    "%s write of %s failed: %s; more are counted, not logged, until a write "
+                    "succeeds",
+                    self.name,  # type: ignore[attr-defined]
+                    name,
+                    exc,
+                )
             self._last_write_ok = False
-            logger.warning("%s write of %s failed: %s", self.name, name, exc)  # type: ignore[attr-defined]
             return
         finally:
             memory_obj.ref_count_down()

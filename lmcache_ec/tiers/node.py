@@ -8,9 +8,11 @@ self-verifying frames as files in shared memory
 frame is held once per node, whichever process wrote it, for as long as a
 process on the node uses the tier (``NodeUsers``: the last one to leave
 removes the entries, and entries nobody uses are removed by the next process
-to start on the directory). Where this user can have no private directory
-there, or the directory cannot be listed, ``ECNodeBackend`` raises
-``RuntimeDirUnavailable`` and the engine runs without the node tier
+to start on the directory; a directory deleted under its users and made
+again is joined again by each of them, see ``NodeUsers.rejoin``). Where this
+user can have no private directory there, the directory cannot be listed, or
+its ``.users`` stays locked (a process stopped while it clears it), ``ECNodeBackend``
+raises ``RuntimeDirUnavailable`` and the engine runs without the node tier
 (``manager.py``).
 
 It is the directory tier of ``frame_directory.py`` (the disk tier's code) on
@@ -43,6 +45,8 @@ import atexit
 import fcntl
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -82,6 +86,24 @@ def node_dirs(node_dir: str) -> list[str]:
 
 
 USERS_FILE = ".users"  # not an entry name: entries end in .pt, temp files start .tmp-
+# ``.users`` is held exclusively only by a user clearing the directory (joining
+# alone, or leaving last); one that holds it longer (stopped) costs a joiner
+# this wait, then an OSError: the engine starts without the node tier.
+USERS_LOCK_WAIT_S = 5.0
+
+
+def flock_shared_within(fd: int, seconds: float, what: str) -> None:
+    """A shared flock on ``fd``, or TimeoutError (an OSError) naming ``what`` if
+    an exclusive holder keeps it past ``seconds`` (``flocks.flock_within``, shared)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{what} locked for over {seconds} s") from None
+            time.sleep(0.001)
 
 
 class NodeUsers:
@@ -92,22 +114,71 @@ class NodeUsers:
     Joining: if nobody else uses the directory (an exclusive lock is free),
     whatever it holds was left by processes that are gone, and ``clear`` runs
     first. Leaving (``leave``: ``close``, or at exit): the last user runs
-    ``clear``. A process that joins while a last user clears waits for it.
+    ``clear``. A process that joins while a last user clears waits for it, at
+    most ``USERS_LOCK_WAIT_S``.
+
+    A directory deleted and made again has a new ``.users`` that nobody
+    holds: each user moves its lock there (``rejoin``) when it makes the
+    directory again, at its next write if another process did (``current``),
+    and before it decides at ``leave`` whether it is the last.
     """
 
     def __init__(self, directory: str, clear: Callable[[], int]) -> None:
         self._clear = clear
         self._pid = os.getpid()  # a forked child shares the lock: it never leaves for us
-        self._fd = os.open(
-            os.path.join(directory, USERS_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-        )
+        self._path = os.path.join(directory, USERS_FILE)
+        self._lock = threading.Lock()  # ``rejoin`` swaps the descriptor other threads check
+        self._fd = self._open()
         try:
             self.cleared_at_start = self._clear() if self._alone() else 0
-            fcntl.flock(self._fd, fcntl.LOCK_SH)
+            flock_shared_within(self._fd, USERS_LOCK_WAIT_S, self._path)
         except BaseException:
             os.close(self._fd)
             raise
         atexit.register(self.leave)
+
+    def _open(self) -> int:
+        return os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def current(self) -> bool:
+        """Whether the lock held is on the directory's ``.users`` of now, not on
+        one deleted with the directory (True where there is nothing to hold:
+        left, or in a forked child)."""
+        with self._lock:
+            return self._current()
+
+    def _current(self) -> bool:
+        if self._fd < 0 or os.getpid() != self._pid:
+            return True
+        try:
+            now = os.stat(self._path)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(self._fd)
+        return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+    def rejoin(self) -> None:
+        """Hold the directory's ``.users`` of now, shared, if the lock held is on
+        an earlier one; nothing is cleared (what the directory holds is live
+        users'). A directory gone again is left for the next write to make.
+        Raises ``OSError`` if ``.users`` stays locked past ``USERS_LOCK_WAIT_S``."""
+        with self._lock:
+            self._rejoin()
+
+    def _rejoin(self) -> None:
+        if self._current():
+            return
+        try:
+            fd = self._open()
+        except FileNotFoundError:
+            return
+        try:
+            flock_shared_within(fd, USERS_LOCK_WAIT_S, self._path)
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(self._fd)  # drops the lock on the deleted one
+        self._fd = fd
 
     def _alone(self) -> bool:
         try:
@@ -121,11 +192,22 @@ class NodeUsers:
         if self._fd < 0 or os.getpid() != self._pid:
             return 0
         atexit.unregister(self.leave)
+        with self._lock:
+            try:
+                if not self._on_current():
+                    return 0  # whether others use the directory of now is unknown: keep it
+                return self._clear() if self._alone() else 0
+            finally:
+                os.close(self._fd)  # drops the lock
+                self._fd = -1
+
+    def _on_current(self) -> bool:
+        """Whether the lock is (now) on the directory's ``.users`` of now."""
         try:
-            return self._clear() if self._alone() else 0
-        finally:
-            os.close(self._fd)  # drops the lock
-            self._fd = -1
+            self._rejoin()
+            return self._current()
+        except OSError:
+            return False
 
 
 class ECNodeBackend(FrameDirectoryTier):
@@ -163,6 +245,16 @@ class ECNodeBackend(FrameDirectoryTier):
         except OSError as exc:
             logger.warning("node tier %s: clearing failed: %s", self.path, exc)
             return 0
+
+    def _recreate(self) -> None:
+        super()._recreate()
+        self._users.rejoin()  # a fresh ``.users``: without it, the next joiner clears
+
+    def _reserve(self, name: str, size: int) -> str | None:
+        if not self._users.current():  # another process made the directory again
+            self.budget.directory_changed()
+            self._users.rejoin()
+        return super()._reserve(name, size)
 
     def holds(self, key: ECKey) -> bool:
         """The entry is stored, or another thread of this process is storing it."""

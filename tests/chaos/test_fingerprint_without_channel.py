@@ -99,7 +99,7 @@ def _served_during_a_decode(engine: Engine, image: str) -> None:
 
 
 def _level(engine: Engine, feature: str) -> dict[str, float]:
-    """The running sum of the ``feature_off`` changes of ``feature``, by reason."""
+    """The level of ``feature_off`` of ``feature`` (processes with it off), by reason."""
     prefix = f"feature_off:{feature}:"
     return {
         key[len(prefix) :]: value

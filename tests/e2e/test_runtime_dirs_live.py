@@ -1,9 +1,9 @@
 """A real ``vllm serve`` whose runtime directory another user took before it started.
 
-Before the server starts, uid 65534 makes ``<node_dir>/lmcache-ec-<uid>``
-and even the private alternative's name (the test knows the token, as no
-other user could): the node tier, the shared size ledger and the stage
-channel can have no directory of this user's. The server must start, serve
+Before the server starts, uid 65534 makes ``<node_dir>/lmcache-ec-<uid>``,
+and a file stands where the server's token would be kept, so no private
+alternative can be had: the node tier, the shared size
+ledger and the stage channel can have no directory of this user's. The server must start, serve
 from the tiers (an image asked again once vLLM's own encoder cache let it
 go is loaded, not encoded; its output was written to disk), and say in its
 log and on ``/metrics`` which features are off and why. One server, started
@@ -28,7 +28,6 @@ from lmcache_ec.bench.vllm_server import (
     ec_transfer_config,
     read_metrics,
 )
-from lmcache_ec.runtime_dirs import TOKEN_FILE
 
 from .conftest import ARGS, BACKGROUND_TOKENS, Site, ask, companion, counters, settled_counters
 
@@ -41,7 +40,6 @@ pytestmark = [
 ]
 
 SQUATTER = 65534
-TOKEN = "0123456789abcdef"
 IMAGE, OTHERS = 107, (108, 109)  # image seeds no other e2e test uses
 BUSY_TOKENS = 2  # beside a long decode, CPU steps of two requests are slow
 ATTEMPTS = 6  # each a few seconds; one in a step with no tokens proves nothing
@@ -74,14 +72,12 @@ def _squatted_server(site: Site) -> tuple[VLLMServer, tuple[Path, list[Path]]]:
     base = root / "shm"
     base.mkdir(parents=True)
     os.chmod(base, 0o1777)
-    taken = [base / f"lmcache-ec-{os.getuid()}", base / f"lmcache-ec-{os.getuid()}-{TOKEN}"]
+    taken = [base / f"lmcache-ec-{os.getuid()}"]
     for path in taken:
         _squat(path)
     home = root / "home"
-    token = home.joinpath(*TOKEN_FILE)
-    token.parent.mkdir(parents=True)
-    token.write_text(TOKEN)
-    os.chmod(token, 0o600)
+    home.joinpath(".config").mkdir(parents=True)
+    home.joinpath(".config", "lmcache-ec").write_text("")  # no token can be kept
     tiers = {
         "local_cpu": True,
         "max_local_cpu_size": 0.25,

@@ -10,6 +10,7 @@ the end of the fault until a new entry reaches the disk again is measured.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
@@ -148,7 +149,7 @@ def test_file_deleted_under_the_engine_is_a_plain_miss(disk_dir, make_cache):
     assert _disk_state(cache)["vanished"] == 1
 
 
-def test_read_only_directory(read_only, disk_dir, fault_table, make_cache):
+def test_read_only_directory(read_only, disk_dir, fault_table, make_cache, caplog):
     config = _config(disk_dir)
     good = {f"good-{i}": _tensor(i) for i in range(2)}
     damaged = _tensor(99)
@@ -163,9 +164,13 @@ def test_read_only_directory(read_only, disk_dir, fault_table, make_cache):
     read_only.protect()
     with make_cache(config) as cache:
         assert all(get_checked(cache, n, t) for n, t in good.items())  # read from disk
-        # A damaged entry that cannot be removed: a miss each time, counted.
-        assert not get_checked(cache, "damaged", damaged)
-        assert not get_checked(cache, "damaged", damaged)
+        # A damaged entry that cannot be removed: a miss each time, counted,
+        # logged once.
+        with caplog.at_level(logging.WARNING, logger="lmcache_ec"):
+            assert not get_checked(cache, "damaged", damaged)
+            assert not get_checked(cache, "damaged", damaged)
+        dropped = [r for r in caplog.records if "Dropping corrupt entry" in r.getMessage()]
+        assert len(dropped) == 1
         assert snapshot(cache)["integrity_failures"] == 2
         assert _disk_state(cache)["remove_errors"] >= 1
         assert damaged_path.exists()

@@ -295,7 +295,7 @@ MUTATIONS: list[Mutation] = [
         "node-users-not-counted",
         "node-tier entries stay while any process on the node uses them",
         "lmcache_ec/tiers/node.py",
-        "            fcntl.flock(self._fd, fcntl.LOCK_SH)",
+        "            flock_shared_within(self._fd, USERS_LOCK_WAIT_S, self._path)",
         "            fcntl.flock(self._fd, fcntl.LOCK_UN)",
         ("tests/tiers/test_node_tier.py::test_the_last_user_to_leave_clears_the_node_tier",),
     ),
@@ -408,16 +408,16 @@ MUTATIONS: list[Mutation] = [
         "encoder-buffers-not-fingerprinted",
         "the vision tower's buffers are part of the fingerprint",
         "lmcache_ec/integration/vllm/weights.py",
-        "    for name, tensor in model.named_buffers(remove_duplicate=True):",
-        "    for name, tensor in []:",
+        "    named += list(model.named_buffers(remove_duplicate=True))\n",
+        "",
         (f"{T_WEIGHTS}test_vision_buffers_count_and_language_model_buffers_do_not",),
     ),
     Mutation(
         "language-model-buffers-fingerprinted",
         "the language model's buffers are not part of the fingerprint",
         "lmcache_ec/integration/vllm/weights.py",
-        "skip = {id(t) for t in language.parameters()} | {id(t) for t in language.buffers()}",
-        "skip = {id(t) for t in language.parameters()}",
+        "return {id(t) for t in language.parameters()} | {id(t) for t in language.buffers()}",
+        "return {id(t) for t in language.parameters()}",
         (f"{T_WEIGHTS}test_vision_buffers_count_and_language_model_buffers_do_not",),
     ),
     Mutation(
@@ -434,8 +434,8 @@ MUTATIONS: list[Mutation] = [
         "identity-without-processor-kwargs",
         "mm_processor_kwargs are part of the encoder identity",
         "lmcache_ec/integration/vllm/identity.py",
-        '"mm_processor_kwargs": _jsonable(mm_kwargs or {}),',
-        '"mm_processor_kwargs": {},',
+        '    settings["mm_processor_kwargs"] = settings["mm_processor_kwargs"] or {}\n',
+        '    settings["mm_processor_kwargs"] = {}\n',
         (f"{T_IDENTITY}test_processor_kwargs_alone_and_quantization_alone_change_the_identity",),
     ),
     Mutation(
@@ -567,7 +567,10 @@ MUTATIONS: list[Mutation] = [
         "            and False\n",
         (
             "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_disk_on_v1",
-            "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_redis_on_v1[ec_consumer]",
+            (
+                "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_redis_on_v1["
+                "ec_consumer]"
+            ),
         ),
     ),
     # -- a scheduler item's record outlives neither its weights nor its request
@@ -965,7 +968,10 @@ MUTATIONS: list[Mutation] = [
         'f"{safe}-dp{dp_rank}-tp{tp_rank}.sock"',
         'f"engine-dp{dp_rank}-tp{tp_rank}.sock"',
         (
-            "tests/vllm/test_stage_channel.py::test_two_engines_on_one_host_each_get_only_their_own_orders",
+            (
+                "tests/vllm/test_stage_channel.py::test_two_engines_on_one_host_each_get_onl"
+                "y_their_own_orders"
+            ),
         ),
     ),
 ]
@@ -1043,7 +1049,10 @@ MUTATIONS += [
         "            frames += [\n",
         "            frames[:0] = [\n",
         (
-            "tests/remote/test_remote_reads.py::test_get_many_of_more_than_one_batch_hits_every_entry",
+            (
+                "tests/remote/test_remote_reads.py::test_get_many_of_more_than_one_batch_hit"
+                "s_every_entry"
+            ),
         ),
     ),
     Mutation(
@@ -1130,7 +1139,7 @@ MUTATIONS += [
         "scan-forgets-a-write-published-meanwhile",
         "a write published between a scan's listing and its stat counts at its reservation",
         "lmcache_ec/tiers/disk_layout.py",
-        "                        writes[item.inode()] = temp_reserved(name)\n",
+        "                        writes[item.inode()] = reserved\n",
         "                        pass\n",
         (f"{T_LAYOUT}::test_a_write_published_between_listing_and_stat_counts_at_its_reservation",),
     ),
@@ -1159,7 +1168,10 @@ MUTATIONS += [
         "self._write_above(key, memory_obj, above, purges, since)",
         "self._write_above(key, memory_obj, above, purges)",
         (
-            "tests/storage/test_reads.py::test_a_promotion_that_lands_after_newer_puts_ranks_behind_them",
+            (
+                "tests/storage/test_reads.py::test_a_promotion_that_lands_after_newer_puts_r"
+                "anks_behind_them"
+            ),
         ),
     ),
 ]
@@ -1291,7 +1303,10 @@ MUTATIONS += [
         (
             f"{T_GET_OR_COMPUTE}::test_an_instance_waits_for_anothers_computation_and_loads_it",
             f"{T_REMOTE_GET_OR_COMPUTE}::test_an_instance_loads_what_another_computes[redis]",
-            "tests/vllm/test_claims.py::test_an_image_reaching_two_instances_is_encoded_once[redis]",
+            (
+                "tests/vllm/test_claims.py::test_an_image_reaching_two_instances_is_encoded_"
+                "once[redis]"
+            ),
         ),
     ),
     Mutation(
@@ -1386,7 +1401,10 @@ MUTATIONS += [
         "                memo[mm_hash] = key",
         "                self._keying[1][mm_hash] = key",
         (
-            "tests/test_engine.py::test_a_key_made_across_set_identity_is_not_kept_for_the_new_identity",
+            (
+                "tests/test_engine.py::test_a_key_made_across_set_identity_is_not_kept_for_t"
+                "he_new_identity"
+            ),
         ),
     ),
     Mutation(
@@ -1509,7 +1527,10 @@ MUTATIONS += [
         "share=torch.clone)",
         "share=None)",
         (
-            "tests/test_get_or_compute.py::test_followers_get_the_computed_tensor_whatever_the_leaders_caller_does_with_its_own",
+            (
+                "tests/test_get_or_compute.py::test_followers_get_the_computed_tensor_whatev"
+                "er_the_leaders_caller_does_with_its_own"
+            ),
         ),
     ),
     Mutation(
@@ -1519,7 +1540,10 @@ MUTATIONS += [
         "found[mm_hash].clone() if mm_hash in seen else found[mm_hash]",
         "found[mm_hash]",
         (
-            "tests/test_get_or_compute.py::test_a_hash_asked_twice_in_a_batch_gets_two_tensors[computed]",
+            (
+                "tests/test_get_or_compute.py::test_a_hash_asked_twice_in_a_batch_gets_two_t"
+                "ensors[computed]"
+            ),
         ),
     ),
     Mutation(
@@ -1556,7 +1580,10 @@ MUTATIONS += [
         "                return\n",
         "",
         (
-            "tests/purge/test_purge_races.py::test_a_read_in_flight_across_a_purge_does_not_store_its_entry_again",
+            (
+                "tests/purge/test_purge_races.py::test_a_read_in_flight_across_a_purge_does_"
+                "not_store_its_entry_again"
+            ),
         ),
     ),
     Mutation(
@@ -1566,7 +1593,10 @@ MUTATIONS += [
         "            undone = []\n            self._rescan_later(marker)\n",
         "            undone = []\n",
         (
-            "tests/purge/test_purge_races.py::test_an_entry_a_read_wrote_back_before_the_engine_saw_the_purge_is_deleted",
+            (
+                "tests/purge/test_purge_races.py::test_an_entry_a_read_wrote_back_before_the"
+                "_engine_saw_the_purge_is_deleted"
+            ),
         ),
     ),
     Mutation(
@@ -1576,7 +1606,10 @@ MUTATIONS += [
         '            if tier == "remote" and self._on_old_remote is not None:\n',
         "            if False:\n",
         (
-            "tests/purge/test_purge_races.py::test_an_engine_started_after_a_remote_purge_applies_it_to_its_own_disk",
+            (
+                "tests/purge/test_purge_races.py::test_an_engine_started_after_a_remote_purg"
+                "e_applies_it_to_its_own_disk"
+            ),
         ),
     ),
     Mutation(
@@ -1602,7 +1635,10 @@ MUTATIONS += [
         "        if self._room is not None and not self._room.fits(nbytes):\n",
         "        if False:\n",
         (
-            "tests/vllm/test_item_lifecycle.py::test_a_request_needing_more_items_than_the_bounds_loads_what_fits_and_computes_the_rest[ec_consumer]",
+            (
+                "tests/vllm/test_item_lifecycle.py::test_a_request_needing_more_items_than_t"
+                "he_bounds_loads_what_fits_and_computes_the_rest[ec_consumer]"
+            ),
         ),
     ),
     Mutation(
@@ -1628,7 +1664,10 @@ MUTATIONS += [
         "            if self._closed or not self.health.up:  # queued before the tier went down\n",
         "            if False:\n",
         (
-            "tests/faults/test_remote_recovery.py::test_uploads_queued_when_the_tier_went_down_are_remembered_not_tried",
+            (
+                "tests/faults/test_remote_recovery.py::test_uploads_queued_when_the_tier_wen"
+                "t_down_are_remembered_not_tried"
+            ),
         ),
     ),
     Mutation(
@@ -1638,7 +1677,10 @@ MUTATIONS += [
         "        return memory_obj, memory_obj is None and bool(refused)\n",
         "        return memory_obj, False\n",
         (
-            "tests/faults/test_remote_recovery.py::test_every_write_of_an_outage_is_re_sent_through_a_small_pool",
+            (
+                "tests/faults/test_remote_recovery.py::test_every_write_of_an_outage_is_re_s"
+                "ent_through_a_small_pool"
+            ),
         ),
     ),
     Mutation(
@@ -1648,7 +1690,10 @@ MUTATIONS += [
         "            if not self._read_purges():\n",
         "            if False:\n",
         (
-            "tests/faults/test_remote_recovery.py::test_a_purge_recorded_during_an_outage_is_not_undone_by_the_replay",
+            (
+                "tests/faults/test_remote_recovery.py::test_a_purge_recorded_during_an_outag"
+                "e_is_not_undone_by_the_replay"
+            ),
         ),
     ),
     Mutation(
@@ -1658,7 +1703,10 @@ MUTATIONS += [
         "        if self._has_blocking_reads():  # ours: a whole call within the timeout\n",
         "        if False:\n",
         (
-            "tests/faults/test_remote_outages.py::test_removing_a_damaged_entry_from_a_slow_server_holds_no_read_past_the_timeout",
+            (
+                "tests/faults/test_remote_outages.py::test_removing_a_damaged_entry_from_a_s"
+                "low_server_holds_no_read_past_the_timeout"
+            ),
         ),
     ),
     Mutation(
@@ -1691,7 +1739,10 @@ MUTATIONS += [
         "                return future.result()\n",
         "                raise\n",
         (
-            "tests/remote/test_deadline.py::test_a_call_ending_as_its_wait_times_out_gives_its_answer",
+            (
+                "tests/remote/test_deadline.py::test_a_call_ending_as_its_wait_times_out_giv"
+                "es_its_answer"
+            ),
         ),
     ),
     Mutation(
@@ -1701,7 +1752,10 @@ MUTATIONS += [
         "        if not started.wait(self.seconds) and future.cancel():\n",
         "        if False:\n",
         (
-            "tests/remote/test_deadline.py::test_a_call_that_finds_every_thread_busy_is_not_the_stores_fault",
+            (
+                "tests/remote/test_deadline.py::test_a_call_that_finds_every_thread_busy_is_"
+                "not_the_stores_fault"
+            ),
         ),
     ),
     Mutation(
@@ -1711,7 +1765,10 @@ MUTATIONS += [
         "READ_BATCH = 32  # names a request of a batch read: one Redis pipeline, one bound\n",
         "READ_BATCH = 10**9\n",
         (
-            "tests/remote/test_remote_reads.py::test_a_batch_longer_than_one_timeout_is_read_whole_from_a_healthy_slow_store",
+            (
+                "tests/remote/test_remote_reads.py::test_a_batch_longer_than_one_timeout_is_"
+                "read_whole_from_a_healthy_slow_store"
+            ),
         ),
     ),
     Mutation(
@@ -1722,7 +1779,10 @@ MUTATIONS += [
         "            result = None\n",
         "        except Exception:\n            raise\n",
         (
-            "tests/test_get_or_compute.py::test_followers_whose_copy_cannot_be_made_ask_again_and_never_hang",
+            (
+                "tests/test_get_or_compute.py::test_followers_whose_copy_cannot_be_made_ask_"
+                "again_and_never_hang"
+            ),
         ),
     ),
     Mutation(
@@ -1732,7 +1792,10 @@ MUTATIONS += [
         'err_console.print(f"[bold red]error:[/] {escape(message)}")',
         'err_console.print(f"[bold red]error:[/] {message}")',
         (
-            "tests/cli/test_invalid_inputs.py::test_a_config_path_that_looks_like_markup_is_printed_as_it_is",
+            (
+                "tests/cli/test_invalid_inputs.py::test_a_config_path_that_looks_like_markup"
+                "_is_printed_as_it_is"
+            ),
         ),
     ),
     Mutation(
@@ -1742,7 +1805,10 @@ MUTATIONS += [
         "if coerced is None and opt.default is not None:",
         "if coerced is None and opt.default is not None and False:",
         (
-            "tests/test_config.py::test_a_key_left_empty_is_an_error_unless_its_default_is_unset[namespace]",
+            (
+                "tests/test_config.py::test_a_key_left_empty_is_an_error_unless_its_default_"
+                "is_unset[namespace]"
+            ),
         ),
     ),
     Mutation(
@@ -1752,7 +1818,10 @@ MUTATIONS += [
         "except (ValueError, InvalidURL) as exc:",
         "except (TypeError, KeyError) as exc:",
         (
-            "tests/cli/test_invalid_inputs.py::test_a_metrics_url_that_is_no_url_is_a_usage_error[http://localhost:abc/metrics]",
+            (
+                "tests/cli/test_invalid_inputs.py::test_a_metrics_url_that_is_no_url_is_a_us"
+                "age_error[http://localhost:abc/metrics]"
+            ),
         ),
     ),
     Mutation(
@@ -1773,7 +1842,10 @@ MUTATIONS += [
         "            math.isfinite(self.older_than) and self.older_than >= 0\n",
         "            True\n",
         (
-            "tests/cli/test_invalid_inputs.py::test_a_purge_record_no_engine_would_read_is_refused_before_it_is_written[nan]",
+            (
+                "tests/cli/test_invalid_inputs.py::test_a_purge_record_no_engine_would_read_"
+                "is_refused_before_it_is_written[nan]"
+            ),
         ),
     ),
     Mutation(
@@ -1791,7 +1863,10 @@ MUTATIONS += [
         "            shown = redact_text(shown)\n",
         "            pass\n",
         (
-            "tests/test_config.py::test_a_config_error_never_shows_a_password[section0-redis://u:***@h:1]",
+            (
+                "tests/test_config.py::test_a_config_error_never_shows_a_password[section0-r"
+                "edis://u:***@h:1]"
+            ),
         ),
     ),
     Mutation(
@@ -1801,7 +1876,10 @@ MUTATIONS += [
         "raise ConfigError(f\"{where}: 'local_disk' takes one directory for the encoder tier\")",
         "raise ConfigError(\"'local_disk' takes one directory for the encoder tier\")",
         (
-            "tests/test_config.py::test_a_local_disk_of_several_directories_names_where_it_came_from",
+            (
+                "tests/test_config.py::test_a_local_disk_of_several_directories_names_where_"
+                "it_came_from"
+            ),
         ),
     ),
     Mutation(
@@ -1819,7 +1897,10 @@ MUTATIONS += [
         "except (OSError, ValueError) as exc:",
         "except OSError as exc:",
         (
-            "tests/cli/test_invalid_inputs.py::test_config_doc_check_of_a_file_that_is_not_utf8_is_a_usage_error",
+            (
+                "tests/cli/test_invalid_inputs.py::test_config_doc_check_of_a_file_that_is_n"
+                "ot_utf8_is_a_usage_error"
+            ),
         ),
     ),
     Mutation(
@@ -1849,7 +1930,10 @@ MUTATIONS += [
         "        return -1 if self._purges_applying else self._purges_begun\n",
         "        return self._purges_begun\n",
         (
-            "tests/purge/test_purge_races.py::test_a_read_begun_while_a_purge_is_applied_is_not_promoted",
+            (
+                "tests/purge/test_purge_races.py::test_a_read_begun_while_a_purge_is_applied"
+                "_is_not_promoted"
+            ),
         ),
     ),
     Mutation(
@@ -1859,7 +1943,10 @@ MUTATIONS += [
         "        while any(keys & each.writes_in_flight() for each, keys in waited):\n",
         "        while any(each.writes_in_flight() for each, keys in waited):\n",
         (
-            "tests/purge/test_purge_races.py::test_a_rescan_waits_only_for_the_writes_in_flight_when_it_began",
+            (
+                "tests/purge/test_purge_races.py::test_a_rescan_waits_only_for_the_writes_in"
+                "_flight_when_it_began"
+            ),
         ),
     ),
     Mutation(
@@ -2143,7 +2230,10 @@ MUTATIONS += [
         "                if self._closing.is_set():\n                    break\n",
         "",
         (
-            "tests/vllm/test_index_ttl.py::test_a_closed_index_ends_its_check_without_retry_or_warning",
+            (
+                "tests/vllm/test_index_ttl.py::test_a_closed_index_ends_its_check_without_re"
+                "try_or_warning"
+            ),
         ),
     ),
     # -- benchmark jobs: forked from the job server, with the caller's environment
@@ -2162,6 +2252,673 @@ MUTATIONS += [
         "            process.join(max(1.0, deadline - time.monotonic()))  # it is exiting\n",
         "",
         (f"{T_BENCH_JOBS}test_a_job_still_exiting_after_its_pipe_closed_keeps_its_own_status",),
+    ),
+    Mutation(
+        "ended-request-records-kept",
+        (
+            "a lookup or claim asked about for requests that all ended leaves the item "
+            "table at its answer or deadline"
+        ),
+        "lmcache_ec/integration/vllm/scheduler.py",
+        "        if self.waits.needs(identifier):\n",
+        "        if True:\n",
+        (
+            (
+                "tests/vllm/test_item_lifecycle.py::test_the_records_of_claims_waited_on_by_"
+                "ended_requests_leave_at_their_deadline"
+            ),
+            (
+                "tests/vllm/test_item_lifecycle.py::test_the_record_of_a_lookup_whose_reques"
+                "t_ended_leaves_at_its_answer"
+            ),
+        ),
+    ),
+    Mutation(
+        "failed-record-kept-past-retry",
+        "a failed fetch's record leaves the item table at its retry time",
+        "lmcache_ec/integration/vllm/scheduler.py",
+        (
+            "            elif state is S.FAILED:  # its retry time: the record says "
+            "nothing any more\n"
+            "                self.items.allow_retry(identifier)\n"
+        ),
+        "",
+        (
+            (
+                "tests/vllm/test_item_lifecycle.py::test_a_staging_no_request_waits_for_give"
+                "s_its_slot_back_at_its_deadline"
+            ),
+        ),
+    ),
+    Mutation(
+        "put-failure-logged-per-save",
+        "a save whose put raises every time is counted each time and logged once per kind",
+        "lmcache_ec/integration/vllm/saver.py",
+        "        if kind not in self._failures_logged:\n",
+        "        if True:\n",
+        (
+            (
+                "tests/vllm/test_saver_failures.py::test_a_put_that_raises_at_every_save_is_"
+                "logged_once_and_counted_each_time"
+            ),
+        ),
+    ),
+    Mutation(
+        "feature-off-summed-per-front-end",
+        (
+            "a feature off reaches vLLM's front-ends as its level, right in whichever "
+            "front-end gets the step"
+        ),
+        "lmcache_ec/integration/vllm/features_off.py",
+        "                self._levels[name] = stats[name] = level\n",
+        "                self._levels[name] = level\n",
+        (
+            (
+                "tests/vllm/test_identity_plugin_stats.py::test_a_feature_off_is_shown_right"
+                "_by_whichever_front_end_gets_its_step"
+            ),
+        ),
+    ),
+    Mutation(
+        "feature-back-on-dropped-as-empty",
+        "a feature back on everywhere is reported (its level 0), not dropped as empty stats",
+        "lmcache_ec/integration/vllm/stats.py",
+        "        return not any(value or is_off_key(name) for name, value in self.data.items())\n",
+        "        return not any(self.data.values())\n",
+        (
+            (
+                "tests/vllm/test_identity_plugin_stats.py::test_a_feature_off_is_shown_right"
+                "_by_whichever_front_end_gets_its_step"
+            ),
+        ),
+    ),
+    Mutation(
+        "negative-counter-raised-into-vllm",
+        "a negative counter value is not counted, never raised into vLLM's output handler",
+        "lmcache_ec/integration/vllm/stats.py",
+        "            if value > 0:  # prometheus raises on a negative increment\n",
+        "            if value:\n",
+        (
+            (
+                "tests/vllm/test_identity_plugin_stats.py::test_stats_flow_into_vllm_logging"
+                "_and_prometheus"
+            ),
+        ),
+    ),
+    Mutation(
+        "counter-undocumented",
+        "every counter of the vLLM connector is named in docs/vllm.md",
+        "docs/vllm.md",
+        "`purges_seen`, `weights_changes`, `fingerprint_seconds` (time fingerprinting\n",
+        "`purges_seen`, `weights_changes`, (time fingerprinting\n",
+        ("tests/test_docs.py::test_every_counter_of_the_vllm_connector_is_documented",),
+    ),
+    Mutation(
+        "runtime-dir-token-never-replaced",
+        "a runtime-dir token whose name another user took gives way to a fresh one",
+        "lmcache_ec/runtime_dirs.py",
+        "                    token = None\n",
+        "                    break\n",
+        (
+            (
+                "tests/test_runtime_dirs.py::test_a_token_whose_name_another_user_took_is_re"
+                "placed_and_found_by_later_processes"
+            ),
+            (
+                "tests/test_runtime_dirs.py::test_processes_replacing_a_taken_token_at_once_"
+                "agree_on_one_directory"
+            ),
+        ),
+    ),
+    Mutation(
+        "runtime-dir-earlier-token-dir-ignored",
+        "a token replaced on another node leaves this node's processes in their directory",
+        "lmcache_ec/runtime_dirs.py",
+        (
+            "        if earlier and _is_private(os.path.join(base, name)):\n"
+            "            return os.path.join(base, name)\n"
+        ),
+        "",
+        (
+            (
+                "tests/test_runtime_dirs.py::test_a_token_replaced_on_another_node_leaves_th"
+                "is_nodes_processes_in_their_directory"
+            ),
+        ),
+    ),
+    Mutation(
+        "purge-selects-by-slug-alone",
+        "a purge or listing by namespace/model confirms the exact names from each entry's header",
+        "lmcache_ec/purge/selection.py",
+        "        if not self.matches_identity(entry):\n            return False\n",
+        "",
+        (
+            (
+                "tests/purge/test_selection_exact.py::test_purging_a_namespace_leaves_anothe"
+                "r_whose_slug_is_the_same"
+            ),
+            (
+                "tests/purge/test_selection_exact.py::test_purging_and_listing_a_model_leave"
+                "_another_whose_slug_is_the_same"
+            ),
+            (
+                "tests/purge/test_selection_exact.py::test_an_engine_applying_a_purge_leaves"
+                "_its_model_whose_slug_is_the_purged_one"
+            ),
+        ),
+    ),
+    Mutation(
+        "purge-by-name-reads-no-headers",
+        "the CLI reads headers for a purge by namespace/model",
+        "lmcache_ec/purge/selection.py",
+        (
+            "            self.namespace is not None  # a slug names a namespace only up to "
+            "its tag\n"
+            "            or self.model is not None\n"
+        ),
+        "            False\n",
+        (
+            (
+                "tests/purge/test_selection_exact.py::test_purging_a_namespace_leaves_anothe"
+                "r_whose_slug_is_the_same"
+            ),
+            (
+                "tests/purge/test_selection_exact.py::test_purging_and_listing_a_model_leave"
+                "_another_whose_slug_is_the_same"
+            ),
+        ),
+    ),
+    Mutation(
+        "purge-trusts-unproven-header",
+        "a header that does not hash to its entry's name cannot shield the entry from a purge",
+        "lmcache_ec/purge/selection.py",
+        "    return identity if proven else None\n",
+        "    return identity\n",
+        (
+            (
+                "tests/purge/test_selection_exact.py::test_entries_whose_headers_prove_nothi"
+                "ng_are_purged_by_their_names"
+            ),
+        ),
+    ),
+    Mutation(
+        "node-dir-made-again-loses-its-users",
+        "a node directory made again under running processes keeps their entries",
+        "lmcache_ec/tiers/node.py",
+        "        self._users.rejoin()  # a fresh ``.users``: without it, the next joiner clears\n",
+        "",
+        ("tests/tiers/test_node_tier.py::test_a_node_directory_made_again_keeps_its_users",),
+    ),
+    Mutation(
+        "node-dir-made-again-by-another-not-joined",
+        "a node-tier user joins a directory another process made again at its next write",
+        "lmcache_ec/tiers/node.py",
+        "        if not self._users.current():  # another process made the directory again\n",
+        "        if False:\n",
+        (
+            (
+                "tests/tiers/test_node_tier.py::test_a_user_joins_a_directory_another_made_a"
+                "gain_at_its_next_write"
+            ),
+        ),
+    ),
+    Mutation(
+        "stale-node-user-clears-on-leave",
+        "a user still locking a deleted .users never takes itself for the last user",
+        "lmcache_ec/tiers/node.py",
+        "                if not self._on_current():\n",
+        "                if False:\n",
+        (
+            (
+                "tests/tiers/test_node_tier.py::test_a_user_leaving_a_directory_another_made"
+                "_again_clears_nothing"
+            ),
+        ),
+    ),
+    Mutation(
+        "node-users-lock-unbounded",
+        "an engine starts (without the node tier) while a stopped process holds .users",
+        "lmcache_ec/tiers/node.py",
+        "            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)\n",
+        "            fcntl.flock(fd, fcntl.LOCK_SH)\n",
+        (
+            (
+                "tests/tiers/test_node_tier.py::test_an_engine_starts_without_the_node_tier_"
+                "while_a_stopped_process_holds_it"
+            ),
+        ),
+    ),
+    Mutation(
+        "entry-open-waits-on-a-fifo",
+        "a FIFO (or a symlink to one) under an entry name is a miss, never a hang",
+        "lmcache_ec/tiers/frame_directory.py",
+        "ENTRY_OPEN = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC\n",
+        "ENTRY_OPEN = os.O_RDONLY | os.O_CLOEXEC\n",
+        (
+            (
+                "tests/tiers/test_entry_faults.py::test_a_fifo_under_an_entry_name_is_a_miss"
+                "_not_a_hang[fifo]"
+            ),
+            (
+                "tests/tiers/test_entry_faults.py::test_a_fifo_under_an_entry_name_is_a_miss"
+                "_not_a_hang[symlink-to-fifo]"
+            ),
+        ),
+    ),
+    Mutation(
+        "oversized-entry-read-whole",
+        "a file larger than its tier is a miss before anything is read or allocated",
+        "lmcache_ec/tiers/frame_directory.py",
+        "        return not self._too_large(path, info.st_size)\n",
+        "        return True\n",
+        (
+            (
+                "tests/tiers/test_entry_faults.py::test_a_file_larger_than_the_tier_is_a_mis"
+                "s_before_anything_is_read"
+            ),
+        ),
+    ),
+    Mutation(
+        "unreadable-entry-kept",
+        "an entry this process cannot read is removed, so the next put writes it again",
+        "lmcache_ec/tiers/frame_directory.py",
+        (
+            "        elif isinstance(exc, PermissionError):  # another user's file, in a "
+            "directory of ours\n"
+            '            self._unservable(key, path, f"not readable by this process '
+            '({exc.strerror})")\n'
+        ),
+        "",
+        (
+            (
+                "tests/tiers/test_entry_faults.py::test_an_entry_this_process_cannot_read_is"
+                "_removed_and_written_again"
+            ),
+        ),
+    ),
+    Mutation(
+        "damaged-entry-logged-per-read",
+        "failed reads and damaged entries log one line per episode, not per read",
+        "lmcache_ec/tiers/frame_directory.py",
+        "        if self._reads_ok:\n",
+        "        if True:\n",
+        (
+            (
+                "tests/tiers/test_entry_faults.py::test_a_damaged_entry_that_cannot_be_remov"
+                "ed_is_logged_once_an_episode"
+            ),
+        ),
+    ),
+    Mutation(
+        "failed-write-logged-per-write",
+        "failed writes log one line per episode, not per write",
+        "lmcache_ec/tiers/frame_directory.py",
+        (
+            "            if self._last_write_ok:  # one line per episode, not per write (a "
+            "full disk)\n"
+        ),
+        "            if True:\n",
+        (
+            (
+                "tests/tiers/test_entry_faults.py::test_a_full_disk_logs_one_line_per_episod"
+                "e_not_per_write"
+            ),
+        ),
+    ),
+    Mutation(
+        "ledger-write-failure-keeps-its-temp",
+        "a reservation whose ledger write fails leaves no temp file for scans to count",
+        "lmcache_ec/tiers/budget.py",
+        "                    os.remove(temp)\n",
+        "                    pass\n",
+        (
+            (
+                "tests/tiers/test_budget_faults.py::test_a_reservation_whose_ledger_cannot_b"
+                "e_written_leaves_no_temp_file"
+            ),
+        ),
+    ),
+    Mutation(
+        "temp-of-pid-0-or-1-is-live",
+        "a temp file named for pid 0 or 1 is no live write: reclaimed, not counted",
+        "lmcache_ec/tiers/disk_layout.py",
+        (
+            "    if pid <= 1 and pid != os.getpid():\n"
+            "        return False  # kill(0) reaches our own group, and init never dies: "
+            "says nothing\n"
+        ),
+        "",
+        (
+            (
+                "tests/tiers/test_budget_faults.py::test_a_temp_file_of_pid_0_or_1_is_reclai"
+                "med_not_counted[pid-0]"
+            ),
+            (
+                "tests/tiers/test_budget_faults.py::test_a_temp_file_of_pid_0_or_1_is_reclai"
+                "med_not_counted[pid-1]"
+            ),
+        ),
+    ),
+    Mutation(
+        "temp-reservation-unbounded",
+        "a temp name reserving more than the limit counts at its own size, evicting nothing",
+        "lmcache_ec/tiers/disk_layout.py",
+        (
+            "                    if max_reserved is not None and reserved > max_reserved:\n"
+            "                        reserved = 0\n"
+        ),
+        "",
+        (
+            (
+                "tests/tiers/test_budget_faults.py::test_a_temp_name_reserving_more_than_the"
+                "_limit_evicts_nothing"
+            ),
+        ),
+    ),
+    Mutation(
+        "temp-staleness-by-mtime",
+        "a temp file with a future mtime still goes stale (its ctime bounds it)",
+        "lmcache_ec/tiers/disk_layout.py",
+        "    return now - min(stat.st_mtime, stat.st_ctime) > STALE_TEMP_SECONDS\n",
+        "    return now - stat.st_mtime > STALE_TEMP_SECONDS\n",
+        (
+            (
+                "tests/tiers/test_budget_faults.py::test_a_temp_file_with_a_future_mtime_sti"
+                "ll_goes_stale"
+            ),
+        ),
+    ),
+    Mutation(
+        "ledger-kept-after-directory-made-again",
+        "every process sharing a path follows the directory made again to its new ledger",
+        "lmcache_ec/tiers/budget.py",
+        "        if self._ledger is None or directory != self._ledger_of:\n",
+        "        if self._ledger is None:\n",
+        (
+            (
+                "tests/tiers/test_budget_faults.py::test_a_directory_made_again_moves_every_"
+                "process_to_its_new_ledger"
+            ),
+        ),
+    ),
+    Mutation(
+        "header-read-blocks-on-a-fifo",
+        "a FIFO (or a symlink to one) under an entry name is damage to purge and ls, never a hang",
+        "lmcache_ec/tiers/disk_layout.py",
+        '    with open(_open_regular(path), "rb") as stream:\n',
+        '    with open(path, "rb") as stream:\n',
+        (
+            (
+                "tests/tiers/test_budget_faults.py::test_a_fifo_under_an_entry_name_is_damag"
+                "ed_not_a_hang[fifo]"
+            ),
+            (
+                "tests/tiers/test_budget_faults.py::test_a_fifo_under_an_entry_name_is_damag"
+                "ed_not_a_hang[symlink-to-fifo]"
+            ),
+        ),
+    ),
+    Mutation(
+        "close-waits-close-timeout-twice",
+        "close() returns within close_timeout: the flush and the tiers' stop share it",
+        "lmcache_ec/engine.py",
+        "        closer.join(timeout=max(deadline - time.monotonic(), 0.0))\n",
+        "        closer.join(timeout=max(self.config.close_timeout, 1.0))\n",
+        (
+            (
+                "tests/test_engine.py::test_close_is_bounded_by_close_timeout_when_writes_an"
+                "d_the_stop_both_wait"
+            ),
+        ),
+    ),
+    Mutation(
+        "pool-full-logged-per-put",
+        "a full CPU pool: put_rejected per put, one log line per episode",
+        "lmcache_ec/engine.py",
+        "        if not self._pool_was_full:\n",
+        "        if True:\n",
+        (
+            (
+                "tests/test_engine.py::test_a_full_cpu_pool_is_logged_once_per_episode_and_c"
+                "ounted_per_put"
+            ),
+        ),
+    ),
+    Mutation(
+        "weights-fingerprint-of-nothing",
+        (
+            "a language model holding every tensor (Transformers backend) never empties "
+            "the weights fingerprint"
+        ),
+        "lmcache_ec/integration/vllm/weights.py",
+        "    if kept or not named:\n",
+        "    if True:\n",
+        (
+            (
+                "tests/vllm/test_weights.py::test_a_vision_update_under_the_transformers_bac"
+                "kend_changes_the_fingerprint"
+            ),
+            (
+                "tests/vllm/test_weights.py::test_a_language_model_holding_every_weight_fing"
+                "erprints_them_all"
+            ),
+        ),
+    ),
+    Mutation(
+        "identity-without-video-pruning",
+        "--video-pruning-rate is part of the encoder identity",
+        "lmcache_ec/integration/vllm/identity.py",
+        '    "video_pruning_rate",\n',
+        "",
+        (
+            (
+                "tests/vllm/test_identity_inputs.py::test_video_pruning_given_as_vllm_takes_"
+                "it_changes_the_fingerprint"
+            ),
+            (
+                "tests/vllm/test_identity_inputs.py::test_a_multimodal_setting_that_changes_"
+                "encoder_outputs_changes_the_fingerprint[video_pruning_rate-0.5]"
+            ),
+        ),
+    ),
+    Mutation(
+        "identity-hf-config-allow-list",
+        "every encoder setting of the HF config, of any name, is part of the encoder identity",
+        "lmcache_ec/integration/vllm/identity.py",
+        "        kept[key] = value\n",
+        (
+            "        if "
+            're.search(r"vision|visual|audio|image|video|projector|mm_|qformer", key):\n'
+            "            kept[key] = value\n"
+        ),
+        (
+            (
+                "tests/vllm/test_identity_inputs.py::test_an_hf_override_of_an_encoder_setti"
+                "ng_of_any_name_changes_the_fingerprint[override0]"
+            ),
+        ),
+    ),
+    Mutation(
+        "identity-with-loader-dtype",
+        (
+            "the HF config's dtype, which the Transformers backend rewrites as it loads, "
+            "is not part of the encoder identity"
+        ),
+        "lmcache_ec/integration/vllm/identity.py",
+        (
+            '_NOT_ENCODER_KEYS = frozenset({"_name_or_path", "transformers_version", '
+            '"dtype", "torch_dtype"})\n'
+        ),
+        '_NOT_ENCODER_KEYS = frozenset({"_name_or_path", "transformers_version"})\n',
+        (
+            (
+                "tests/vllm/test_identity_inputs.py::test_text_config_edits_and_the_loaders_"
+                "dtype_rewrite_keep_the_fingerprint"
+            ),
+        ),
+    ),
+    Mutation(
+        "identity-without-processor-files",
+        "the processor config files are part of the encoder identity",
+        "lmcache_ec/integration/vllm/identity.py",
+        '        "processor_files": processor_files(model_config),\n',
+        "",
+        (
+            (
+                "tests/vllm/test_identity_inputs.py::test_an_edited_processor_config_changes"
+                "_the_fingerprint"
+            ),
+            (
+                "tests/vllm/test_identity_inputs.py::test_a_hub_models_processor_config_is_r"
+                "ead_from_its_snapshot"
+            ),
+        ),
+    ),
+    Mutation(
+        "tower-lora-ids-persisted",
+        "a tower-LoRA identifier (an adapter name, not content) is not persisted by default",
+        "lmcache_ec/integration/vllm/identity.py",
+        '_CONTENT_ID = re.compile(r"^(?:[0-9a-f]{64}|[0-9a-f]{128})$")\n',
+        '_CONTENT_ID = re.compile(r"^(?:[^:]{1,256}:)?(?:[0-9a-f]{64}|[0-9a-f]{128})$")\n',
+        (
+            (
+                "tests/vllm/test_identity_inputs.py::test_two_adapters_under_one_name_share_"
+                "vllms_identifier_and_it_is_not_persisted"
+            ),
+            (
+                "tests/vllm/test_identity_inputs.py::test_an_item_under_a_tower_lora_is_comp"
+                "uted_and_never_saved"
+            ),
+            "tests/vllm/test_identity_plugin_stats.py::test_identifier_policy",
+        ),
+    ),
+    Mutation(
+        "corrupt-drop-logged-per-read",
+        "a damaged entry that cannot be removed is a counted miss at every read, logged once",
+        "lmcache_ec/storage/reads.py",
+        "        if self._first_drop(key, tier):\n",
+        "        if True:\n",
+        ("tests/faults/test_disk_faults.py::test_read_only_directory",),
+    ),
+    Mutation(
+        "stale-stage-answer-taken",
+        "an answer to a stage order given up never moves the item's next order",
+        "lmcache_ec/integration/vllm/worker_link.py",
+        (
+            "        if not self.answers(identifier, order, direct=direct):\n"
+            "            return  # an order given up: the copy it staged is released, or will be\n"
+        ),
+        "",
+        (
+            (
+                "tests/vllm/test_stage_answers.py::test_the_answer_to_an_order_given_up_is_n"
+                "ot_taken_for_the_next_order[1]"
+            ),
+            (
+                "tests/vllm/test_stage_answers.py::test_the_answer_to_an_order_given_up_is_n"
+                "ot_taken_for_the_next_order[2]"
+            ),
+            (
+                "tests/vllm/test_stage_answers.py::test_a_late_step_report_is_not_taken_for_"
+                "the_next_order"
+            ),
+        ),
+    ),
+    Mutation(
+        "stage-answer-unnumbered",
+        "a worker's stage answer names the order it answers",
+        "lmcache_ec/integration/vllm/worker.py",
+        "            link.send(StageAnswer(tuple(staged), tuple(failed), weights, order.number))\n",
+        "            link.answer(staged, failed, weights)\n",
+        (
+            (
+                "tests/vllm/test_stage_answers.py::test_the_answer_to_an_order_given_up_is_n"
+                "ot_taken_for_the_next_order[1]"
+            ),
+            (
+                "tests/vllm/test_stage_answers.py::test_the_answer_to_an_order_given_up_is_n"
+                "ot_taken_for_the_next_order[2]"
+            ),
+        ),
+    ),
+    Mutation(
+        "stale-generation-answers-failed",
+        "a read across a weights change answers nothing and leaves the new order to stage",
+        "lmcache_ec/integration/vllm/worker.py",
+        (
+            "                # same item under the new weights) is not theirs to answer.\n"
+            "                return\n"
+        ),
+        (
+            "                # same item under the new weights) is not theirs to answer.\n"
+            "                tensors = [None] * len(identifiers)\n"
+        ),
+        (
+            (
+                "tests/vllm/test_stage_answers.py::test_a_read_across_an_unchanged_weights_s"
+                "ession_leaves_the_new_order_to_stage"
+            ),
+        ),
+    ),
+    Mutation(
+        "negative-counter-accepted",
+        "a worker report with a counter below zero is a bad frame",
+        "lmcache_ec/integration/vllm/stage_messages.py",
+        '            and (number >= 0 or key.startswith(f"{FEATURE_OFF}:"))\n',
+        "",
+        (
+            (
+                "tests/vllm/test_stage_answers.py::test_a_counter_below_zero_is_a_bad_frame_"
+                "and_a_feature_back_on_is_not"
+            ),
+            (
+                "tests/vllm/test_stage_answers.py::test_a_report_with_a_counter_below_zero_b"
+                "reaks_the_channel_not_the_step"
+            ),
+        ),
+    ),
+    Mutation(
+        "stage-deadline-restarts-at-dispatch",
+        "stage_timeout_s counts from queueing",
+        "lmcache_ec/integration/vllm/worker_link.py",
+        "        for identifier, deadline in started:\n",
+        (
+            "        for identifier, _ in started:\n"
+            "            deadline = time.monotonic() + self.settings.stage_timeout_s\n"
+        ),
+        ("tests/vllm/test_stage_answers.py::test_the_stage_timeout_counts_from_queueing",),
+    ),
+    Mutation(
+        "channel-break-fails-fetches",
+        "a stage channel break fails no request and holds no item off the tiers",
+        "lmcache_ec/integration/vllm/worker_link.py",
+        (
+            '                        identifier, now, "the stage channel broke", '
+            "fetch_failed=False\n"
+        ),
+        '                        identifier, now, "the stage channel broke"\n',
+        (
+            (
+                "tests/vllm/test_stage_answers.py::test_a_broken_channel_fails_no_request_an"
+                "d_holds_no_item_off_the_tiers"
+            ),
+        ),
+    ),
+    Mutation(
+        "stage-receive-unbounded",
+        "one receive reads a bounded share of a flooding peer, losing nothing",
+        "lmcache_ec/integration/vllm/stage_client.py",
+        (
+            "                        rank.sock, now, max_bytes=_RECEIVE_BYTES, "
+            "max_frames=_RECEIVE_FRAMES\n"
+        ),
+        "                        rank.sock, now\n",
+        (
+            (
+                "tests/vllm/test_stage_answers.py::test_a_flood_is_read_a_bounded_share_per_"
+                "receive_and_none_of_it_lost"
+            ),
+        ),
     ),
 ]
 

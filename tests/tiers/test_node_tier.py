@@ -10,14 +10,16 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import tracemalloc
 from pathlib import Path
 
 import pytest
 import torch
 
+from lmcache_ec.tiers import node as node_module
 from lmcache_ec.tiers.disk_layout import TEMP_PREFIX, DirectoryLayout
-from lmcache_ec.tiers.node import node_path
+from lmcache_ec.tiers.node import USERS_FILE, node_path
 from tests.conftest import bit_equal, make_tensor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -268,3 +270,89 @@ def test_entries_nobody_uses_are_removed_by_the_next_user(node_base, tmp_path, m
     assert cache.get("img") is None
     node = cache._storage.storage_backends["NodeBackend"]
     assert node.budget.ledger() == 0
+
+
+def _two_users_and_a_directory_made_again(node_base, make_cache):
+    """Two users of the node tier (one process is enough: the ``.users`` lock is
+    per open file), an entry each before the directory is deleted under them
+    (a cleanup job, systemd's RemoveIPC), then ``first``'s write makes it again."""
+    config = _config(node_base)
+    first = make_cache(config, dtype=torch.bfloat16)
+    second = make_cache(config, dtype=torch.bfloat16)
+    assert first.put("before", _tensor(0))
+    shutil.rmtree(node_path(node_base, "node-test"))
+    assert first.put("after", _tensor(1))
+    assert first._storage.node.counters["dir_recreated"] == 1
+    return first, second
+
+
+def test_a_node_directory_made_again_keeps_its_users(node_base, make_cache):
+    """Without them on its new ``.users``, the next process to start thinks it
+    is alone and clears the entries of the live ones."""
+    first, second = _two_users_and_a_directory_made_again(node_base, make_cache)
+    with make_cache(_config(node_base), dtype=torch.bfloat16) as third:
+        assert third._storage.node._users.cleared_at_start == 0
+        assert bit_equal(third.get("after"), _tensor(1))
+    # The third left, not the last: nothing cleared either.
+    assert bit_equal(first.get("after"), _tensor(1))
+    assert second.contains("after") == "node"
+
+
+def test_a_user_joins_a_directory_another_made_again_at_its_next_write(node_base, make_cache):
+    first, second = _two_users_and_a_directory_made_again(node_base, make_cache)
+    assert second.put("second", _tensor(2))  # finds a .users it does not hold
+    first.close()  # not the last user: the second uses the directory of now
+    assert bit_equal(second.get("after"), _tensor(1))
+    assert bit_equal(second.get("second"), _tensor(2))
+
+
+def test_a_user_leaving_a_directory_another_made_again_clears_nothing(node_base, make_cache):
+    """``second`` never wrote since: its lock is on the deleted ``.users``,
+    where it is alone; it must not take itself for the last user."""
+    first, second = _two_users_and_a_directory_made_again(node_base, make_cache)
+    second.close()
+    assert bit_equal(first.get("after"), _tensor(1))
+
+
+STOPPED_HOLDER = textwrap.dedent(
+    """
+    import fcntl, os, signal, sys
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as a user clearing the directory
+    print("held", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    """
+)
+
+
+def test_an_engine_starts_without_the_node_tier_while_a_stopped_process_holds_it(
+    node_base, make_cache, monkeypatch
+):
+    """A user stopped (SIGSTOP, a frozen cgroup, a debugger) while it clears the
+    directory holds ``.users`` exclusively for good: a start waits a bounded
+    time, then runs without the node tier."""
+    monkeypatch.setattr(node_module, "USERS_LOCK_WAIT_S", 0.2)
+    users = os.path.join(node_path(node_base, "node-test"), USERS_FILE)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", STOPPED_HOLDER, users], stdout=subprocess.PIPE, text=True
+    )
+    started: dict = {}
+    try:
+        assert holder.stdout.readline() == "held\n"
+        _, status = os.waitpid(holder.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        start = threading.Thread(
+            target=lambda: started.update(cache=make_cache(_config(node_base))), daemon=True
+        )
+        start.start()
+        start.join(30)  # a bound on a hang, not a timing: it returns after 0.2 s
+        assert not start.is_alive(), "the engine's start is blocked on .users"
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    cache = started["cache"]
+    assert cache.tiers == ["cpu"]
+    assert cache.stats.snapshot()["features_off"] == {"node_tier": "directory_unusable"}
+    assert cache.put("img", _tensor(1))
+    assert bit_equal(cache.get("img"), _tensor(1))

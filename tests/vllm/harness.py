@@ -181,7 +181,8 @@ class Engine:
         self.gathered: dict[str, torch.Tensor] = {}  # what the LM consumed
         self.features: dict[str, list[MultiModalFeatureSpec]] = {}
         self.finished: dict[str, str] = {}  # request id -> finish reason
-        self.ec_stats: dict[str, float] = {}  # summed SchedulerStats.ec_connector_stats
+        # SchedulerStats.ec_connector_stats: counters summed, feature-off levels the last
+        self.ec_stats: dict[str, float] = {}
         self.scheduled: list[set[str]] = []  # per step: request ids given tokens
         self.stage_orders: list[list[str]] = []  # per step: prefetches sent to workers
         self.loads: list[list[str]] = []  # per step: items loaded from staging
@@ -288,7 +289,8 @@ class Engine:
         for client_outputs in outputs.values():
             stats = client_outputs.scheduler_stats
             for name, value in ((stats and stats.ec_connector_stats) or {}).items():
-                self.ec_stats[name] = self.ec_stats.get(name, 0) + value
+                level = name.startswith("feature_off:")  # the last one holds
+                self.ec_stats[name] = value if level else self.ec_stats.get(name, 0) + value
             for item in client_outputs.outputs:
                 if item.finish_reason is not None:
                     self.finished[item.request_id] = str(item.finish_reason)

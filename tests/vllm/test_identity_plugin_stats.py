@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.metadata
 import os
 
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from vllm.config import ECTransferConfig
 from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
 from vllm.distributed.ec_transfer.ec_connector.metrics import ECConnectorLogging, ECConnectorProm
 
 from lmcache_ec.integration.vllm.connector import LMCacheECTierConnector
+from lmcache_ec.integration.vllm.features_off import OffLevels
 from lmcache_ec.integration.vllm.identity import (
     encoder_fingerprint,
     identity_from_vllm,
     is_content_identifier,
 )
 from lmcache_ec.integration.vllm.metadata import ECTierWorkerMetadata
+from lmcache_ec.integration.vllm.stats import ECTierConnectorStats
 
 from .harness import Engine, image_hash, make_vllm_config
 
@@ -70,7 +73,7 @@ def test_processor_kwargs_alone_and_quantization_alone_change_the_identity(model
 
 def test_identifier_policy():
     assert is_content_identifier(image_hash("a"))
-    assert is_content_identifier("my-lora:" + image_hash("a"))
+    assert not is_content_identifier("my-lora:" + image_hash("a"))  # a name, not content
     assert is_content_identifier("f" * 128)  # sha512
     assert not is_content_identifier("renderer0-mm-3-" + image_hash("a")[:8])
     assert not is_content_identifier("user-uuid-1234")
@@ -130,12 +133,45 @@ def test_stats_flow_into_vllm_logging_and_prometheus(model_config):
     channel = ("channel_bad_frames", "scheduler_channel_breaks", "purges_seen")
     for name in channel:
         assert REGISTRY.get_sample_value(f"vllm:lmcache_ec_{name}_total", labels) == 1
-    # Features off arrive as changes; the gauge is their running sum: the
-    # processes (scheduler, worker ranks) that have the feature off now.
+    # Features off arrive as levels: the processes (scheduler, worker ranks)
+    # that have the feature off now, 0 once it is back on everywhere.
     off = "feature_off:stage_channel:directory_taken"
     gauge = {**labels, "feature": "stage_channel", "reason": "directory_taken"}
-    prom.observe({off: 1}, engine_idx=0)  # the scheduler
-    prom.observe({off: 1, "loads": 1}, engine_idx=0)  # a worker rank
-    assert REGISTRY.get_sample_value("vllm:lmcache_ec_feature_off", gauge) == 2
-    prom.observe({off: -1}, engine_idx=0)  # back on one of them
-    assert REGISTRY.get_sample_value("vllm:lmcache_ec_feature_off", gauge) == 1
+    for level in (2, 0):
+        prom.observe({off: level}, engine_idx=0)
+        assert REGISTRY.get_sample_value("vllm:lmcache_ec_feature_off", gauge) == level
+    # A counter only grows: a negative value (a bad report) is not counted, and
+    # never raised into vLLM's output handler.
+    prom.observe({"misses": -1, "hits_disk": -1}, engine_idx=0)
+    assert REGISTRY.get_sample_value("vllm:lmcache_ec_misses_total", labels) == 1
+
+
+def _front_end(config) -> tuple[ECConnectorProm, CollectorRegistry]:
+    """The connector's metrics as one of vLLM's API servers holds them."""
+    registry = CollectorRegistry()
+
+    class Front(ECConnectorProm):
+        _gauge_cls = functools.partial(Gauge, registry=registry)
+        _counter_cls = functools.partial(Counter, registry=registry)
+        _histogram_cls = functools.partial(Histogram, registry=registry)
+
+    return Front(config, ["model_name", "engine"], {0: ["m", "0"]}), registry
+
+
+def test_a_feature_off_is_shown_right_by_whichever_front_end_gets_its_step(model_config):
+    """vLLM hands a step's stats to one of its front-ends only: the engine core
+    keeps the level, so a front-end that saw only the latest change shows it."""
+    config = make_vllm_config(model_config, "ec_both", {})
+    levels = OffLevels()
+    off = "feature_off:stage_channel:directory_taken"
+    steps = [levels.apply({off: 1}), levels.apply({off: 1, "loads": 1}), levels.apply({off: -1})]
+    (first, first_registry), (second, second_registry) = _front_end(config), _front_end(config)
+    for step in steps[:2]:
+        first.observe(step, engine_idx=0)
+    second.observe(steps[2], engine_idx=0)
+    gauge = {"model_name": "m", "engine": "0"}
+    gauge |= {"feature": "stage_channel", "reason": "directory_taken"}
+    assert first_registry.get_sample_value("vllm:lmcache_ec_feature_off", gauge) == 2
+    assert second_registry.get_sample_value("vllm:lmcache_ec_feature_off", gauge) == 1
+    back_on = ECTierConnectorStats(data=levels.apply({off: -1}))
+    assert back_on.data == {off: 0} and not back_on.is_empty()  # news: its level is 0

@@ -8,6 +8,10 @@
   the worker's staged memory comes back (vLLM's real Scheduler).
 - Claims made for a request that ended unencoded are withdrawn at once:
   another instance encodes the image without waiting out ``claim_wait_s``.
+- No record outlives the requests that asked about it: a lookup, a claim or a
+  wait for another instance's encode whose requests ended leaves the table
+  at its answer or deadline, and a failed fetch at its retry time (else the
+  table, and the scheduler's work per step, grow with every aborted request).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from .harness import (
 
 S = ItemState
 OLD, NEW = "weights-1", "weights-2"
+RETRY_S = 0.3  # failed_retry_s where a test waits it out
 
 
 def _until(condition, poll, timeout: float = 10.0) -> None:
@@ -213,6 +218,7 @@ def test_a_staging_no_request_waits_for_gives_its_slot_back_at_its_deadline(tmp_
             busy_stage_wait_s=0.0,
             stage_timeout_s=timeout,
             max_inflight_items=1,
+            failed_retry_s=RETRY_S,
         ),
         index,
         is_producer=False,
@@ -239,6 +245,9 @@ def test_a_staging_no_request_waits_for_gives_its_slot_back_at_its_deadline(tmp_
         assert not scheduler.ensure_cache_available(lone_request(after), 0)
         assert scheduler.items.state(after) is S.STAGING  # ordered: the slot was free
         assert not scheduler.take_unavailable_requests()
+        time.sleep(RETRY_S * 1.5)
+        scheduler.build_connector_meta(object())  # a step past its retry time
+        assert scheduler.items.get(lost) is None  # the record went with it
     finally:
         scheduler.channel.close()
         listener.close()
@@ -295,6 +304,74 @@ def test_a_claim_of_an_ended_request_is_withdrawn_at_once(model_config, extra, d
     finally:
         first.shutdown()
         second.shutdown()
+
+
+def test_the_records_of_claims_waited_on_by_ended_requests_leave_at_their_deadline(
+    model_config, extra, disk_dir
+):
+    """Requests waiting for another instance's encodes end (the client went away):
+    their items leave the table once ``claim_wait_s`` passes, not never."""
+    images = [image_hash(f"claimed-elsewhere-{i}.png") for i in range(4)]
+    engine = Engine(make_vllm_config(model_config, "ec_both", {**extra, "claim_wait_s": RETRY_S}))
+    scheduler = engine.connector.scheduler
+    try:
+        engine.step()  # the scheduler learns the encoder weights
+        for image in images:
+            claimed_by_a_dead_process(engine, image, disk_dir)
+        requests = [engine.add_request([image]) for image in images]
+        engine.step()
+        assert {scheduler.items.state(image) for image in images} == {S.AWAITING}
+        for request in requests:
+            engine.scheduler.finish_requests(request, RequestStatus.FINISHED_ABORTED)
+        time.sleep(RETRY_S * 1.5)
+        engine.run_until_finished([engine.add_request([])])  # steps past the deadline
+        assert len(scheduler.items) == 0
+    finally:
+        engine.shutdown()
+
+
+class _SlowRemote:
+    """A remote catalog that answers "absent" a moment after each question."""
+
+    last_error = None
+
+    def lookup_many(self, names: list[str]) -> list[bool]:
+        time.sleep(0.05)
+        return [False] * len(names)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_record_of_a_lookup_whose_request_ended_leaves_at_its_answer():
+    index = TierIndex(
+        EncoderIdentity(model="m"),
+        disk_dir=None,
+        open_catalog=_SlowRemote,
+        negative_ttl=5.0,
+        purge_check_s=3600,
+    )
+    scheduler = TierScheduler(
+        ConnectorSettings(
+            idle_stage_wait_s=0.0, busy_stage_wait_s=0.0, remote_lookup_timeout_s=60.0
+        ),
+        index,
+        is_producer=True,
+        is_consumer=True,
+        tp_size=1,
+        deliver_on_idle=True,
+    )
+    image = image_hash("looked-up-for-nobody.png")
+    try:
+        request = lone_request(image)
+        assert not scheduler.ensure_cache_available(request, 0)
+        assert scheduler.items.state(image) is S.LOOKING_UP
+        scheduler.request_finished(request.request_id)  # the client went away
+        other = image_hash("asked-about-next.png")  # the next step's question
+        _until(lambda: scheduler.items.get(image) is None, lambda: scheduler.has_cache_item(other))
+        assert index.lookup(image) is None  # the answer is kept for the next request
+    finally:
+        index.close()
 
 
 @pytest.mark.parametrize("role", ["ec_both", "ec_consumer"])

@@ -1,7 +1,9 @@
 """A save whose host copy fails (host or pinned memory exhausted, a device
 error) is a skipped save: nothing is raised into vLLM's forward pass, its
 slot in the write queue is given back, the save is counted dropped
-(``saves_dropped``) and the failure logged once, and later saves go through."""
+(``saves_dropped``) and the failure logged once, and later saves go through.
+A put that raises at every save (an output larger than the tier) is counted
+each time and logged once."""
 
 from __future__ import annotations
 
@@ -81,3 +83,23 @@ def test_the_queue_gives_a_failed_hand_off_its_slot_back(monkeypatch):
     finally:
         saves.close(10)
     assert done == [("img-cpu", True)]  # refused hand-offs: never reported saved
+
+
+def test_a_put_that_raises_at_every_save_is_logged_once_and_counted_each_time(caplog):
+    """Outputs larger than the tier fail at every save: one line, a count per save."""
+    done: list[bool] = []
+
+    def put(identifier, tensor, tag):
+        raise ValueError("the output is larger than the CPU tier")
+
+    saves = SaveQueue(put, lambda identifier, stored, seconds, tag: done.append(stored), 4)
+    caplog.set_level(logging.WARNING, logger="lmcache_ec.integration.vllm.saver")
+    try:
+        for i in range(5):
+            assert saves.submit(f"img-{i}", torch.ones(2, 2))
+            assert saves.flush(10)
+    finally:
+        saves.close(10)
+    assert done == [False] * 5  # each counted as a failed save (save_failures)
+    warned = [r for r in caplog.records if "put failed" in r.getMessage()]
+    assert len(warned) == 1

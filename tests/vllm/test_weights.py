@@ -7,12 +7,14 @@ weights, and the connectors learn of a change the way vLLM's seams tell them
 
 from __future__ import annotations
 
+import logging
 import os
 import types
 
 import numpy as np
 import torch
 
+from lmcache_ec.integration.vllm import weights as weights_module
 from lmcache_ec.integration.vllm.weights import weights_fingerprint
 from tests.conftest import bit_equal
 
@@ -387,3 +389,67 @@ def test_a_weight_reinterpreted_as_another_16_bit_dtype_changes_the_fingerprint(
     tower = model.vision_tower
     tower.weight = torch.nn.Parameter(tower.weight.detach().view(torch.float16))  # same bits
     assert weights_fingerprint(model) != before
+
+
+class _HFVisionModel(torch.nn.Module):
+    """What transformers builds under vLLM's Transformers backend."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.vision_tower = torch.nn.Linear(4, 4)
+        self.multi_modal_projector = torch.nn.Linear(4, 4)
+        self.language_model = torch.nn.Linear(4, 4)
+
+
+def _transformers_backend_model() -> torch.nn.Module:
+    """A model built the way vLLM's Transformers backend composes its classes,
+    with vLLM's own ``MultiModalMixin`` (its ``get_language_model()`` returns a
+    wrapper sharing the whole model's ``_modules``, vision tower included)."""
+    from vllm.model_executor.models.transformers.multimodal import MultiModalMixin
+
+    class Base(torch.nn.Module):  # stands for vLLM's transformers.base.Base
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = _HFVisionModel()
+            self.lm_head = torch.nn.Linear(4, 4)
+
+    Base.__module__ = "vllm.model_executor.models.transformers.base"
+
+    class MultiModalForCausalLM(MultiModalMixin, Base):
+        def __init__(self) -> None:
+            Base.__init__(self)  # MultiModalMixin.__init__ needs a whole VllmConfig
+
+    MultiModalForCausalLM.__module__ = "vllm.model_executor.models.transformers.multimodal"
+    return MultiModalForCausalLM()
+
+
+def test_a_vision_update_under_the_transformers_backend_changes_the_fingerprint():
+    model = _transformers_backend_model()
+    assert len(list(model.get_language_model().parameters())) == len(list(model.parameters()))
+    before = weights_fingerprint(model)
+    with torch.no_grad():
+        model.model.vision_tower.weight.add_(1.0)  # an RL step updates the vision tower
+    after = weights_fingerprint(model)
+    assert after != before
+    with torch.no_grad():
+        model.model.language_model.weight.add_(1.0)  # get_mm_mapping() names it: left out
+    assert weights_fingerprint(model) == after
+
+
+class _SelfLanguageVLM(TinyVLM):
+    """A model whose language model is the whole model, with no ``get_mm_mapping()``."""
+
+    def get_language_model(self) -> torch.nn.Module:
+        return self
+
+
+def test_a_language_model_holding_every_weight_fingerprints_them_all(caplog, monkeypatch):
+    monkeypatch.setattr(weights_module, "_LOGGED", set())
+    model = _SelfLanguageVLM(W1)
+    with caplog.at_level(logging.ERROR, logger="lmcache_ec.integration.vllm.weights"):
+        before = weights_fingerprint(model)
+        with torch.no_grad():
+            model.vision_tower.weight.add_(1.0)
+        assert weights_fingerprint(model) != before
+    # One error line, not one at every weight update.
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1

@@ -35,6 +35,7 @@ from ...storage.single_flight import claim_store_factory
 from . import weight_updates
 from .channel import StageListener
 from .connector_options import ConnectorSettings
+from .features_off import OffLevels
 from .identity import identity_from_vllm
 from .index import TierIndex
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
@@ -131,6 +132,7 @@ class LMCacheECTierConnector(ECConnectorBase):
         if self.is_consumer:
             self._switch_interval.lower()
         self._listener: StageListener | None = None
+        self._off_levels = OffLevels()  # scheduler: the features off of every process
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         fingerprint = self.settings.weights_fingerprint
         if role == ECConnectorRole.SCHEDULER:
@@ -365,11 +367,12 @@ class LMCacheECTierConnector(ECConnectorBase):
 
         Workers report through their step metadata (not here), so the V1
         mixin, which does not collect worker stats, loses nothing and the V2
-        runner, which does, counts nothing twice.
+        runner, which does, counts nothing twice. Features off go as levels
+        (``features_off.OffLevels``).
         """
         if self.scheduler is None:
             return None
-        stats = ECTierConnectorStats(data=self.scheduler.take_stats())
+        stats = ECTierConnectorStats(data=self._off_levels.apply(self.scheduler.take_stats()))
         return None if stats.is_empty() else stats
 
     @classmethod

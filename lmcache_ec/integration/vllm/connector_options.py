@@ -11,9 +11,12 @@ Keys (all optional)::
                               weights are served from different paths
     persist_non_content_ids   store items whose identifier is not a content
                               hash (vLLM's ``renderer…-mm-<n>-…`` ids, raw user
-                              UUIDs). Default false: such ids restart at 0 per
-                              process or are chosen by clients, so persisting
-                              them can hand one image's tensor to another.
+                              UUIDs, tower-LoRA ``<adapter name>:<hash>`` ids).
+                              Default false: such ids restart at 0 per process,
+                              are chosen by clients, or name an adapter that
+                              another adapter's weights can be served under, so
+                              persisting them can hand one image's tensor to
+                              another.
     stage_timeout_s           how long a request waits for an item's prefetch
                               (queueing included) before its encoder runs
                               instead, or, on an ec_consumer, before the

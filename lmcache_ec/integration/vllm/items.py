@@ -84,6 +84,9 @@ class Item:
     deadline: float = 0.0
     ranks: int = 0  # STAGING: ranks that reported it staged
     direct: bool = False  # STAGING: ordered over the stage channel
+    # STAGING: the number of its stage order (on its path: ``direct`` or step
+    # metadata); only an answer to that order counts.
+    order: int = 0
 
 
 class ItemTable:
@@ -143,9 +146,10 @@ class ItemTable:
         record is already there). A move ``ALLOWED`` does not list raises."""
         self._write(identifier, state, deadline, direct=False)
 
-    def stage(self, identifier: str, deadline: float, *, direct: bool) -> None:
-        """QUEUED -> STAGING, ordered over the stage channel (``direct``) or in step metadata."""
-        self._write(identifier, S.STAGING, deadline, direct=direct)
+    def stage(self, identifier: str, deadline: float, *, direct: bool, order: int = 0) -> None:
+        """QUEUED -> STAGING on stage order ``order``, sent over the stage channel
+        (``direct``) or in step metadata."""
+        self._write(identifier, S.STAGING, deadline, direct=direct, order=order)
 
     def promise(self, identifier: str) -> None:
         """READY -> PROMISED, the deadline kept."""
@@ -177,7 +181,9 @@ class ItemTable:
         for identifier in self.having(S.FAILED):
             self.move(identifier, S.UNKNOWN)
 
-    def _write(self, identifier: str, state: ItemState, deadline: float, *, direct: bool) -> None:
+    def _write(
+        self, identifier: str, state: ItemState, deadline: float, *, direct: bool, order: int = 0
+    ) -> None:
         old = self._items.get(identifier)
         old_state = S.UNKNOWN if old is None else old.state
         if state is S.UNKNOWN and old is None:
@@ -191,7 +197,7 @@ class ItemTable:
         if state is S.UNKNOWN:
             del self._items[identifier]
             return
-        self._items[identifier] = Item(state, deadline, 0, direct)
+        self._items[identifier] = Item(state, deadline, 0, direct, order)
         self._by_state[state].add(identifier)
         if deadline and (old is None or old.deadline != deadline):
             heapq.heappush(self._deadlines, (deadline, identifier))

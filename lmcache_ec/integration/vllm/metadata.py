@@ -2,6 +2,7 @@
 
 Scheduler → workers, once per step (``ECTierConnectorMetadata``):
   ``stage``    items to fetch from the tiers into worker memory, in the background;
+  ``stage_order``  that order's number (the scheduler's count of such orders);
   ``loads``    staged items to place into vLLM's encoder cache before the encoder runs;
   ``release``  staged items no longer wanted (expired, failed on another rank).
 
@@ -11,6 +12,9 @@ instead, one ``WorkerReport`` per rank, when it is connected):
   ``saved``    items this worker stored (the scheduler may now offer them);
   ``staged``   per item, how many ranks hold it staged (summed over ranks);
   ``failed``   items some rank could not stage (the encoder runs instead);
+  ``orders``   per item staged or failed, the ``stage_order`` it answers (-1 if
+               ranks answered different ones in one step: the scheduler takes
+               neither, and the item waits out its deadline);
   ``stats``    counter deltas since the last report (summed over ranks);
   ``weights``  the weights version ``saved`` items were keyed under (None if
                unknown or if ranks disagree mid-update: then ``saved`` is ignored).
@@ -35,6 +39,7 @@ class ECTierConnectorMetadata(ECConnectorMetadata):
     stage: list[str] = field(default_factory=list)
     loads: dict[str, int] = field(default_factory=dict)  # identifier -> num embeds
     release: list[str] = field(default_factory=list)
+    stage_order: int = 0
 
 
 @dataclass
@@ -44,6 +49,7 @@ class ECTierWorkerMetadata(ECConnectorWorkerMetadata):
     failed: set[str] = field(default_factory=set)
     stats: dict[str, float] = field(default_factory=dict)
     weights: str | None = None
+    orders: dict[str, int] = field(default_factory=dict)
 
     def aggregate(self, other: ECConnectorWorkerMetadata) -> ECTierWorkerMetadata:
         assert isinstance(other, ECTierWorkerMetadata)
@@ -53,12 +59,16 @@ class ECTierWorkerMetadata(ECConnectorWorkerMetadata):
         stats = dict(self.stats)
         for name, value in other.stats.items():
             stats[name] = stats.get(name, 0) + value
+        orders = dict(self.orders)
+        for identifier, order in other.orders.items():
+            orders[identifier] = order if orders.get(identifier, order) == order else -1
         return ECTierWorkerMetadata(
             saved=self.saved | other.saved,
             staged=staged,
             failed=self.failed | other.failed,
             stats=stats,
             weights=self.weights if self.weights == other.weights else None,
+            orders=orders,
         )
 
     def is_empty(self) -> bool:
@@ -72,6 +82,7 @@ class ECTierWorkerMetadata(ECConnectorWorkerMetadata):
             failed=tuple(sorted(self.failed)),
             stats=dict(self.stats),
             weights=self.weights,
+            orders=dict(self.orders),
         )
 
     @classmethod
@@ -82,4 +93,5 @@ class ECTierWorkerMetadata(ECConnectorWorkerMetadata):
             failed=set(report.failed),
             stats=dict(report.stats),
             weights=report.weights,
+            orders=dict(report.orders),
         )

@@ -130,6 +130,10 @@ class RequestWaits:
                 if not waiting:
                     del self._needed_by[identifier]
 
+    def needs(self, identifier: str) -> bool:
+        """Whether a deferred request still needs ``identifier``."""
+        return identifier in self._needed_by
+
     def finished(self, request_id: str) -> None:
         """vLLM is done with the request: nothing of it is kept."""
         self.forget(request_id)

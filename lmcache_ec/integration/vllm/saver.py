@@ -15,8 +15,9 @@ Tensor lifetime (why the hand-off is safe):
 When ``max_pending`` saves are queued, ``submit`` refuses (returns False)
 rather than make the forward pass wait. A hand-off that fails (host or pinned
 memory exhausted, a device error) is refused the same way, never an
-exception in the forward pass: its slot is given back and the first failure
-of each kind is logged.
+exception in the forward pass: its slot is given back. A failure, of the
+hand-off or of the put, is logged the first time of each kind (under memory
+pressure, or with outputs larger than the tier, it recurs at every save).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class SaveQueue:
         self._pending = 0
         self._lock = threading.Condition()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._handoff_failures_logged: set[str] = set()  # exception types
+        self._failures_logged: set[tuple[str, str]] = set()  # (step, exception type)
         self._thread = threading.Thread(target=self._loop, name="ec-save", daemon=True)
         self._thread.start()
 
@@ -80,16 +81,23 @@ class SaveQueue:
         return tensor.to("cpu"), None  # other accelerators: a synchronous copy
 
     def _handoff_failed(self, identifier: str, exc: Exception) -> None:
-        """Give the slot back (logged once per kind of failure: under memory
-        pressure it recurs at every save)."""
+        """Give the slot back."""
         self._release()
-        kind = type(exc).__name__
-        if kind not in self._handoff_failures_logged:
-            self._handoff_failures_logged.add(kind)
+        self._warn_once("host copy", identifier, exc, "skipped", "saves_dropped")
+
+    def _warn_once(
+        self, step: str, identifier: str, exc: Exception, what: str, counter: str
+    ) -> None:
+        kind = (step, type(exc).__name__)
+        if kind not in self._failures_logged:
+            self._failures_logged.add(kind)
             logger.warning(
-                "Saving encoder output %.24s skipped, its host copy failed "
-                "(counted in saves_dropped, logged once per kind): %s",
+                "Saving encoder output %.24s %s, its %s failed "
+                "(counted in %s, logged once per kind): %s",
                 identifier,
+                what,
+                step,
+                counter,
                 exc,
             )
 
@@ -108,7 +116,7 @@ class SaveQueue:
                     event.synchronize()
                 stored = self._put(identifier, host, tag)
             except Exception as exc:
-                logger.warning("Saving encoder output %.24s failed: %s", identifier, exc)
+                self._warn_once("put", identifier, exc, "not stored", "save_failures")
             finally:
                 self._done(identifier, stored, time.perf_counter() - started, tag)
                 self._release()

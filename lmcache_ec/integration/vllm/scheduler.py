@@ -56,6 +56,8 @@ logger = logging.getLogger(__name__)
 S = ItemState
 _FETCHING = (S.QUEUED, S.STAGING, S.READY, S.PROMISED)  # a prefetch is under way or done
 _IN_VLLM = (S.LOADED, S.RESIDENT)  # in vLLM's encoder cache, as far as this side knows
+# Asked about for a request: a remote lookup, or a claim it lost or has not won yet.
+_ASKED_ABOUT = (S.LOOKING_UP, S.CLAIMING, S.AWAITING)
 _HELD = (S.READY, S.PROMISED, *_IN_VLLM)  # nothing to wait for
 
 
@@ -184,11 +186,9 @@ class TierScheduler:
             # No event says another instance's output landed: claims are looked at each step.
             self.waits.wake_later(self.items.having(S.CLAIMING, S.AWAITING))
         self._expire_due(time.monotonic())
-        self.waits.wake_later(
-            identifier
-            for identifier in self.index.take_answered()
-            if self.items.state(identifier) is S.LOOKING_UP
-        )
+        for identifier in self.index.take_answered():
+            if self.items.state(identifier) is S.LOOKING_UP:
+                self._look_again_if_needed(identifier)
 
     def ensure_cache_available(self, request: Any, num_computed_tokens: int) -> bool:
         if not self.is_consumer:
@@ -395,15 +395,31 @@ class TierScheduler:
     def _expire_due(self, now: float) -> None:
         """Items whose deadline passed: staged ones unused are released, the rest
         looked at again by the requests waiting on them; a prefetch no request
-        waits for any more is given up (its slot in flight comes back)."""
+        waits for any more is given up (its slot in flight comes back), and so is
+        the record of a lookup or claim no request waits for (``_look_again_if_needed``)."""
         for identifier in self.items.take_due(now):
             state = self.items.state(identifier)
             if state is S.READY:
                 self.link.release_unused(identifier)
             elif state in (S.QUEUED, S.STAGING) and not self.prefetch.waited_on(identifier):
                 self.give_up(identifier, now, "no answer in time, and no request waits for it")
+            elif state is S.FAILED:  # its retry time: the record says nothing any more
+                self.items.allow_retry(identifier)
+            elif state in _ASKED_ABOUT:
+                self._look_again_if_needed(identifier)
             else:
                 self.waits.wake_later((identifier,))
+
+    def _look_again_if_needed(self, identifier: str) -> None:
+        """A lookup answered, or a lookup or claim past its deadline (``_ASKED_ABOUT``):
+        the requests waiting on it look again. With none left (they ended), its
+        record goes, and a claim with it: nothing else would ever move it."""
+        if self.waits.needs(identifier):
+            self.waits.wake_later((identifier,))
+        elif self.items.state(identifier) is S.LOOKING_UP or self.claims is None:
+            self.items.move(identifier, S.UNKNOWN)
+        else:
+            self.claims.release(identifier)
 
     # -- scheduling ----------------------------------------------------------
 
@@ -493,7 +509,7 @@ class TierScheduler:
                     self.waits.wake_later((identifier,))
         else:
             self._held_back.clear()
-            meta.stage, meta.release = self.link.take_orders()
+            meta.stage, meta.release, meta.stage_order = self.link.take_orders()
         self.waits.drop_news_if_idle()
         return meta
 

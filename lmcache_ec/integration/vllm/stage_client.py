@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import selectors
 import socket
@@ -14,12 +15,19 @@ from .stage_messages import (
     BadFrame,
     Message,
     ReleaseOrder,
+    StageAnswer,
     StageOrder,
     decode,
     encode,
 )
 
 logger = logging.getLogger("lmcache_ec.integration.vllm.channel")
+
+# What one ``receive`` reads and decodes per rank at most (the rest waits in its
+# reader for the next call): a peer that floods the channel costs a step about
+# a millisecond, not a second. A step's own messages are a few frames.
+_RECEIVE_BYTES = 1024 * 1024
+_RECEIVE_FRAMES = 256
 
 
 class _Rank:
@@ -46,6 +54,11 @@ class StageClient:
         self.faults = ChannelFaults()
         self._ranks: list[_Rank] | None = None
         self._retry_at = 0.0
+        # Stage orders are numbered over the client's life; a rank numbers them
+        # by their place on its connection, from 1: the first of this connection
+        # is number ``_first + 1``.
+        self._sent = 0
+        self._first = 0
 
     def connect(self) -> bool:
         """Connect to every rank; False (and no connection kept) if any is missing."""
@@ -64,6 +77,7 @@ class StageClient:
                 rank.sock.close()
             return False
         self._ranks = ranks
+        self._first = self._sent
         return True
 
     @property
@@ -84,14 +98,18 @@ class StageClient:
         self._retry_at = now + self.RETRY_S
         return False
 
-    def send(self, identifiers: list[str], weights: str = "") -> bool:
+    def send(self, identifiers: list[str], weights: str = "") -> int:
         """Order every rank to stage ``identifiers`` (keyed under ``weights``).
 
         The order is queued: it leaves with the next ``flush`` or ``receive``,
-        together with the orders queued after it. False if the channel is not
+        together with the orders queued after it. Returns its number, which
+        ``receive`` gives the ranks' answers to it; 0 if the channel is not
         connected or broke.
         """
-        return self._queue(StageOrder(tuple(identifiers), weights))
+        if not self._queue(StageOrder(tuple(identifiers), weights)):
+            return 0
+        self._sent += 1
+        return self._sent
 
     def send_release(self, identifiers: list[str]) -> bool:
         """Order every rank to drop its staged copies of ``identifiers``; queued
@@ -130,7 +148,8 @@ class StageClient:
         """Messages that arrived from any rank, in order per rank.
 
         Waits up to ``timeout`` seconds for the first one; never blocks after
-        it. A frame in progress is kept for the next call.
+        it. A frame in progress is kept for the next call, and so are frames
+        past what one call takes from a rank (``_RECEIVE_BYTES``, ``_RECEIVE_FRAMES``).
         """
         if self._ranks is None:
             return []
@@ -140,8 +159,10 @@ class StageClient:
             now = time.monotonic()
             for rank in self._ranks:
                 try:
-                    frames, closed = rank.reader.read(rank.sock, now)
-                    messages.extend(decode(body, TO_SCHEDULER) for body in frames)
+                    frames, closed = rank.reader.read(
+                        rank.sock, now, max_bytes=_RECEIVE_BYTES, max_frames=_RECEIVE_FRAMES
+                    )
+                    messages.extend(self._numbered(decode(body, TO_SCHEDULER)) for body in frames)
                 except BadFrame as exc:
                     self._break("bad frame", str(exc))
                     return messages
@@ -161,6 +182,12 @@ class StageClient:
                 return messages
             self._wait(left)
         return messages
+
+    def _numbered(self, message: Message) -> Message:
+        """An answer, with the number ``send`` gave the order it answers."""
+        if isinstance(message, StageAnswer) and message.order:
+            return dataclasses.replace(message, order=self._first + message.order)
+        return message
 
     def _wait(self, seconds: float) -> None:
         """Until a rank has something to read (or can take what waits for it)."""

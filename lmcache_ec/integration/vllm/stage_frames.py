@@ -117,25 +117,41 @@ class FrameReader:
         self._buffer = bytearray()
         self._since: float | None = None  # when the frame in progress began to arrive
 
-    def read(self, sock: socket.socket, now: float) -> tuple[list[bytes], bool]:
-        """(whole frames that arrived, whether the peer closed); ``BadFrame``, ``OSError``."""
-        frames: list[bytes] = []
-        for _ in range(2 * FRAME_MAX_BYTES // _READ_CHUNK):  # then let others have a turn
+    def read(
+        self,
+        sock: socket.socket,
+        now: float,
+        *,
+        max_bytes: int = 2 * FRAME_MAX_BYTES,
+        max_frames: int | None = None,
+    ) -> tuple[list[bytes], bool]:
+        """(whole frames that arrived, whether the peer closed); ``BadFrame``, ``OSError``.
+
+        Reads at most ``max_bytes`` from the socket and returns at most
+        ``max_frames`` frames (then others have a turn): whole frames past that
+        are kept, and returned first by the next call. Once the peer closed,
+        every whole frame it sent is returned.
+        """
+        frames = self._take_frames(now, max_frames)
+        while max_bytes > 0 and (max_frames is None or len(frames) < max_frames):
             try:
-                data = sock.recv(_READ_CHUNK)
+                data = sock.recv(min(_READ_CHUNK, max_bytes))
             except BlockingIOError:
-                return frames, False
+                break
             if not data:
-                return frames, True
+                return frames + self._take_frames(now, None), True
+            max_bytes -= len(data)
             if not self._buffer:
                 self._since = now
             self._buffer += data
-            frames.extend(self._take_frames(now))
+            left = None if max_frames is None else max_frames - len(frames)
+            frames.extend(self._take_frames(now, left))
         return frames, False
 
-    def _take_frames(self, now: float) -> list[bytes]:
-        frames = []
-        while len(self._buffer) >= HEADER.size:
+    def _take_frames(self, now: float, limit: int | None) -> list[bytes]:
+        """Whole frames from the buffer, at most ``limit`` (None: all)."""
+        frames: list[bytes] = []
+        while len(self._buffer) >= HEADER.size and (limit is None or len(frames) < limit):
             (size,) = HEADER.unpack_from(self._buffer)
             if size > FRAME_MAX_BYTES:
                 raise BadFrame(f"a frame of {size} bytes announced (limit {FRAME_MAX_BYTES})")

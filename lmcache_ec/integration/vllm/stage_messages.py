@@ -1,23 +1,29 @@
 """The stage channel's messages: one frozen dataclass per kind, and their frames.
 
 A frame is a 4-byte big-endian length, then a JSON object of at most
-``FRAME_MAX_BYTES``: ``{"kind": ..., <exactly the fields of that kind>}``.
+``FRAME_MAX_BYTES``: ``{"kind": ..., <the fields of that kind>}``.
 
 - ``StageOrder`` (scheduler → worker): stage ``ids``, ordered under ``weights``;
 - ``ReleaseOrder`` (scheduler → worker): drop the staged copies of ``ids``
   (sent on the link that carries the stage orders, so a release always
   reaches the worker before a later order for the same item);
 - ``StageAnswer`` (worker → scheduler): how an order went (``staged``,
-  ``failed``), under the ``weights`` it was made under;
+  ``failed``), under the ``weights`` it was made under, and which ``order``
+  it answers: stage orders are numbered by their place on their link (1, 2,
+  … in the order sent; both ends count), so that the answer to an order the
+  scheduler gave up is never taken for a later order of the same item. 0: an
+  answer that names no order (``StageLink.answer``);
 - ``WeightsAnnouncement`` (worker → scheduler): the weights version keys use
   (None: unknown), on connect and after every change;
 - ``WorkerReport`` (worker → scheduler): a step's saves, stagings, failures
-  and counter deltas (``ECTierWorkerMetadata`` of one rank).
+  and counter deltas (``ECTierWorkerMetadata`` of one rank), with the number
+  of the step-metadata order each staging or failure answers (``orders``).
 
-``decode`` accepts nothing else: a kind it does not know, a missing or extra
-field, a value of the wrong type, a number that is not finite or not of a sane
-size, a list or string past its bound, or JSON nested deeper than a message
-is raise ``BadFrame`` — never another exception, whatever the bytes.
+``decode`` accepts nothing else: a kind it does not know, a missing field
+(but one with a default) or an extra one, a value of the wrong type, a
+number that is not finite or not of a sane size, a list or string past its
+bound, a negative counter or order number, or JSON nested deeper than a
+message is raise ``BadFrame`` — never another exception, whatever the bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from .features_off import FEATURE_OFF
 
 HEADER = struct.Struct("!I")
 FRAME_MAX_BYTES = 8 * 1024 * 1024  # about 100,000 identifiers of 64 characters
@@ -72,15 +80,36 @@ def _read_stats(value: Any, name: str) -> dict[str, float]:
             and not isinstance(number, bool)
             and math.isfinite(number)
             and abs(number) < MAX_NUMBER
+            # Counters only grow (Prometheus raises on a negative increment, inside
+            # vLLM's output handler); a feature-off change is -1 when it comes back.
+            and (number >= 0 or key.startswith(f"{FEATURE_OFF}:"))
         )
         if len(key) > MAX_STAT_NAME_CHARS or not counter:
             raise BadFrame(f"'{name}' holds {key[:40]!r}: {str(number)[:40]}, not a counter")
     return value
 
 
-def _wire(read: Callable[[Any, str], Any]) -> Any:
-    """A message field and the function that checks it on the way in."""
-    return dataclasses.field(metadata={"read": read})
+def _read_order(value: Any, name: str) -> int:
+    """A stage order's number (0: none named)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_NUMBER:
+        raise BadFrame(f"'{name}' is not an order number")
+    return value
+
+
+def _read_orders(value: Any, name: str) -> dict[str, int]:
+    if not isinstance(value, dict) or len(value) > MAX_IDS:
+        raise BadFrame(f"'{name}' is not a mapping of at most {MAX_IDS} order numbers")
+    for key, number in value.items():
+        if len(key) > MAX_ID_CHARS:
+            raise BadFrame(f"'{name}' holds a key that is not an identifier")
+        _read_order(number, name)
+    return value
+
+
+def _wire(read: Callable[[Any, str], Any], **default: Any) -> Any:
+    """A message field and the function that checks it on the way in (``default``
+    or ``default_factory``: what a sender that does not set it sends)."""
+    return dataclasses.field(metadata={"read": read}, **default)
 
 
 @dataclass(frozen=True)
@@ -102,6 +131,7 @@ class StageAnswer:
     staged: tuple[str, ...] = _wire(_read_ids)
     failed: tuple[str, ...] = _wire(_read_ids)
     weights: str = _wire(_read_weights)
+    order: int = _wire(_read_order, default=0)
 
 
 @dataclass(frozen=True)
@@ -118,6 +148,7 @@ class WorkerReport:
     failed: tuple[str, ...] = _wire(_read_ids)
     stats: Mapping[str, float] = _wire(_read_stats)
     weights: str | None = _wire(_read_weights_or_unknown)
+    orders: Mapping[str, int] = _wire(_read_orders, default_factory=dict)
 
 
 Message = StageOrder | ReleaseOrder | StageAnswer | WeightsAnnouncement | WorkerReport
@@ -160,9 +191,23 @@ def decode(body: bytes, accepted: tuple[type, ...]) -> Message:
     if cls is None:
         raise BadFrame(f"unexpected kind {str(kind)[:40]!r}")
     fields = dataclasses.fields(cls)
-    if set(document) != {"kind", *(f.name for f in fields)}:
+    required = {"kind", *(f.name for f in fields if not _has_default(f))}
+    if not required <= set(document) <= {"kind", *(f.name for f in fields)}:
         raise BadFrame(f"{cls.KIND}: fields {sorted(document)[:12]!r:.200} are not its fields")
-    return cls(**{f.name: f.metadata["read"](document[f.name], f.name) for f in fields})
+    return cls(
+        **{
+            f.name: f.metadata["read"](document[f.name], f.name)
+            for f in fields
+            if f.name in document
+        }
+    )
+
+
+def _has_default(field: dataclasses.Field[Any]) -> bool:
+    """A field a frame may leave out (one added since: what an older sender sends)."""
+    return (
+        field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+    )
 
 
 def _parse_int(text: str) -> int:

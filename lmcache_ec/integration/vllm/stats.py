@@ -20,10 +20,12 @@ Worker counters: ``hits_<tier>``, ``misses``, ``bytes_out`` (loaded),
 ``scheduler_encoder_cache_resets``, ``scheduler_stale_items``.
 
 Features off travel the same way, as ``feature_off:<feature>:<reason>``
-deltas (``features_off.py``): +1 when a process (the scheduler, a worker rank)
-turns one off, -1 when it is back, so their running sum, the gauge
-``vllm:lmcache_ec_feature_off{feature,reason}``, counts the engine's
-processes that have it off now.
+changes (``features_off.py``): +1 when a process (the scheduler, a worker
+rank) turns one off, -1 when it is back. The scheduler's connector hands on
+their running sum instead, the level, whenever it changes; the gauge
+``vllm:lmcache_ec_feature_off{feature,reason}`` is set to it: the engine's
+processes that have the feature off now. Counters only ever grow: a negative
+value is not counted.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from vllm.distributed.ec_transfer.ec_connector.metrics import (
     ECConnectorStats,
 )
 
-from .features_off import FEATURE_OFF
+from .features_off import is_off_key
 
 
 @dataclass
@@ -47,7 +49,7 @@ class ECTierConnectorStats(ECConnectorStats):
     def aggregate(self, other: ECConnectorStats) -> ECTierConnectorStats:
         merged = dict(self.data)
         for name, value in (other.data or {}).items():
-            merged[name] = merged.get(name, 0) + value
+            merged[name] = value if is_off_key(name) else merged.get(name, 0) + value
         return ECTierConnectorStats(data=merged)
 
     def reduce(self) -> dict[str, int | float]:
@@ -66,8 +68,8 @@ class ECTierConnectorStats(ECConnectorStats):
             data["avg_put_ms"] = round(1000 * data.get("put_seconds", 0) / data["puts"], 4)
         return data
 
-    def is_empty(self) -> bool:
-        return not any(self.data.values())
+    def is_empty(self) -> bool:  # a feature back on is news: its level is 0
+        return not any(value or is_off_key(name) for name, value in self.data.items())
 
 
 # Prometheus counter name suffix -> data keys summed into it.
@@ -148,22 +150,20 @@ class ECTierPromMetrics(ECConnectorPromMetrics):
             "directory; disk_tier: its directory unusable; caching: the encoder weights "
             "are not known)",
             labelnames=[*labelnames, "feature", "reason"],
+            multiprocess_mode="mostrecent",  # the level a front-end was last handed
         )
-        self._off_levels: dict[tuple[int, str, str], float] = {}
         self._labelvalues = per_engine_labelvalues
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for suffix, (key, _) in _COUNTERS.items():
             value = transfer_stats_data.get(key, 0)
-            if value:
+            if value > 0:  # prometheus raises on a negative increment
                 self._counters[suffix][engine_idx].inc(value)
         for key, value in transfer_stats_data.items():
-            if key.startswith("hits_") and value:
+            if key.startswith("hits_") and value > 0:
                 tier = key[len("hits_") :]
                 self._hits.labels(*self._labelvalues[engine_idx], tier).inc(value)
-            elif key.startswith(FEATURE_OFF + ":") and value and key.count(":") == 2:
+            elif is_off_key(key) and key.count(":") == 2:
                 _, feature, reason = key.split(":")
-                level = self._off_levels.get((engine_idx, feature, reason), 0) + value
-                self._off_levels[(engine_idx, feature, reason)] = level
                 labels = (*self._labelvalues[engine_idx], feature, reason)
-                self._features_off.labels(*labels).set(level)
+                self._features_off.labels(*labels).set(value)

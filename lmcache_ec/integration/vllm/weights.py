@@ -9,8 +9,11 @@ taken once the model is resident and again after every weight update (see
 What is hashed: every parameter and buffer of the model outside its language
 model (``get_language_model()``, which multimodal vLLM models implement) —
 the vision/audio tower, projector, Q-Former… — by name, shape, dtype and
-content, so any changed value changes the fingerprint. Content is hashed
-where the tensor lives: host tensors with xxh3-128 over their raw bytes
+content, so any changed value changes the fingerprint. Where the language
+model holds every tensor (vLLM's Transformers backend returns a view of the
+whole model), what lies outside ``get_mm_mapping()``'s language-model
+prefixes is hashed, and without those every tensor: never an empty set.
+Content is hashed where the tensor lives: host tensors with xxh3-128 over their raw bytes
 (tens of GB/s, no copy); device tensors with ``mixed_sum``, reduced on the
 device and brought to the host once, so GPU weights are never copied out.
 
@@ -33,36 +36,81 @@ paths give the same fingerprint.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 import xxhash
 
+logger = logging.getLogger(__name__)
+
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 MIX_CHUNK = 1 << 20  # positions per multiplier table (8 MB on the device, once per digest)
 MIX_GROUP = 16  # chunks per kernel: a 128 MB int64 temporary at most, few launches
+_LOGGED: set[str] = set()  # model classes whose whole weights are fingerprinted
 
 
-def encoder_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every parameter and buffer outside the language model."""
-    language = None
+def _language_tensor_ids(model: torch.nn.Module) -> set[int]:
+    """ids of the language model's parameters and buffers (empty without one)."""
     getter = getattr(model, "get_language_model", None)
-    if callable(getter):
-        try:
-            language = getter()
-        except Exception:  # a model without one: everything counts
-            language = None
-    skip: set[int] = set()
-    if isinstance(language, torch.nn.Module):
-        skip = {id(t) for t in language.parameters()} | {id(t) for t in language.buffers()}
-    for name, tensor in model.named_parameters(remove_duplicate=True):
-        if id(tensor) not in skip:
-            yield name, tensor
-    for name, tensor in model.named_buffers(remove_duplicate=True):
-        if id(tensor) not in skip:
-            yield name, tensor
+    if not callable(getter):
+        return set()
+    try:
+        language = getter()
+    except Exception:  # a model without one: everything counts
+        return set()
+    if not isinstance(language, torch.nn.Module):
+        return set()
+    return {id(t) for t in language.parameters()} | {id(t) for t in language.buffers()}
+
+
+def _outside_language_prefixes(
+    model: torch.nn.Module, named: list[tuple[str, torch.Tensor]]
+) -> list[tuple[str, torch.Tensor]]:
+    """``named`` less the tensors under ``get_mm_mapping()``'s language-model prefixes."""
+    getter = getattr(model, "get_mm_mapping", None)
+    if not callable(getter):
+        return []
+    try:
+        prefixes = [p.rstrip(".") for p in getter().language_model if p]
+    except Exception:  # no usable mapping: the caller hashes everything
+        return []
+    if not prefixes:
+        return []
+    return [
+        (name, tensor)
+        for name, tensor in named
+        if not any(name == p or name.startswith(p + ".") for p in prefixes)
+    ]
+
+
+def encoder_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every parameter and buffer outside the language model.
+
+    Never an empty set while the model has tensors: when the language model
+    covers them all (vLLM's Transformers backend returns a wrapper sharing the
+    model's ``_modules``), the language model is found by ``get_mm_mapping()``
+    prefixes instead, and failing that every tensor is hashed.
+    """
+    named = list(model.named_parameters(remove_duplicate=True))
+    named += list(model.named_buffers(remove_duplicate=True))
+    skip = _language_tensor_ids(model)
+    kept = [(name, tensor) for name, tensor in named if id(tensor) not in skip]
+    if kept or not named:
+        return kept
+    kept = _outside_language_prefixes(model, named)
+    if kept:
+        return kept
+    if type(model).__name__ not in _LOGGED:  # once, not at every weight update
+        _LOGGED.add(type(model).__name__)
+        logger.error(
+            "Encoder weights fingerprint: %s's language model holds every tensor and no "
+            "get_mm_mapping() separates the encoder; fingerprinting all its weights",
+            type(model).__name__,
+        )
+    return named
 
 
 def _raw_bits(tensor: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,8 @@ encoder → ``save_caches`` per new output (hand-off, returns at once) →
 Weights: with ``weights_fingerprint`` on, keys carry a fingerprint of the
 encoder weights (``set_weights``, called once the model is resident and after
 every update). Until it is known nothing is staged or saved; when it changes,
-staged items are dropped, in-flight stagings answer "failed", and saves
+staged items are dropped, in-flight stagings answer nothing (the scheduler
+gives every order of the old weights up on hearing the change), and saves
 queued before the change still land under the weights that computed them.
 The step report after a change carries the new version (it counts the
 change, so it is never empty): without a stage channel, that is how the
@@ -18,10 +19,11 @@ scheduler learns it.
 Staging reads the tiers with one ``get_many`` per order batch in a
 background thread into worker memory (CPU tensors, ``max_staged_mb``); a
 load only moves a staged tensor into vLLM's encoder cache (``.to(device)``),
-so it cannot miss. Every rank stages on its own; one rank writes each item
-when a tier is shared (disk, node or remote), chosen by a hash of the
-identifier so writes spread over ranks; with only a CPU tier every rank
-writes its own.
+so it cannot miss. Each answer names the order it answers (``_Order.number``):
+the scheduler takes it for that order only. Every rank stages on its own;
+one rank writes each item when a tier is shared (disk, node or remote),
+chosen by a hash of the identifier so writes spread over ranks; with only a
+CPU tier every rank writes its own.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,6 +49,7 @@ from .connector_options import ConnectorSettings
 from .features_off import OffChanges
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .saver import SaveQueue
+from .stage_messages import StageAnswer
 from .timeline import WorkerTimeline
 
 logger = logging.getLogger(__name__)
@@ -54,6 +59,24 @@ def writer_rank(identifier: str, tp_size: int) -> int:
     """The tensor-parallel rank that writes ``identifier``."""
     digest = hashlib.blake2b(identifier.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % tp_size
+
+
+@dataclass(frozen=True)
+class _Order:
+    """A stage order, queued for the staging thread."""
+
+    ids: list[str]
+    link: StageLink | None  # where it came from (None: step metadata)
+    generation: int  # of the weights it is read under
+    weights: str | None  # it was made under (None: not said)
+    number: int  # what its answer names (the scheduler's ``Item.order``)
+
+    def answered_alike(self, other: _Order) -> bool:
+        return (self.link, self.generation, self.weights) == (
+            other.link,
+            other.generation,
+            other.weights,
+        )
 
 
 def _flatten(snapshot: dict[str, Any]) -> dict[str, float]:
@@ -104,15 +127,16 @@ class TierWorker:
         self._saved: set[str] = set()
         self._staged_report: set[str] = set()
         self._failed: set[str] = set()
+        self._answered: dict[str, int] = {}  # reported: the order number answered
+        # Stage orders received per link: an order's number is its place there.
+        self._link_orders: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._counters: dict[str, float] = {}
         self._cache_stats = _flatten(cache.stats.snapshot())
         self._off: dict[str, str] = {}  # features this worker turned off itself
         self._off_changes = OffChanges()
         # Orders from step metadata (answered in worker metadata) or from the
         # stage channel (answered on its link).
-        self._stage_queue: queue.SimpleQueue[
-            tuple[list[str], StageLink | None, int, str | None] | None
-        ] = queue.SimpleQueue()
+        self._stage_queue: queue.SimpleQueue[_Order | None] = queue.SimpleQueue()
         self._stager = threading.Thread(target=self._stage_loop, name="ec-stage", daemon=True)
         self._stager.start()
         self._saver = SaveQueue(self._put, self._save_done, settings.max_pending_saves)
@@ -141,7 +165,7 @@ class TierWorker:
         """Key everything under encoder weights ``weights`` (None: unknown).
 
         Returns True if that changed anything. Staged tensors of the old
-        weights are dropped; stagings in flight will answer "failed".
+        weights are dropped; stagings in flight answer nothing.
         """
         with self._lock:
             if weights == self.weights:
@@ -202,16 +226,27 @@ class TierWorker:
             self._count("loads", placed)
             self._count("load_seconds", time.perf_counter() - started)
         if meta.stage:
-            self.stage(list(meta.stage), None, None)
+            self.stage(list(meta.stage), None, None, meta.stage_order)
 
-    def stage(self, identifiers: list[str], weights: str | None, link: StageLink | None) -> None:
+    def stage(
+        self,
+        identifiers: list[str],
+        weights: str | None,
+        link: StageLink | None,
+        number: int = 0,
+    ) -> None:
         """Fetch ``identifiers`` into worker memory in the background.
 
         ``weights``: the weights version the order was made under (None: not
         said, as in step metadata). The answer goes back on ``link`` (an order
-        from the stage channel), or in the next worker metadata.
+        from the stage channel), or in the next worker metadata. It names the
+        order's ``number``: in step metadata, the scheduler's ``stage_order``;
+        over the channel, the order's place on its link (1, 2, …), as the
+        scheduler's ``StageClient.send`` numbers it.
         """
         with self._lock:
+            if link is not None:
+                number = self._link_orders[link] = self._link_orders.get(link, 0) + 1
             current = self.weights
             stale = current is None or (weights is not None and weights != current)
             if not stale:
@@ -219,20 +254,33 @@ class TierWorker:
                 generation = self._generation
         if stale:  # ordered under other weights, or none known yet: nothing to load
             self._count("stage_refused_weights", len(identifiers))
-            self._answer(link, [], identifiers, weights)
+            self._answer(_Order(identifiers, link, -1, weights, number), [], identifiers)
             return
-        self._stage_queue.put((identifiers, link, generation, current))
+        self._stage_queue.put(_Order(identifiers, link, generation, current, number))
 
-    def _answer(
-        self, link: StageLink | None, staged: list[str], failed: list[str], weights: str | None
-    ) -> None:
-        """Report a staging; ``weights``: what the order was made under."""
-        if link is not None:
-            link.answer(staged, failed, weights or "")
-            return
+    def _answer(self, order: _Order, staged: list[str], failed: list[str]) -> None:
+        """Report how ``order`` went, under the weights it was made under."""
+        link, weights = order.link, order.weights or ""
+        if isinstance(link, StageLink):
+            link.send(StageAnswer(tuple(staged), tuple(failed), weights, order.number))
+        elif link is not None:  # another kind of link: it takes answers unnumbered
+            link.answer(staged, failed, weights)
+        else:
+            self._report(order.number, staged, failed)
+
+    def _report(self, number: int, staged: list[str], failed: list[str]) -> None:
+        """Queue answers to step-metadata order ``number`` for the next report; an
+        item keeps the answer to its newest order (numbers grow)."""
         with self._lock:
-            self._staged_report.update(staged)
-            self._failed.update(failed)
+            for identifiers, answers, other in (
+                (staged, self._staged_report, self._failed),
+                (failed, self._failed, self._staged_report),
+            ):
+                for identifier in identifiers:
+                    if self._answered.get(identifier, 0) <= number:
+                        self._answered[identifier] = number
+                        answers.add(identifier)
+                        other.discard(identifier)
 
     def _take_staged(self, identifier: str) -> torch.Tensor | None:
         with self._lock:
@@ -247,35 +295,33 @@ class TierWorker:
         for identifier in identifiers:
             self._take_staged(identifier)
 
-    def _next_orders(self) -> list[tuple[list[str], StageLink | None, int, str | None]] | None:
-        """The orders queued now (waiting for the first); None once closed.
+    def _next_orders(self) -> list[list[_Order]] | None:
+        """The orders queued now (waiting for the first), in batches; None once closed.
 
         Consecutive orders to answer alike (same link, generation and weights)
-        are merged: one read and one answer for many small orders.
+        make one batch: one read for many small orders.
         """
         first = self._stage_queue.get()
         if first is None:
             return None
-        orders = [first]
+        batches = [[first]]
         while True:
             try:
                 order = self._stage_queue.get_nowait()
             except queue.Empty:
-                return orders
+                return batches
             if order is None:
                 self._stage_queue.put(None)  # ends the loop after these
-                return orders
-            batch, *answer_to = order
-            if answer_to == list(orders[-1][1:]):
-                merged = list(dict.fromkeys(orders[-1][0] + batch))
-                orders[-1] = (merged, *orders[-1][1:])
+                return batches
+            if order.answered_alike(batches[-1][-1]):
+                batches[-1].append(order)
             else:
-                orders.append(order)
+                batches.append([order])
 
     def _stage_loop(self) -> None:
-        while (orders := self._next_orders()) is not None:
-            for order in orders:
-                self._stage_one(*order)
+        while (batches := self._next_orders()) is not None:
+            for batch in batches:
+                self._stage_one(batch)
             if self._stage_queue.empty():
                 self._promote_before_the_step()
 
@@ -297,39 +343,47 @@ class TierWorker:
         if promoted:
             self._count("promoted_after_staging", promoted)
 
-    def _stage_one(
-        self, batch: list[str], link: StageLink | None, generation: int, weights: str | None
-    ) -> None:
+    def _stage_one(self, batch: list[_Order]) -> None:
+        """Read the items of ``batch`` (orders answered alike) at once; answer each order."""
+        identifiers = list(dict.fromkeys(i for order in batch for i in order.ids))
         limit = int(self.settings.max_staged_mb * 1024 * 1024)
         started = time.perf_counter()
         try:
-            tensors = self.cache.get_many(batch, "cpu", pin_memory=self.device.type == "cuda")
+            tensors = self.cache.get_many(identifiers, "cpu", pin_memory=self.device.type == "cuda")
         except Exception as exc:  # a closed or broken cache: compute instead
-            logger.warning("Staging %d encoder outputs failed: %s", len(batch), exc)
-            tensors = [None] * len(batch)
-        staged, failed = [], []
+            logger.warning("Staging %d encoder outputs failed: %s", len(identifiers), exc)
+            tensors = [None] * len(identifiers)
+        staged, failed = set(), set()
         with self._lock:
-            if generation != self._generation:  # read under weights since replaced
-                tensors = [None] * len(batch)
-            for identifier, tensor in zip(batch, tensors, strict=True):
-                if identifier not in self._wanted and generation == self._generation:
+            self._counters["stage_seconds"] = (
+                self._counters.get("stage_seconds", 0) + time.perf_counter() - started
+            )
+            if batch[0].generation != self._generation:
+                # Read under weights since replaced: the scheduler gave these orders
+                # up on hearing the change, and what is wanted now (an order of the
+                # same item under the new weights) is not theirs to answer.
+                return
+            for identifier, tensor in zip(identifiers, tensors, strict=True):
+                if identifier not in self._wanted:
                     continue  # released while in flight
                 nbytes = 0 if tensor is None else tensor.numel() * tensor.element_size()
                 if tensor is None or self._staged_bytes + nbytes > limit:
                     self._wanted.discard(identifier)
-                    failed.append(identifier)
+                    failed.add(identifier)
                     continue
                 replaced = self._staged.get(identifier)  # ordered again before its release
                 if replaced is not None:
                     self._staged_bytes -= replaced.numel() * replaced.element_size()
                 self._staged[identifier] = tensor
                 self._staged_bytes += nbytes
-                staged.append(identifier)
-            self._counters["stage_seconds"] = (
-                self._counters.get("stage_seconds", 0) + time.perf_counter() - started
-            )
+                staged.add(identifier)
         read_at = time.time()
-        self._answer(link, staged, failed, weights)
+        for order in batch:
+            self._answer(
+                order,
+                [i for i in order.ids if i in staged],
+                [i for i in order.ids if i in failed],
+            )
         if self.timeline is not None:  # after the answer: off the hit's path
             for identifier in staged:
                 self.timeline.item(identifier, "read", read_at)
@@ -390,12 +444,14 @@ class TierWorker:
         snapshot = self.cache.stats.snapshot()
         current = _flatten(snapshot)
         with self._lock:
-            stats = {
-                name: value - self._cache_stats.get(name, 0)
-                for name, value in current.items()
-                if value != self._cache_stats.get(name, 0)
-            }
-            self._cache_stats = current
+            # Counters only grow (the scheduler refuses a report of one below zero):
+            # one that went down (a tier's own, left out of a snapshot) reports
+            # nothing until it passes its old high again.
+            stats: dict[str, float] = {}
+            for name, value in current.items():
+                if value > self._cache_stats.get(name, 0):
+                    stats[name] = value - self._cache_stats.get(name, 0)
+                    self._cache_stats[name] = value
             for name, value in self._counters.items():
                 stats[name] = stats.get(name, 0) + value
             stats.update(self._off_changes.take({**snapshot["features_off"], **self._off}))
@@ -405,8 +461,10 @@ class TierWorker:
                 staged={identifier: 1 for identifier in self._staged_report},
                 failed=self._failed,
                 stats=stats,
+                orders={i: self._answered[i] for i in self._staged_report | self._failed},
             )
             self._saved, self._staged_report, self._failed = set(), set(), set()
+            self._answered = {}
             self._counters = {}
         return None if meta.is_empty() else meta
 

@@ -7,8 +7,11 @@ applied here: stage answers move their items (STAGING to READY once every
 rank staged one; a failure is given up), saves reach the index (and release
 their claims), counters add up. A weights announcement goes to the scheduler,
 which gives up what the old weights fetched. An answer made under weights
-since replaced moves nothing. A channel that breaks answers nothing more:
-its stagings are given up.
+since replaced moves nothing, and neither does one to another order than the
+one an item is staging on (``Item.order``): the answer to an order given up
+may arrive after the item was ordered again, while the worker has dropped the
+old copy and is still reading the new one. A channel that breaks answers
+nothing more: its stagings are computed (nothing failed: no retry time).
 
 Why staging: a staged load cannot fail once promised; a tier read at the
 last moment could, after the encoder was skipped (vLLM's model runner raises
@@ -87,6 +90,9 @@ class WorkerLink:
         # Orders of this step not sent over the channel, handed out by take_orders.
         self._to_stage: list[str] = []
         self._to_release: list[str] = []
+        # The number of the next step metadata's stage order (the channel's
+        # orders are numbered by ``StageClient.send``).
+        self._meta_order = 1
         self._worker_stats: dict[str, float] = {}
 
     @property
@@ -124,15 +130,17 @@ class WorkerLink:
                     self.owner.set_weights(weights, now)
                 case StageAnswer(weights=weights) if weights == self.weights:
                     for identifier in message.staged:
-                        self.staged(identifier, 1, now)
+                        self.staged(identifier, 1, now, order=message.order, direct=True)
                     for identifier in message.failed:
-                        self.failed(identifier, now)
+                        self.failed(identifier, now, order=message.order, direct=True)
                 case StageAnswer():
                     pass  # ordered under weights since replaced
         if not self.channel.connected:  # broke: nothing more will answer these
             for identifier in self.items.having(S.STAGING):
                 if self.staging_direct(identifier):
-                    self.owner.give_up(identifier, now, "the stage channel broke")
+                    self.owner.give_up(
+                        identifier, now, "the stage channel broke", fetch_failed=False
+                    )
 
     def take_channel_counts(self) -> dict[str, float]:
         """The stage channel's counters since the last call, after reading what the
@@ -148,20 +156,22 @@ class WorkerLink:
 
     def dispatch(self) -> None:
         """Order the stagings the prefetch queue lets start now."""
-        dispatched = [identifier for identifier, _ in self.prefetch.dispatch()]
-        if not dispatched:
+        started = self.prefetch.dispatch()  # each with its deadline: queueing counts
+        if not started:
             return
-        deadline = time.monotonic() + self.settings.stage_timeout_s
+        dispatched = [identifier for identifier, _ in started]
         # Releases first: a worker must drop an old copy before staging it anew.
-        direct = (
+        order: int = (  # its number; 0 (or False): not sent over the channel
             self.channel_ready()
             and self._send_releases()
             and self.channel.send(dispatched, self.weights or "")
         )
-        for identifier in dispatched:
-            self.items.stage(identifier, deadline, direct=direct)
-            if not direct:
-                self._to_stage.append(identifier)
+        direct = order > 0
+        if not direct:
+            order = self._meta_order  # the next step metadata's
+            self._to_stage.extend(dispatched)
+        for identifier, deadline in started:
+            self.items.stage(identifier, deadline, direct=direct, order=order)
             self.owner.mark(identifier, "stage_sent")
         self.owner.count("stage_orders", len(dispatched))
 
@@ -206,27 +216,48 @@ class WorkerLink:
         if self.channel is not None:
             self.channel.flush()
 
-    def take_orders(self) -> tuple[list[str], list[str]]:
+    def take_orders(self) -> tuple[list[str], list[str], int]:
         """This step's stage and release orders for the step metadata (releases the
-        channel did not take)."""
-        orders = self._to_stage, self._to_release
+        channel did not take), and the stage order's number (0: none)."""
+        order = 0
+        if self._to_stage:
+            order, self._meta_order = self._meta_order, self._meta_order + 1
+        orders = self._to_stage, self._to_release, order
         self._to_stage, self._to_release = [], []
         return orders
 
     # -- answers -------------------------------------------------------------
 
-    def staged(self, identifier: str, ranks: int, now: float) -> None:
-        """``ranks`` more ranks staged ``identifier``."""
+    def answers(self, identifier: str, order: int, *, direct: bool) -> bool:
+        """Whether an answer to stage order ``order`` (sent over the channel:
+        ``direct``) is one to the order ``identifier`` is staged on.
+
+        Each rank answers an order once, so counting such answers counts ranks
+        (and none is left for an item READY: its record keeps no order). An
+        answer that names no order (0: ``StageLink.answer``, or a report made
+        without ``orders``) is taken for whatever order is under way.
+        """
+        item = self.items.get(identifier)
+        if item is None:
+            return False
+        return order == 0 or (item.order == order and item.direct == direct)
+
+    def staged(self, identifier: str, ranks: int, now: float, *, order: int, direct: bool) -> None:
+        """``ranks`` more ranks staged ``identifier`` on stage order ``order``."""
         if self.items.state(identifier) is not S.STAGING:
             return  # given up meanwhile; its release is already queued
+        if not self.answers(identifier, order, direct=direct):
+            return  # an order given up: the copy it staged is released, or will be
         if self.items.add_ranks(identifier, ranks) >= self.tp_size:
             self.items.move(identifier, S.READY, now + self.settings.stage_timeout_s)
             self.owner.mark(identifier, "staged")
 
-    def failed(self, identifier: str, now: float) -> None:
-        """A worker could not fetch ``identifier``."""
+    def failed(self, identifier: str, now: float, *, order: int, direct: bool) -> None:
+        """A worker could not fetch ``identifier`` on stage order ``order``."""
         self.index.forget(identifier)
-        if self.items.state(identifier) in (S.STAGING, S.READY, S.PROMISED):
+        if self.items.state(identifier) in (S.STAGING, S.READY, S.PROMISED) and self.answers(
+            identifier, order, direct=direct
+        ):
             self.owner.give_up(identifier, now, "a worker could not fetch it")
 
     def apply_report(self, meta: ECTierWorkerMetadata | None, *, over_channel: bool) -> None:
@@ -244,9 +275,10 @@ class WorkerLink:
                     self.claims.release(identifier)  # others load it now
         if meta.weights == self.weights:  # stagings answered under other weights move nothing
             for identifier in meta.failed:
-                self.failed(identifier, now)
+                self.failed(identifier, now, order=meta.orders.get(identifier, 0), direct=False)
             for identifier, ranks in meta.staged.items():
-                self.staged(identifier, ranks, now)
+                order = meta.orders.get(identifier, 0)
+                self.staged(identifier, ranks, now, order=order, direct=False)
         for name, value in meta.stats.items():
             self._worker_stats[name] = self._worker_stats.get(name, 0) + value
 
