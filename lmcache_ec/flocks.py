@@ -8,13 +8,14 @@ import fcntl
 import time
 
 
-def flock_within(fd: int, seconds: float, what: str) -> None:
-    """An exclusive flock on ``fd``, or TimeoutError (an OSError) naming
-    ``what`` if a holder keeps it past ``seconds``."""
+def flock_within(fd: int, seconds: float, what: str, *, shared: bool = False) -> None:
+    """An exclusive (or ``shared``) flock on ``fd``, or TimeoutError (an
+    OSError) naming ``what`` if a holder keeps it past ``seconds``."""
     deadline = time.monotonic() + seconds
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import enum
-import fcntl
 import hashlib
 import logging
 import os
@@ -53,9 +52,10 @@ import shutil
 import stat
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from .flocks import flock_within
 
 logger = logging.getLogger(__name__)
 
@@ -210,17 +210,8 @@ def _token_lock(path: str) -> Iterator[None]:
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        deadline = time.monotonic() + _TOKEN_LOCK_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.01)
-            except OSError:  # no locks on this file system
-                break
+        with contextlib.suppress(OSError):  # held too long, or no locks on this file system
+            flock_within(fd, _TOKEN_LOCK_S, path)
         yield
     finally:
         os.close(fd)  # releases the lock

@@ -46,11 +46,11 @@ import fcntl
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from ..config import from_lmcache
+from ..flocks import flock_within
 from ..key import ECKey, slug
 from ..runtime_dirs import Reason, RuntimeDirUnavailable, find_user_dir, private_dir, user_dir
 from ..tier_contract import TierKind
@@ -92,20 +92,6 @@ USERS_FILE = ".users"  # not an entry name: entries end in .pt, temp files start
 USERS_LOCK_WAIT_S = 5.0
 
 
-def flock_shared_within(fd: int, seconds: float, what: str) -> None:
-    """A shared flock on ``fd``, or TimeoutError (an OSError) naming ``what`` if
-    an exclusive holder keeps it past ``seconds`` (``flocks.flock_within``, shared)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"{what} locked for over {seconds} s") from None
-            time.sleep(0.001)
-
-
 class NodeUsers:
     """The processes using one node-tier directory, counted by the kernel: each
     holds a shared ``flock`` on the directory's ``.users`` file while it uses
@@ -131,7 +117,7 @@ class NodeUsers:
         self._fd = self._open()
         try:
             self.cleared_at_start = self._clear() if self._alone() else 0
-            flock_shared_within(self._fd, USERS_LOCK_WAIT_S, self._path)
+            flock_within(self._fd, USERS_LOCK_WAIT_S, self._path, shared=True)
         except BaseException:
             os.close(self._fd)
             raise
@@ -173,7 +159,7 @@ class NodeUsers:
         except FileNotFoundError:
             return
         try:
-            flock_shared_within(fd, USERS_LOCK_WAIT_S, self._path)
+            flock_within(fd, USERS_LOCK_WAIT_S, self._path, shared=True)
         except BaseException:
             os.close(fd)
             raise

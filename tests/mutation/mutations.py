@@ -295,7 +295,7 @@ MUTATIONS: list[Mutation] = [
         "node-users-not-counted",
         "node-tier entries stay while any process on the node uses them",
         "lmcache_ec/tiers/node.py",
-        "            flock_shared_within(self._fd, USERS_LOCK_WAIT_S, self._path)",
+        "            flock_within(self._fd, USERS_LOCK_WAIT_S, self._path, shared=True)",
         "            fcntl.flock(self._fd, fcntl.LOCK_UN)",
         ("tests/tiers/test_node_tier.py::test_the_last_user_to_leave_clears_the_node_tier",),
     ),
@@ -513,8 +513,8 @@ MUTATIONS: list[Mutation] = [
         "directory-claim-lock-waits-forever",
         "a directory claim waits at most a bound for the directory's lock, then works anyway",
         "lmcache_ec/flocks.py",
-        "            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n",
-        "            fcntl.flock(fd, fcntl.LOCK_EX)\n",
+        "            fcntl.flock(fd, mode | fcntl.LOCK_NB)\n",
+        "            fcntl.flock(fd, mode)\n",
         ("tests/test_claims.py::test_a_lock_held_too_long_is_a_duplicate_not_a_wait",),
     ),
     Mutation(
@@ -2479,8 +2479,8 @@ MUTATIONS += [
         "node-users-lock-unbounded",
         "an engine starts (without the node tier) while a stopped process holds .users",
         "lmcache_ec/tiers/node.py",
-        "            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)\n",
-        "            fcntl.flock(fd, fcntl.LOCK_SH)\n",
+        "            flock_within(self._fd, USERS_LOCK_WAIT_S, self._path, shared=True)\n",
+        "            fcntl.flock(self._fd, fcntl.LOCK_SH)\n",
         (
             (
                 "tests/tiers/test_node_tier.py::test_an_engine_starts_without_the_node_tier_"

@@ -321,17 +321,24 @@ def test_a_late_step_report_is_not_taken_for_the_next_order(instance):
     assert bit_equal(node.load(second)[image], encoder_output(image))
 
 
+def _ordered_with_its_read_held(node, image: str):
+    """``image`` stored and ordered for a request ``r1``, its read held in the
+    tier: the event that lets the read go on, and the request."""
+    node.store(image)
+    held = node.tiers[0].hold_next_read()
+    request = _request(image, "r1")
+    assert not node.scheduler.ensure_cache_available(request, 0)
+    node.scheduler.build_connector_meta(_step())
+    _until(lambda: node.tiers[0].reads == 1)
+    return held, request
+
+
 def test_a_read_across_an_unchanged_weights_session_leaves_the_new_order_to_stage(instance):
     """w1, unknown, w1 again while order A's read is in flight: the read answers
     nothing, and order B of the same image (under w1) stages it."""
     node = instance(stage_timeout_s=60.0)
     scheduler, worker, image = node.scheduler, node.workers[0], image_hash("unchanged.png")
-    node.store(image)
-    order_a = node.tiers[0].hold_next_read()
-    first = _request(image, "r1")
-    assert not scheduler.ensure_cache_available(first, 0)
-    scheduler.build_connector_meta(_step())
-    _until(lambda: node.tiers[0].reads == 1)
+    order_a, _ = _ordered_with_its_read_held(node, image)
 
     def weights_changed(version):  # what the connector does on a weights change
         assert worker.set_weights(version)
@@ -356,12 +363,7 @@ def test_a_read_across_an_unchanged_weights_session_leaves_the_new_order_to_stag
 def test_a_broken_channel_fails_no_request_and_holds_no_item_off_the_tiers(instance):
     node = instance(stage_timeout_s=60.0)
     scheduler, image = node.scheduler, image_hash("channel-broke.png")
-    node.store(image)
-    read = node.tiers[0].hold_next_read()
-    first = _request(image, "r1")
-    assert not scheduler.ensure_cache_available(first, 0)
-    scheduler.build_connector_meta(_step())
-    _until(lambda: node.tiers[0].reads == 1)
+    read, first = _ordered_with_its_read_held(node, image)
     node.listeners[0].close()  # the worker's end goes away
     _until(lambda: not scheduler.channel.connected, node.poll)
     assert not scheduler.take_unavailable_requests()
