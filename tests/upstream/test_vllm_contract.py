@@ -230,3 +230,34 @@ def test_shared_memory_queue_readers_poll_after_each_message():
     busy_loop_s = inspect.signature(SpinCondition.__init__).parameters["busy_loop_s"].default
     assert isinstance(busy_loop_s, int | float) and 0 < busy_loop_s <= 5
     assert settle_seconds() == pytest.approx(busy_loop_s + 0.1)
+
+
+def test_what_the_encoder_identity_reads_from_vllm():
+    """identity.py and weights.py read, by name:
+
+    - ``repo_utils.get_hf_file_bytes(file_name, model, revision)``: a hub
+      model's processor config files, from the HF cache at the revision, as
+      vLLM's own processor loading reads them (no public call returns them);
+    - the ``MultiModalConfig`` fields that change encoder outputs and
+      ``ModelConfig.model_impl``, with ``getattr``: a renamed field would
+      silently leave the key, so each must exist;
+    - ``get_mm_mapping().language_model`` (the Transformers backend's
+      multimodal models): the prefixes the weights fingerprint leaves out when
+      ``get_language_model()`` returns the whole model.
+    """
+    import dataclasses
+
+    from vllm.config import ModelConfig, MultiModalConfig
+    from vllm.model_executor.models.module_mapping import MultiModelKeys
+    from vllm.model_executor.models.transformers.multimodal import MultiModalMixin
+    from vllm.transformers_utils.repo_utils import get_hf_file_bytes
+
+    from lmcache_ec.integration.vllm.identity import _MM_ENCODER_FIELDS
+
+    parameters = list(inspect.signature(get_hf_file_bytes).parameters)
+    assert parameters[:3] == ["file_name", "model", "revision"], parameters
+    fields = {field.name for field in dataclasses.fields(MultiModalConfig)}
+    assert set(_MM_ENCODER_FIELDS) <= fields, set(_MM_ENCODER_FIELDS) - fields
+    assert "model_impl" in {field.name for field in dataclasses.fields(ModelConfig)}
+    assert callable(MultiModalMixin.get_mm_mapping)
+    assert "language_model" in {field.name for field in dataclasses.fields(MultiModelKeys)}
