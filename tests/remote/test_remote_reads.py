@@ -5,9 +5,11 @@ from __future__ import annotations
 import redis
 import torch
 
-from lmcache_ec import ECCache
+from lmcache_ec import ECCache, codec
 from lmcache_ec.bench.proxy import SlowProxy
+from lmcache_ec.config import load_config
 from lmcache_ec.remote.redis_store import MGET_BATCH
+from lmcache_ec.remote.store import open_store
 from lmcache_ec.remote_names import redis_data_key
 from tests.conftest import bit_equal, make_tensor
 from tests.remote.conftest import remote_config
@@ -78,7 +80,9 @@ def test_get_many_with_duplicates_and_corrupt_entries(redis_url, make_cache):
 
 
 def test_get_many_of_more_than_one_batch_hits_every_entry(redis_url, make_cache):
-    """40 names span two pipelines (``MGET_BATCH``): each frame reaches its own key."""
+    """40 names span two pipelines (``MGET_BATCH``): each frame reaches its own key,
+    through the cache and through the store alone (LMCache's remote backend asks
+    the store for any number of keys at once)."""
     entries = {f"many-{i}": make_tensor((4 + i % 3, 32), torch.float16, seed=i) for i in range(40)}
     assert len(entries) > MGET_BATCH
     _stored(make_cache(remote_config(redis_url), model=MODEL), entries)
@@ -90,6 +94,14 @@ def test_get_many_of_more_than_one_batch_hits_every_entry(redis_url, make_cache)
     snapshot = cache.stats.snapshot()
     assert snapshot["integrity_failures"] == 0
     assert snapshot["hits"] == {"remote": 40}
+    keys = [cache.key(name) for name in entries]
+    store = open_store(load_config(remote_config(redis_url)).remote)
+    try:
+        frames = store.get_many([key.to_string() for key in keys])
+    finally:
+        store.close()
+    for key, frame, tensor in zip(keys, frames, entries.values(), strict=True):
+        assert frame is not None and bit_equal(codec.decode_bytes(frame, key).tensor, tensor)
 
 
 def test_a_batch_longer_than_one_timeout_is_read_whole_from_a_healthy_slow_store(
