@@ -1,4 +1,5 @@
-"""Entry framing: what every tier stores for one encoder output.
+"""Entry framing: what every tier stores for one encoder output, and which
+tensors can be stored (``validate_tensor``).
 
 LMCache backends move opaque ``uint8`` buffers, so one encoder output travels
 as a single self-describing frame and every tier (CPU, disk, Redis, S3) gets
@@ -68,6 +69,23 @@ def _identity_members(identity: EncoderIdentity) -> str:
             _IDENTITY_JSON.clear()
         _IDENTITY_JSON[identity] = members
     return members
+
+
+def validate_tensor(tensor: Any, pinned_dtype: str = "") -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``tensor`` is storable."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise ValueError(f"expected a dense tensor, got layout {tensor.layout}")
+    if tensor.is_meta:
+        raise ValueError("meta tensors have no data to store")
+    if tensor.dim() != 2:
+        raise ValueError(f"expected a 2-D tensor [tokens, hidden], got shape {tuple(tensor.shape)}")
+    if tensor.numel() == 0:
+        raise ValueError(f"expected a non-empty tensor, got shape {tuple(tensor.shape)}")
+    name = dtype_name(tensor.dtype)  # ValueError for unsupported dtypes
+    if pinned_dtype and name != pinned_dtype:
+        raise ValueError(f"tensor dtype {name} differs from the encoder dtype {pinned_dtype}")
 
 
 def encode_header(key: ECKey, tensor: torch.Tensor) -> bytes:

@@ -44,6 +44,7 @@ from lmcache.v1.event_manager import EventManager
 from lmcache.v1.metadata import LMCacheMetadata
 
 from . import codec
+from .codec import validate_tensor
 from .config import ECConfig, load_config
 from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
 from .metrics import ECStats
@@ -86,23 +87,6 @@ def _lmcache_metadata(model: str) -> LMCacheMetadata:
         kv_shape=(1, 2, 256, 1, 128),
         role="worker",
     )
-
-
-def validate_tensor(tensor: Any, pinned_dtype: str = "") -> None:
-    """Raise ``TypeError``/``ValueError`` unless ``tensor`` is storable."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.layout != torch.strided:
-        raise ValueError(f"expected a dense tensor, got layout {tensor.layout}")
-    if tensor.is_meta:
-        raise ValueError("meta tensors have no data to store")
-    if tensor.dim() != 2:
-        raise ValueError(f"expected a 2-D tensor [tokens, hidden], got shape {tuple(tensor.shape)}")
-    if tensor.numel() == 0:
-        raise ValueError(f"expected a non-empty tensor, got shape {tuple(tensor.shape)}")
-    name = dtype_name(tensor.dtype)  # ValueError for unsupported dtypes
-    if pinned_dtype and name != pinned_dtype:
-        raise ValueError(f"tensor dtype {name} differs from the encoder dtype {pinned_dtype}")
 
 
 class ECCache:

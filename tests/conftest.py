@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tracemalloc
 
 os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
 
@@ -12,9 +13,19 @@ import torch
 
 from lmcache_ec import ECCache
 
-__all__ = ["bit_equal", "make_tensor"]
+__all__ = ["bit_equal", "make_tensor", "traced_peak"]
 
 pytest_plugins = ["tests.servers"]
+
+
+def traced_peak(call):
+    """``call()``'s result and the most memory Python allocated during it (bytes)."""
+    tracemalloc.start()
+    try:
+        result = call()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def make_tensor(shape: tuple[int, int], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:

@@ -303,7 +303,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "tensor-rank-unchecked",
         "only dense non-empty 2-D tensors of a supported dtype are stored",
-        "lmcache_ec/engine.py",
+        "lmcache_ec/codec.py",
         "    if tensor.dim() != 2:\n",
         "    if False:\n",
         (
@@ -314,7 +314,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "pinned-dtype-unchecked",
         "an identity that pins a dtype refuses tensors of another dtype",
-        "lmcache_ec/engine.py",
+        "lmcache_ec/codec.py",
         "    if pinned_dtype and name != pinned_dtype:\n",
         "    if False:\n",
         (f"{T_ENGINE}::test_pinned_dtype_rejects_other_dtypes",),
@@ -369,7 +369,7 @@ MUTATIONS: list[Mutation] = [
         "weight-update-keeps-stagings",
         "a weight update gives up every prefetch made for the old weights",
         "lmcache_ec/integration/vllm/scheduler.py",
-        "doomed = self.items.having(*_FETCHING)",
+        "doomed = self.items.having(*FETCHING)",
         "doomed: list[str] = []",
         ("tests/vllm/test_weights.py::test_staged_items_never_cross_an_update",),
     ),

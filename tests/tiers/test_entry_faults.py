@@ -21,13 +21,12 @@ import sys
 import tempfile
 import textwrap
 import threading
-import tracemalloc
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import bit_equal, make_tensor
+from tests.conftest import bit_equal, make_tensor, traced_peak
 from tests.faults.fs import FullDisk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,12 +88,8 @@ def test_a_file_larger_than_the_tier_is_a_miss_before_anything_is_read(
     asked: list[int] = []
     assert cache._disk.read_into_pool(cache.key("img"), lambda n: asked.append(n)) is None
     assert asked == []  # no pool buffer asked for
-    tracemalloc.start()
-    try:
-        assert cache.get("img") is None
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    answer, peak = traced_peak(lambda: cache.get("img"))
+    assert answer is None
     assert peak < size // 4
     assert cache._disk.counters["read_skipped_too_large"] == 2
     assert os.path.exists(path)

@@ -11,7 +11,6 @@ import sys
 import tempfile
 import textwrap
 import threading
-import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import torch
 from lmcache_ec.tiers import node as node_module
 from lmcache_ec.tiers.disk_layout import TEMP_PREFIX, DirectoryLayout
 from lmcache_ec.tiers.node import USERS_FILE, node_path
-from tests.conftest import bit_equal, make_tensor
+from tests.conftest import bit_equal, make_tensor, traced_peak
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = (256, 1024)  # bfloat16: 512 KB payload
@@ -154,12 +153,8 @@ def test_padded_entry_is_a_miss_removed_without_reading_its_padding(node_base, m
     path = cache._storage.storage_backends["NodeBackend"].path_of(cache.key("img"))
     size = os.path.getsize(path)
     os.truncate(path, size + PADDING)
-    tracemalloc.start()
-    try:
-        assert cache.get("img") is None
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    answer, peak = traced_peak(lambda: cache.get("img"))
+    assert answer is None
     assert peak < 4 * size
     assert cache.stats.snapshot()["integrity_failures"] == 1
     assert not os.path.exists(path)

@@ -23,9 +23,11 @@ stands for a slow tier.
 from __future__ import annotations
 
 import collections
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -406,7 +408,9 @@ def test_a_counter_below_zero_is_a_bad_frame_and_a_feature_back_on_is_not():
     assert decode(report(back_on), TO_SCHEDULER).stats == back_on
 
 
-def test_a_report_with_a_counter_below_zero_breaks_the_channel_not_the_step(tmp_path):
+@contextlib.contextmanager
+def _scheduler_and_peer(tmp_path) -> Iterator[tuple[StageClient, socket.socket]]:
+    """A scheduler's stage client connected to a peer the test plays."""
     path = str(tmp_path / "peer.sock")
     server = socket.socket(socket.AF_UNIX)
     server.bind(path)
@@ -415,34 +419,28 @@ def test_a_report_with_a_counter_below_zero_breaks_the_channel_not_the_step(tmp_
     try:
         assert client.connect()
         peer, _ = server.accept()
-        peer.sendall(encode(WorkerReport((), (), (), {"misses": -1}, WEIGHTS)))
-        messages: list = []
-        _until(lambda: not client.connected, lambda: messages.extend(client.receive(0.01)))
-        assert messages == []
-        assert client.take_counts() == {"channel_breaks": 1, "channel_bad_frames": 1}
-        peer.close()
+        with peer:
+            yield client, peer
     finally:
         client.close()
         server.close()
 
 
+def test_a_report_with_a_counter_below_zero_breaks_the_channel_not_the_step(tmp_path):
+    with _scheduler_and_peer(tmp_path) as (client, peer):
+        peer.sendall(encode(WorkerReport((), (), (), {"misses": -1}, WEIGHTS)))
+        messages: list = []
+        _until(lambda: not client.connected, lambda: messages.extend(client.receive(0.01)))
+        assert messages == []
+        assert client.take_counts() == {"channel_breaks": 1, "channel_bad_frames": 1}
+
+
 def test_a_flood_is_read_a_bounded_share_per_receive_and_none_of_it_lost(tmp_path):
-    path = str(tmp_path / "peer.sock")
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(path)
-    server.listen(1)
-    client = StageClient([path])
     frames = [StageAnswer((), (f"{n:064x}",), WEIGHTS) for n in range(1000)]
-    try:
-        assert client.connect()
-        peer, _ = server.accept()
+    with _scheduler_and_peer(tmp_path) as (client, peer):
         peer.sendall(b"".join(encode(frame) for frame in frames))  # ~110 KB, all there now
         received = client.receive(0.0)
         assert 0 < len(received) <= 256  # a share, not all of it
         _until(lambda: len(received) >= len(frames), lambda: received.extend(client.receive(0)))
         assert received == frames  # in order, nothing lost, nothing twice
         assert client.connected
-        peer.close()
-    finally:
-        client.close()
-        server.close()

@@ -74,6 +74,22 @@ ALLOWED: dict[ItemState, frozenset[ItemState]] = {
 }
 
 
+# State groups the scheduler decides by.
+FETCHING = (S.QUEUED, S.STAGING, S.READY, S.PROMISED)  # a prefetch is under way or done
+IN_VLLM = (S.LOADED, S.RESIDENT)  # in vLLM's encoder cache, as far as the scheduler knows
+# Asked about for a request: a remote lookup, or a claim it lost or has not won yet.
+ASKED_ABOUT = (S.LOOKING_UP, S.CLAIMING, S.AWAITING)
+HELD_STATES = (S.READY, S.PROMISED, *IN_VLLM)  # nothing to wait for
+
+
+class ItemAnswer(enum.Enum):
+    """What one item of a request needs before the request may be scheduled."""
+
+    HELD = "held"  # staged on every rank, or in vLLM's encoder cache
+    COMPUTE = "compute"  # nothing to wait for: the encoder runs for it
+    WAIT = "wait"  # on its way: the request is deferred
+
+
 class IllegalTransition(RuntimeError):
     """A move ``ALLOWED`` does not list: a bug in the scheduler."""
 

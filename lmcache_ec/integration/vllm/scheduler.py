@@ -8,12 +8,8 @@ for within a step's budget (``step_wait.py``); claims are
 ``encode_claims.py``'s.
 
 A deferred request costs nothing per step until something it waits on
-changes (``request_waits.py`` keeps the books): the item table reports items
-that moved (an answer, a give-up) and items whose deadline passed, the index
-the remote checks answered; only the requests waiting on those items look at
-them again. Claims are the one exception: no event says another instance's
-output landed, so items in a claim state are looked at once a step. Orders
-reach the workers, and their answers come back, through ``worker_link.py``.
+changes (``request_waits.py`` keeps the books and says how). Orders reach the
+workers, and their answers come back, through ``worker_link.py``.
 
 vLLM asks ``has_cache_item`` only for an item its own encoder cache lacks: an
 item recorded LOADED or RESIDENT there was dropped without a free notice
@@ -30,7 +26,6 @@ Why staging: see ``worker_link.py``.
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import Iterable
@@ -41,7 +36,16 @@ from ...runtime_dirs import RuntimeDirUnavailable
 from .connector_options import ConnectorSettings
 from .encode_claims import CLAIM_STATES, ClaimDecision, EncodeClaims
 from .index import PENDING, TierIndex
-from .items import Item, ItemState, ItemTable
+from .items import (
+    ASKED_ABOUT,
+    FETCHING,
+    HELD_STATES,
+    IN_VLLM,
+    Item,
+    ItemAnswer,
+    ItemState,
+    ItemTable,
+)
 from .known_weights import KnownWeights
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .prefetch import PrefetchQueue, Room
@@ -54,19 +58,6 @@ from .worker_link import WorkerLink
 logger = logging.getLogger(__name__)
 
 S = ItemState
-_FETCHING = (S.QUEUED, S.STAGING, S.READY, S.PROMISED)  # a prefetch is under way or done
-_IN_VLLM = (S.LOADED, S.RESIDENT)  # in vLLM's encoder cache, as far as this side knows
-# Asked about for a request: a remote lookup, or a claim it lost or has not won yet.
-_ASKED_ABOUT = (S.LOOKING_UP, S.CLAIMING, S.AWAITING)
-_HELD = (S.READY, S.PROMISED, *_IN_VLLM)  # nothing to wait for
-
-
-class ItemAnswer(enum.Enum):
-    """What one item of a request needs before the request may be scheduled."""
-
-    HELD = "held"  # staged on every rank, or in vLLM's encoder cache
-    COMPUTE = "compute"  # nothing to wait for: the encoder runs for it
-    WAIT = "wait"  # on its way: the request is deferred
 
 
 class TierScheduler:
@@ -170,7 +161,7 @@ class TierScheduler:
     def encoder_cache_reset(self) -> None:
         """vLLM emptied its encoder cache (``Scheduler.reset_encoder_cache``, see
         ``weight_updates.py``) without listing what it freed: fetch those items again."""
-        for identifier in self.items.having(*_IN_VLLM):
+        for identifier in self.items.having(*IN_VLLM):
             self.items.move(identifier, S.UNKNOWN)
         self.count("encoder_cache_resets")
 
@@ -245,7 +236,7 @@ class TierScheduler:
 
     def _item_ready(self, identifier: str, now: float, nbytes: int, request_id: str) -> ItemAnswer:
         state = self.items.state(identifier)
-        if state in _HELD:
+        if state in HELD_STATES:
             return ItemAnswer.HELD
         if self.settings.in_step_reads:
             return self._approve_at_once(identifier, now)
@@ -347,7 +338,7 @@ class TierScheduler:
         fetch, lookup and claim made under the old ones is given up."""
         if not self.known.change(weights):
             return
-        doomed = self.items.having(*_FETCHING)
+        doomed = self.items.having(*FETCHING)
         for identifier in doomed:
             self.give_up(identifier, now, "the encoder weights changed", fetch_failed=False)
         # Failures, lookups and claims under the old weights say nothing now.
@@ -405,13 +396,13 @@ class TierScheduler:
                 self.give_up(identifier, now, "no answer in time, and no request waits for it")
             elif state is S.FAILED:  # its retry time: the record says nothing any more
                 self.items.allow_retry(identifier)
-            elif state in _ASKED_ABOUT:
+            elif state in ASKED_ABOUT:
                 self._look_again_if_needed(identifier)
             else:
                 self.waits.wake_later((identifier,))
 
     def _look_again_if_needed(self, identifier: str) -> None:
-        """A lookup answered, or a lookup or claim past its deadline (``_ASKED_ABOUT``):
+        """A lookup answered, or a lookup or claim past its deadline (``ASKED_ABOUT``):
         the requests waiting on it look again. With none left (they ended), its
         record goes, and a claim with it: nothing else would ever move it."""
         if self.waits.needs(identifier):
@@ -427,7 +418,7 @@ class TierScheduler:
         self.count("lookups")
         self._begin_step()
         state = self.items.state(identifier)
-        if state in _IN_VLLM:
+        if state in IN_VLLM:
             self._drop_stale(identifier)
             state = S.UNKNOWN
         if self.is_consumer:
@@ -461,9 +452,9 @@ class TierScheduler:
             self.prefetch.take_waiters(identifier)
             self.items.move(identifier, S.LOADED)
             return
-        if state in _IN_VLLM:
+        if state in IN_VLLM:
             self._drop_stale(identifier)
-        elif state in _FETCHING:  # computed after all: the prefetch is not wanted
+        elif state in FETCHING:  # computed after all: the prefetch is not wanted
             self.prefetch.done(identifier)
             self.prefetch.take_waiters(identifier)
             self.link.cancel(identifier, state)
@@ -483,7 +474,7 @@ class TierScheduler:
         if self.link.channel_ready():  # worker reports of the last step
             self.link.poll(0.0)
         for identifier in getattr(scheduler_output, "free_encoder_mm_hashes", None) or ():
-            if self.items.state(identifier) in _IN_VLLM:
+            if self.items.state(identifier) in IN_VLLM:
                 self.items.move(identifier, S.UNKNOWN)
         for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
             self._active.add(new.req_id)
