@@ -419,7 +419,7 @@ def read_header_file(path: str) -> dict[str, Any]:
 
     Raises ``CorruptEntryError`` (not a frame, or not a regular file: a FIFO
     or device would block the read, a symlink may lead anywhere) or ``OSError``."""
-    with open(_open_regular(path), "rb") as stream:
+    with open(open_entry(path)[0], "rb") as stream:
         prefix = stream.read(PREFIX_SIZE)
         header_len, _, _, header_sum = read_prefix(prefix)
         if PREFIX_SIZE + header_len > os.fstat(stream.fileno()).st_size:
@@ -430,21 +430,29 @@ def read_header_file(path: str) -> dict[str, Any]:
     return parse_header(raw, header_sum)
 
 
-def _open_regular(path: str) -> int:
-    """A read-only descriptor of the regular file ``path``, never following a
-    symlink nor waiting on a FIFO's writer. Raises ``CorruptEntryError`` (not
-    a regular file) or ``OSError``."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO never waits for a writer; O_NOFOLLOW: a symlink
+# planted under an entry's name leads nowhere.
+ENTRY_OPEN = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+_NOT_A_FILE = (errno.ELOOP, errno.ENXIO)  # open(2) of a symlink (O_NOFOLLOW), of a socket
+
+
+def open_entry(path: str) -> tuple[int, os.stat_result]:
+    """A read-only (blocking) descriptor of the regular file ``path`` and its
+    stat, never following a symlink nor waiting on a FIFO's writer. Raises
+    ``CorruptEntryError`` (no regular file: a FIFO, socket, symlink,
+    directory) or ``OSError``."""
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, ENTRY_OPEN)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+        if exc.errno in _NOT_A_FILE:
             raise CorruptEntryError("not a regular file") from None
         raise
     try:
-        if not S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not S_ISREG(info.st_mode):
             raise CorruptEntryError("not a regular file")
+        os.set_blocking(fd, True)  # O_NONBLOCK was for open(2) only
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, info

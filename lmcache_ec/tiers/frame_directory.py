@@ -33,7 +33,6 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from stat import S_ISREG
 from typing import Any, BinaryIO
 
 import torch
@@ -45,16 +44,19 @@ from ..key import ECKey
 from ..runtime_dirs import DEFAULT_BASE, Reason, RuntimeDirUnavailable
 from ..tier_contract import TierDefaults
 from .budget import DirectoryBudget
-from .disk_layout import PRIVATE, DirectoryLayout, DirectoryModes, make_directory, read_frame
+from .disk_layout import (
+    PRIVATE,
+    DirectoryLayout,
+    DirectoryModes,
+    make_directory,
+    open_entry,
+    read_frame,
+)
 
 logger = logging.getLogger(__name__)
 
 
 SEEN_MAX = 1 << 16
-# O_NONBLOCK: opening a FIFO never waits for a writer; O_NOFOLLOW: a symlink
-# planted under an entry's name leads nowhere.
-ENTRY_OPEN = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
-NOT_A_FILE = (errno.ELOOP, errno.ENXIO)  # open(2) of a symlink (O_NOFOLLOW), of a socket
 
 
 def _warn_if_open(path: str, modes: DirectoryModes) -> None:
@@ -205,14 +207,17 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         no entry, one no read can serve (removed: ``_unservable``), one too
         large for this tier, or an I/O error (each counted)."""
         try:
-            fd = os.open(path, ENTRY_OPEN)
+            fd, info = open_entry(path)
+        except CorruptEntryError as exc:  # no regular file
+            self._unservable(key, path, exc.reason)
+            return None
         except OSError as exc:
             self._open_failed(key, path, exc)
             return None
-        if self._servable(key, path, fd):
-            return fd
-        os.close(fd)
-        return None
+        if self._too_large(path, info.st_size):
+            os.close(fd)
+            return None
+        return fd
 
     def _open_failed(self, key: ECKey, path: str, exc: OSError) -> None:
         if isinstance(exc, FileNotFoundError):
@@ -221,24 +226,8 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
                 self.counters["vanished"] += 1
         elif isinstance(exc, PermissionError):  # another user's file, in a directory of ours
             self._unservable(key, path, f"not readable by this process ({exc.strerror})")
-        elif exc.errno in NOT_A_FILE:
-            self._unservable(key, path, "not a regular file")
         else:
             self._read_failed(path, exc)
-
-    def _servable(self, key: ECKey, path: str, fd: int) -> bool:
-        """Whether the opened entry ``fd`` can be read: a regular file within the
-        tier's limit."""
-        try:
-            info = os.fstat(fd)
-            os.set_blocking(fd, True)  # O_NONBLOCK was for open(2) only
-        except OSError as exc:
-            self._read_failed(path, exc)
-            return False
-        if not S_ISREG(info.st_mode):  # a FIFO, a directory
-            self._unservable(key, path, "not a regular file")
-            return False
-        return not self._too_large(path, info.st_size)
 
     def _too_large(self, path: str, size: int) -> bool:
         """A file larger than this tier's limit: no entry this process could
