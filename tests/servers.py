@@ -5,7 +5,8 @@
   ``redis_url``. A missing binary fails the test (never skips).
 - ``redis_process`` (function): a private redis-server the test may kill and
   restart on the same port (``kill()``, ``restart()``).
-- ``s3_server`` (session): moto's ``ThreadedMotoServer``; ``s3_bucket``
+- ``s3_server`` (session): moto's S3 app on a threaded server, its conditional
+  writes made atomic as S3's are (``ConditionalWritesAtomic``); ``s3_bucket``
   (function) creates a fresh bucket on it.
 - ``black_hole`` (function): a TCP server that accepts and never answers.
 - ``Drip``: a server that answers, but sends a value (Redis) or a response
@@ -171,18 +172,41 @@ class S3Server:
         return name
 
 
+class ConditionalWritesAtomic:
+    """moto checks ``If-Match`` / ``If-None-Match``, then writes, with nothing
+    held between: two conditional puts on one ETag can both pass (under load, an
+    append was lost). S3 checks and writes as one step; this makes moto do so
+    for the conditional requests the product sends."""
+
+    def __init__(self, app: Callable) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: dict, start_response: Callable):
+        if "HTTP_IF_MATCH" not in environ and "HTTP_IF_NONE_MATCH" not in environ:
+            return self.app(environ, start_response)
+        with self.lock:
+            return list(self.app(environ, start_response))
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
-    from moto.server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
 
-    port = free_port()
-    server = ThreadedMotoServer(ip_address=HOST, port=port, verbose=False)
-    server.start()
+    app = ConditionalWritesAtomic(DomainDispatcherApplication(create_backend_app))
+    server = make_server(HOST, free_port(), app, threaded=True, request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, name="moto", daemon=True)
+    thread.start()
     try:
-        _wait_for_port(port)
-        yield S3Server(endpoint=f"http://{HOST}:{port}")
+        yield S3Server(endpoint=f"http://{HOST}:{server.server_port}")
     finally:
-        server.stop()
+        server.shutdown()
+        thread.join(timeout=10)
 
 
 @pytest.fixture
