@@ -2920,6 +2920,22 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "one-down-shard-pauses-every-lookup",
+        (
+            "with one cluster shard down, the scheduler's index still finds the items the "
+            "other shards hold, and pauses no lookup"
+        ),
+        "lmcache_ec/integration/vllm/index.py",
+        "                        failed = bool(catalog.last_error)\n",
+        "                        failed = any(present is None for present in answers)\n",
+        (
+            (
+                "tests/cluster/test_cluster_index.py::test_one_shard_down_leaves_the_other_s"
+                "hards_items_found"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

@@ -328,12 +328,14 @@ class TierIndex:
                 if not batch:
                     continue
                 answers: list[bool | None] = [None] * len(batch)
+                failed = True  # the store did not answer at all
                 with self._lock:
                     identity, generation = self.identity, self._generation
                 if catalog is not None and time.monotonic() >= self._remote_down_until:
                     try:  # one round trip for everything asked meanwhile
                         names = [identity.storage_name(identifier) for identifier in batch]
                         answers = _ask_twice(catalog, names, self._closing)
+                        failed = bool(catalog.last_error)
                     except Exception as exc:  # the catalog should not raise; be sure
                         logger.debug("Remote existence check failed: %s", exc)
                 if self._closing.is_set():
@@ -349,7 +351,9 @@ class TierIndex:
                         if present is not None:
                             self._remote.remember(identifier, (present, time.monotonic()))
                             self.remote_lookups += 1
-                    if any(present is None for present in answers):
+                        elif not failed:  # its shard is down, the others answer: a miss
+                            self._remote.remember(identifier, (False, time.monotonic()))
+                    if failed:
                         # Unanswered: not cached, so asked again after the backoff.
                         if time.monotonic() >= self._remote_down_until:
                             logger.warning(
