@@ -214,11 +214,11 @@ class RedisStore(RemoteStore):
         pipe.exists(key)
         pipe.getrange(key, start, start + length - 1)
         present, data = pipe.execute()
-        return bytes(data) if present else None
+        return _as_bytes(data) if present else None
 
     def read_log(self, name: str, size: int) -> bytes | None:
         # An empty log holds no record: absent or empty read alike (one command).
-        return bytes(self._client.getrange(name, -size, -1)) or None
+        return _as_bytes(self._client.getrange(name, -size, -1)) or None
 
     def append_log(self, name: str, line: bytes, limit: int) -> None:
         self._client.eval(APPEND_LOG, 1, name, line, limit)
@@ -260,6 +260,12 @@ def _wrong_type(reply: Any) -> bool:
 def _failed(reply: Any) -> bool:
     """An error reply that says nothing about the entry (the server's state)."""
     return isinstance(reply, Exception) and not _wrong_type(reply)
+
+
+def _as_bytes(reply: Any) -> bytes:
+    """A GETRANGE reply; anything but bytes (a broken server's integer, which
+    ``bytes()`` would turn into that many zeros) reads as nothing."""
+    return reply if isinstance(reply, bytes) else b""
 
 
 def _present_value(replies: Any) -> bytes | None:

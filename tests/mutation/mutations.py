@@ -2936,6 +2936,30 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "s3-range-ignored-read-whole",
+        (
+            "an S3-compatible server that ignores Range is read only as far as the range "
+            "asked, from the right offset"
+        ),
+        "lmcache_ec/remote/s3_store.py",
+        "            data = body.read(start + length if whole else length)\n",
+        "            data = body.read()\n",
+        (
+            (
+                "tests/remote/test_catalog.py::test_a_server_ignoring_range_is_read_only_as_"
+                "far_as_asked"
+            ),
+        ),
+    ),
+    Mutation(
+        "redis-integer-range-made-zeros",
+        "a Redis range read answered with an integer reads as nothing, not that many zero bytes",
+        "lmcache_ec/remote/redis_store.py",
+        '    return reply if isinstance(reply, bytes) else b""\n',
+        "    return bytes(reply)\n",
+        ("tests/remote/test_catalog.py::test_a_range_answered_with_an_integer_reads_as_nothing",),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

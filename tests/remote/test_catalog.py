@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
@@ -75,6 +76,43 @@ def test_header_longer_than_one_ranged_read(remote, make_cache):
     assert header["frame_len"] > codec.PREFIX_SIZE + 6000
 
 
+class _RangeIgnored(BaseHTTPRequestHandler):
+    """An S3-compatible server that answers every GET with the whole object."""
+
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_server_ignoring_range_is_read_only_as_far_as_asked(s3_server, s3_bucket, make_cache):
+    config = remote_config(f"s3://{s3_bucket}/ec-test", endpoint=s3_server.endpoint)
+    long_hash = "m" * 6000  # a header longer than the first ranged read
+    with make_cache(config, model=MODEL) as cache:
+        cache.put(long_hash, make_tensor((1024, 512), torch.float32))
+        assert cache.flush(10)
+        name = cache.key(long_hash).storage_name
+    with open_catalog(load_config(config)) as catalog:
+        _RangeIgnored.body = catalog.store.get(name)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RangeIgnored)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    try:
+        with open_catalog(load_config({**config, "s3_endpoint_url": endpoint})) as catalog:
+            whole = _RangeIgnored.body
+            assert catalog.store.read_range(name, 0, 100) == whole[:100]
+            assert catalog.store.read_range(name, 7000, 10) == whole[7000:7010]
+            assert catalog.read_header(name)["mm_hash"] == long_hash
+    finally:
+        server.shutdown()
+
+
 def test_unreachable_store_is_bounded(black_hole, aws_env):
     for config in (
         outage_config(f"redis://127.0.0.1:{black_hole.port}"),
@@ -130,5 +168,18 @@ def test_a_store_sending_a_byte_at_a_time_holds_no_read_past_the_timeout(kind, a
             failure = _answer_within(bound, catalog.read_log, "ec-purge-log", 4096)
             assert isinstance(failure, OSError)
             assert drip.dripping.is_set()
+    finally:
+        drip.close()
+
+
+def test_a_range_answered_with_an_integer_reads_as_nothing():
+    # bytes(n) of a broken server's integer reply would be n zero bytes.
+    drip = Drip(
+        "redis", interval=TIMEOUT / 5, drip_on=b"NONE", replies={b"GETRANGE": b":4194304\r\n"}
+    )
+    try:
+        with open_catalog(load_config(outage_config(f"redis://127.0.0.1:{drip.port}"))) as catalog:
+            assert catalog.store.read_range("ec1.a.b." + "0" * 64, 0, 4096) == b""
+            assert catalog.read_log("ec-purge-log", 4096) is None
     finally:
         drip.close()
