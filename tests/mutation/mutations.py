@@ -2960,6 +2960,22 @@ MUTATIONS += [
         "    return bytes(reply)\n",
         ("tests/remote/test_catalog.py::test_a_range_answered_with_an_integer_reads_as_nothing",),
     ),
+    Mutation(
+        "streaming-chunk-items-not-looked-up",
+        "a streaming session's later chunk loads its items from the tiers like the first chunk's",
+        "lmcache_ec/integration/vllm/request_waits.py",
+        (
+            "        if count != len(request.mm_features):  # new, or a streaming "
+            "session's next chunk\n"
+        ),
+        "        if count == -1:\n",
+        (
+            (
+                "tests/vllm/test_streaming_sessions.py::test_an_item_of_a_later_chunk_is_loa"
+                "ded_not_encoded"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

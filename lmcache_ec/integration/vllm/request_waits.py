@@ -76,7 +76,8 @@ class RequestWaits:
         self._waiting: dict[str, Wait] = {}
         self._needed_by: dict[str, set[str]] = {}  # identifier -> deferred requests needing it
         self._woken: set[str] = set()  # items due or answered, not moved: looked at again
-        self._mm_end: dict[str, int] = {}  # request id -> token after its last item
+        # request id -> (its items, the token after its last item)
+        self._mm_end: dict[str, tuple[int, int]] = {}
         self._unavailable: set[str] = set()  # request ids for take_unavailable
         self._failing: set[str] = set()  # reported unavailable, held until vLLM fails them
 
@@ -96,13 +97,13 @@ class RequestWaits:
     def still_needed(self, request: Any, num_computed_tokens: int) -> dict[str, int]:
         """The request's items not computed yet, with their estimated bytes."""
         request_id = request.request_id
-        end = self._mm_end.get(request_id)
-        if end is None:
+        count, end = self._mm_end.get(request_id, (-1, 0))
+        if count != len(request.mm_features):  # new, or a streaming session's next chunk
             end = max(
                 (f.mm_position.offset + f.mm_position.length for f in request.mm_features),
                 default=0,
             )
-            self._mm_end[request_id] = end
+            self._mm_end[request_id] = (len(request.mm_features), end)
         if num_computed_tokens >= end:
             return {}
         needed = {}
