@@ -2976,6 +2976,67 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "consumer-fetch-held-off-after-abort",
+        (
+            "an ec_consumer fetches an item again with the next request after a fetch "
+            "given up with no request waiting"
+        ),
+        "lmcache_ec/integration/vllm/scheduler.py",
+        "            if fetch_failed and self.is_producer:\n",
+        "            if fetch_failed:\n",
+        (
+            (
+                "tests/vllm/test_consumer_retry.py::test_a_fetch_given_up_after_its_request_"
+                "ended_is_fetched_by_the_next"
+            ),
+        ),
+    ),
+    Mutation(
+        "claim-released-under-the-new-weights",
+        (
+            "a weights change withdraws the claims made under the old weights, by the "
+            "names they were made under"
+        ),
+        "lmcache_ec/integration/vllm/encode_claims.py",
+        "            self.agent.release(held[1])\n",
+        "            self.agent.release(self.index.storage_name(identifier))\n",
+        (
+            (
+                "tests/vllm/test_claim_release.py::test_a_weights_change_withdraws_the_claim"
+                "s_made_under_the_old_weights"
+            ),
+        ),
+    ),
+    Mutation(
+        "vllm-claim-released-before-the-write-lands",
+        (
+            "a vLLM worker reports a save (which withdraws its claim) only once the output "
+            "reached the shared tier"
+        ),
+        "lmcache_ec/integration/vllm/worker.py",
+        "        writing = key is not None and self._writing_below(key)\n",
+        "        writing = False\n",
+        (
+            (
+                "tests/vllm/test_claim_release.py::test_a_claim_holds_until_the_output_reach"
+                "ed_the_shared_tier"
+            ),
+        ),
+    ),
+    Mutation(
+        "vllm-save-report-held-past-claim-wait",
+        "a save whose shared write still runs after claim_wait_s is reported anyway",
+        "lmcache_ec/integration/vllm/worker.py",
+        "            if now >= entry[2] or not self._writing_below(entry[1])\n",
+        "            if not self._writing_below(entry[1])\n",
+        (
+            (
+                "tests/vllm/test_claim_release.py::test_a_save_whose_shared_write_hangs_is_r"
+                "eported_after_claim_wait_s"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

@@ -221,7 +221,7 @@ def test_a_staging_no_request_waits_for_gives_its_slot_back_at_its_deadline(tmp_
             failed_retry_s=RETRY_S,
         ),
         index,
-        is_producer=False,
+        is_producer=True,  # ec_both: a fetch that failed holds the item off the tiers
         is_consumer=True,
         tp_size=1,
         deliver_on_idle=True,

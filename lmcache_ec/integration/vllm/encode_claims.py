@@ -54,7 +54,9 @@ class EncodeClaims:
         self.settings = settings
         self.step = step
         self._count = count
-        self._held: dict[str, str] = {}  # identifier -> request it was claimed for
+        # identifier -> (request it was claimed for, the name claimed): released by
+        # that name, which a weights change (a new identity) no longer computes.
+        self._held: dict[str, tuple[str, str]] = {}
         self.rule = ClaimWait(settings.claim_wait_s)
 
     def decide(self, identifier: str, now: float, request_id: str) -> ClaimDecision:
@@ -89,7 +91,7 @@ class EncodeClaims:
             return ClaimDecision.ENCODE_HERE if expired else ClaimDecision.WAIT
         if self.rule.after_claim(won) is Turn.COMPUTE:
             self.items.move(identifier, S.CLAIMED)
-            self._held[identifier] = request_id
+            self._held[identifier] = (request_id, name)
             if len(self._held) > _MAX_HELD:  # saves dropped: those expire
                 del self._held[next(iter(self._held))]
             self._count("claims_won")
@@ -100,14 +102,15 @@ class EncodeClaims:
 
     def release(self, identifier: str) -> None:
         """The item's output landed (or will not come from here): others go ahead."""
-        if self._held.pop(identifier, None) is not None:
-            self.agent.release(self.index.storage_name(identifier))
+        held = self._held.pop(identifier, None)
+        if held is not None:
+            self.agent.release(held[1])
         if self.items.state(identifier) in CLAIM_STATES:
             self.items.move(identifier, S.UNKNOWN)
 
     def release_for(self, request_id: str) -> None:
         """Claims made for ``request_id`` that it never encoded (it ended first)."""
-        for identifier, holder in list(self._held.items()):
+        for identifier, (holder, _) in list(self._held.items()):
             if holder == request_id and self.items.state(identifier) is S.CLAIMED:
                 self.release(identifier)
 

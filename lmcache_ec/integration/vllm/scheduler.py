@@ -373,9 +373,9 @@ class TierScheduler:
             self.items.move(identifier, S.UNKNOWN)
         else:
             logger.info("Encoder output %.24s will be computed: %s", identifier, why)
-            if fetch_failed:
+            if fetch_failed and self.is_producer:
                 self._fail(identifier, now)
-            else:  # nothing failed: the next request may fetch it at once
+            else:  # nothing failed, or a consumer: the next request fetches it again
                 self.items.move(identifier, S.UNKNOWN)
         self.prefetch.done(identifier)
         self._held_back.discard(identifier)

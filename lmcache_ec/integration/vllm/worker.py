@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from ...engine import ECCache
-from ...key import EncoderIdentity
+from ...key import ECKey, EncoderIdentity
 from ...runtime_dirs import Feature, Reason
 from .channel import StageLink
 from .connector_options import ConnectorSettings
@@ -125,6 +125,10 @@ class TierWorker:
         self._staged_bytes = 0
         self._wanted: set[str] = set()  # ordered and not released
         self._saved: set[str] = set()
+        # Saves still being written below the CPU tier: their ``saved`` report
+        # withdraws their claims, so it waits for the write (see _take_landed).
+        self._landing: dict[str, tuple[EncoderIdentity, ECKey, float]] = {}
+        self._hold_saves = settings.claim_encodes and is_producer and is_consumer
         self._staged_report: set[str] = set()
         self._failed: set[str] = set()
         self._answered: dict[str, int] = {}  # reported: the order number answered
@@ -426,13 +430,44 @@ class TierWorker:
     def _save_done(
         self, identifier: str, stored: bool, seconds: float, identity: EncoderIdentity
     ) -> None:
+        key = identity.key(identifier) if stored and self._hold_saves else None
+        writing = key is not None and self._writing_below(key)
         with self._lock:
             if identity != self.cache.identity:
                 return  # saved under weights since replaced: not news for the scheduler
-            if stored:
+            if writing:
+                landing_by = time.monotonic() + self.settings.claim_wait_s
+                self._landing[identifier] = (identity, key, landing_by)
+            elif stored:
                 self._saved.add(identifier)
             else:
                 self._counters["save_failures"] = self._counters.get("save_failures", 0) + 1
+
+    def _writing_below(self, key: ECKey) -> bool:
+        # The check ECCache.get_or_compute makes before it withdraws its claims.
+        return self.cache._get_or_compute._writing_below(key)
+
+    def _take_landed(self) -> None:
+        """Saves whose write below the CPU tier finished become ``saved``: a claim
+        withdrawn before would let another instance find neither output nor claim.
+        A write still running after ``claim_wait_s`` is reported anyway: instances
+        waiting on the claim stop waiting then, and this instance's scheduler
+        learns only from the report that the worker holds the output. A set lookup
+        per tier: never waits."""
+        now = time.monotonic()
+        with self._lock:
+            landing = list(self._landing.items())
+        landed = [
+            (identifier, entry)
+            for identifier, entry in landing
+            if now >= entry[2] or not self._writing_below(entry[1])
+        ]
+        with self._lock:
+            for identifier, entry in landed:
+                if self._landing.get(identifier) is entry:
+                    del self._landing[identifier]
+                    if entry[0] == self.cache.identity:  # else saved under replaced weights
+                        self._saved.add(identifier)
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait for queued saves (and the tiers' own write-behind)."""
@@ -441,6 +476,8 @@ class TierWorker:
     # -- reporting -----------------------------------------------------------
 
     def build_worker_meta(self) -> ECTierWorkerMetadata | None:
+        if self._landing:
+            self._take_landed()
         snapshot = self.cache.stats.snapshot()
         current = _flatten(snapshot)
         with self._lock:
