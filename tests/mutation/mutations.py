@@ -3037,6 +3037,22 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "staging-kept-after-its-late-request-ends",
+        (
+            "a staging past its deadline whose request ends before looking again is given "
+            "up with its slot in flight"
+        ),
+        "lmcache_ec/integration/vllm/scheduler.py",
+        "            if item and item.state in (S.QUEUED, S.STAGING) and now >= item.deadline:\n",
+        "            if False:\n",
+        (
+            (
+                "tests/vllm/test_item_lifecycle.py::test_a_staging_whose_request_ends_after_"
+                "its_deadline_gives_its_slot_back"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

@@ -200,18 +200,19 @@ def test_an_item_asked_for_again_as_its_release_leaves_is_loaded_from_the_new_co
         engine.shutdown()
 
 
-def test_a_staging_no_request_waits_for_gives_its_slot_back_at_its_deadline(tmp_path):
-    """A staging whose answer never comes and whose request ended is given up at
-    its deadline: its slot in flight comes back, and the next item is ordered."""
+def _scheduler_of_a_silent_worker(tmp_path, timeout: float):
+    """A scheduler (ec_both: a fetch that failed holds the item off the tiers)
+    on weights NEW, one prefetch in flight at most, and a worker that takes
+    stage orders and never answers them."""
     orders: list[list[str]] = []
-    path = str(tmp_path / "rank0.sock")
-    listener = StageListener(  # a worker that never answers
-        path, lambda ids, weights, link: orders.append(ids), lambda: WeightsAnnouncement(NEW)
+    listener = StageListener(
+        str(tmp_path / "rank0.sock"),
+        lambda ids, weights, link: orders.append(ids),
+        lambda: WeightsAnnouncement(NEW),
     )
     index = TierIndex(
         EncoderIdentity(model="m"), disk_dir=None, open_catalog=None, negative_ttl=5.0
     )
-    timeout = 0.3
     scheduler = TierScheduler(
         ConnectorSettings(
             idle_stage_wait_s=0.0,
@@ -221,16 +222,30 @@ def test_a_staging_no_request_waits_for_gives_its_slot_back_at_its_deadline(tmp_
             failed_retry_s=RETRY_S,
         ),
         index,
-        is_producer=True,  # ec_both: a fetch that failed holds the item off the tiers
+        is_producer=True,
         is_consumer=True,
         tp_size=1,
         deliver_on_idle=True,
-        channel=StageClient([path]),
+        channel=StageClient([str(tmp_path / "rank0.sock")]),
         weights_from_workers=True,
     )
+    scheduler.build_connector_meta(object())  # connects; the worker announces NEW
+    _until(lambda: scheduler.weights == NEW, scheduler.take_stats)
+
+    def close() -> None:
+        scheduler.channel.close()
+        listener.close()
+        index.close()
+
+    return scheduler, index, close
+
+
+def test_a_staging_no_request_waits_for_gives_its_slot_back_at_its_deadline(tmp_path):
+    """A staging whose answer never comes and whose request ended is given up at
+    its deadline: its slot in flight comes back, and the next item is ordered."""
+    timeout = 0.3
+    scheduler, index, close = _scheduler_of_a_silent_worker(tmp_path, timeout)
     try:
-        scheduler.build_connector_meta(object())  # connects; the worker announces NEW
-        _until(lambda: scheduler.weights == NEW, scheduler.take_stats)
         lost, after = image_hash("answer-lost.png"), image_hash("next.png")
         for identifier in (lost, after):
             index.note_present(identifier, "worker")
@@ -249,9 +264,28 @@ def test_a_staging_no_request_waits_for_gives_its_slot_back_at_its_deadline(tmp_
         scheduler.build_connector_meta(object())  # a step past its retry time
         assert scheduler.items.get(lost) is None  # the record went with it
     finally:
-        scheduler.channel.close()
-        listener.close()
-        index.close()
+        close()
+
+
+def test_a_staging_whose_request_ends_after_its_deadline_gives_its_slot_back(tmp_path):
+    """The deadline passed while the request still waited (the step woke it);
+    the request then ends before it looks again: the staging is given up then,
+    not kept with its slot in flight until an answer that may never come."""
+    timeout = 0.3
+    scheduler, index, close = _scheduler_of_a_silent_worker(tmp_path, timeout)
+    try:
+        lost = image_hash("deadline-then-abort.png")
+        index.note_present(lost, "worker")
+        request = lone_request(lost)
+        assert not scheduler.ensure_cache_available(request, 0)
+        time.sleep(timeout * 1.5)
+        scheduler.build_connector_meta(object())  # past its deadline: the request is woken
+        assert scheduler.items.state(lost) is S.STAGING
+        scheduler.request_finished(request.request_id)  # aborted before it looked again
+        assert scheduler.prefetch.inflight_items == 0
+        assert scheduler.items.state(lost) is not S.STAGING
+    finally:
+        close()
 
 
 def test_an_item_staged_twice_counts_its_memory_once(model_config, extra):

@@ -73,13 +73,17 @@ class PrefetchQueue:
         """Whether a request still waits for ``identifier``."""
         return identifier in self._waiters
 
-    def forget_request(self, request_id: str) -> None:
+    def forget_request(self, request_id: str) -> list[str]:
+        """Drop ``request_id``'s waits; the items no request waits for any more."""
+        unwaited = []
         for identifier in self._waited_on.pop(request_id, ()):
             waiters = self._waiters.get(identifier)
             if waiters is not None:
                 waiters.discard(request_id)
                 if not waiters:
                     del self._waiters[identifier]
+                    unwaited.append(identifier)
+        return unwaited
 
     # -- queue and bounds ----------------------------------------------------
 

@@ -11,12 +11,10 @@ A deferred request costs nothing per step until something it waits on
 changes (``request_waits.py`` keeps the books and says how). Orders reach the
 workers, and their answers come back, through ``worker_link.py``.
 
-vLLM asks ``has_cache_item`` only for an item its own encoder cache lacks: an
-item recorded LOADED or RESIDENT there was dropped without a free notice
-(``reset_encoder_cache`` clears vLLM's list of freed items), so its record
-is stale and dropped. The reset itself also reaches ``encoder_cache_reset``
-(``weight_updates.py``): every LOADED and RESIDENT record is dropped, and an item
-asked for again is fetched from the tiers again.
+vLLM asks ``has_cache_item`` only for an item its encoder cache lacks: an item
+recorded LOADED or RESIDENT there was dropped without a free notice (its
+``reset_encoder_cache``, which also reaches ``weight_updates.py``), so the
+record is stale and dropped; the item is fetched from the tiers again.
 
 Items are keyed under the encoder-weights fingerprint the workers announce
 (``known_weights.py``); a change gives up every prefetch. Until it is known
@@ -461,7 +459,11 @@ class TierScheduler:
         self.items.move(identifier, S.RESIDENT)
 
     def request_finished(self, request_id: str) -> None:
-        self.prefetch.forget_request(request_id)
+        now = time.monotonic()
+        for identifier in self.prefetch.forget_request(request_id):
+            item = self.items.get(identifier)  # past its deadline: _expire_due woke the request
+            if item and item.state in (S.QUEUED, S.STAGING) and now >= item.deadline:
+                self.give_up(identifier, now, "no answer in time, and no request waits for it")
         self.waits.finished(request_id)
         self._active.discard(request_id)
         if self.claims is not None:  # claimed and never computed: others need not wait
