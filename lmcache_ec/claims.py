@@ -24,12 +24,14 @@ and deletes on S3).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import queue
 import secrets
 import socket
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -91,14 +93,23 @@ class DirectoryClaims:
     third claimant slips in. The kernel frees the lock if its holder dies.
     Expiry is wall-clock time (``time.time``): clocks of nodes sharing the
     directory must roughly agree (within a TTL).
+
+    ``group_shared`` (the disk tier's ``local_disk_group_shared``): the
+    directory is made 2770 and the files 0660, so users of one group share
+    claims as they share the tier; else 0700 and 0600. A file that is no
+    regular file (a FIFO, a symlink) reads as an expired claim, never blocks.
     """
 
-    def __init__(self, directory: str, owner: str | None = None) -> None:
+    def __init__(
+        self, directory: str, owner: str | None = None, *, group_shared: bool = False
+    ) -> None:
         self.directory = directory
         self.owner = owner or owner_token()
+        self._file_mode = 0o660 if group_shared else 0o600
         self._next_sweep = 0.0
         self._threads = threading.Lock()  # an flock does not exclude this process's threads
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self._warned = False
+        _make_directory(directory, 0o2770 if group_shared else 0o700)
 
     def _path(self, name: str) -> str:
         if not name or "/" in name or name.startswith("."):
@@ -137,9 +148,24 @@ class DirectoryClaims:
                     return False  # taken over meanwhile
                 os.replace(self._record(path, ttl_s), path)  # never absent, never torn
                 return True
+        except PermissionError as exc:
+            self._warn_once(exc)
+            return True
         except OSError as exc:
             logger.debug("Claim of %.40s not made (%s); working on it anyway", name, exc)
             return True
+
+    def _warn_once(self, exc: OSError) -> None:
+        """A directory this user may not write (another user's, or not shared
+        with its group): every claim is "ours", so say so once, not per claim."""
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "Claims in %s cannot be made (%s): instances sharing the disk tier may "
+                "encode an item more than once (local_disk_group_shared for users of a group)",
+                self.directory,
+                exc,
+            )
 
     def release(self, name: str) -> None:
         path = self._path(name)
@@ -160,8 +186,10 @@ class DirectoryClaims:
         """A complete claim record of ours in a new private file beside ``path``."""
         record = json.dumps({"owner": self.owner, "expires": time.time() + ttl_s}).encode()
         aside = f"{path}.{secrets.token_hex(6)}.tmp"
-        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(aside, flags, self._file_mode)
         try:
+            os.fchmod(fd, self._file_mode)  # the umask may have taken group bits
             os.write(fd, record)
         finally:
             os.close(fd)
@@ -201,25 +229,58 @@ class DirectoryClaims:
                 held = _read(entry.path)
                 stale = held is not None and held[1] < now
             else:  # a record being written, or one of a claimant that died
-                stale = entry.stat().st_mtime < now - _SWEEP_EVERY_S
+                stale = entry.stat(follow_symlinks=False).st_mtime < now - _SWEEP_EVERY_S
             if stale:
                 os.unlink(entry.path)
         except OSError:
             pass  # gone meanwhile, or not ours to remove
 
 
-def _read(path: str) -> tuple[str, float] | None:
-    """(owner, expires) of a claim file; None if absent. Garbage reads as expired."""
+def _make_directory(path: str, mode: int) -> None:
+    """``path`` (and its parents) made with ``mode`` past the umask; one that
+    exists is left as it is (as the disk tier's ``make_directory``)."""
     try:
-        with open(path, "rb") as stream:
-            data = stream.read(_MAX_BYTES)
+        os.makedirs(path, mode=mode)
+    except FileExistsError:
+        return
+    os.chmod(path, mode)  # the umask may have taken group bits; mkdir drops setgid
+
+
+# Never follows a link nor waits for a FIFO's writer: a stray or hostile file
+# named like a claim would otherwise hang the claims thread of every instance.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _read(path: str) -> tuple[str, float] | None:
+    """(owner, expires) of a claim file; None if absent. Garbage (and anything
+    not a regular file: a FIFO, a symlink, a socket) reads as expired."""
+    try:
+        data = _read_regular(path)
     except FileNotFoundError:
         return None
+    if data is None:
+        return "", 0.0
     try:
         record = json.loads(data)
         return str(record["owner"]), float(record["expires"])
     except (ValueError, KeyError, TypeError):
         return "", 0.0
+
+
+def _read_regular(path: str) -> bytes | None:
+    """The first bytes of the regular file ``path``; None if it is none."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink (O_NOFOLLOW), a socket
+            return None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, _MAX_BYTES)
+    finally:
+        os.close(fd)
 
 
 class ClaimAgent:

@@ -50,6 +50,7 @@ from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
 from .metrics import ECStats
 from .purge.follow import PurgeFollower
 from .storage import ECStorageManager
+from .storage.compute_results import checked_results
 from .storage.copy_out import HitCopier
 from .storage.get_or_compute import DEFAULT_WAIT_S, ComputeMany, GetOrCompute
 from .storage.read_pool import ReadPool
@@ -313,9 +314,7 @@ class ECCache:
     def remove(self, mm_hash: str) -> bool:
         """Delete ``mm_hash`` from every tier; True if any tier held it."""
         self._check_open()
-        key = self.key(mm_hash)
-        self._reader.cancel(key)  # a queued promotion must not bring it back
-        return self._storage.remove(key) > 0
+        return self._reader.remove(self.key(mm_hash))  # reads under way do not bring it back
 
     # -- reads ---------------------------------------------------------------
 
@@ -445,29 +444,18 @@ class ECCache:
             raise ValueError(f"wait_s must be a finite number >= 0, got {wait_s!r}")
         return self._get_or_compute.run(mm_hashes, compute, _device(device), float(wait_s))
 
-    def _checked_results(self, hashes: list[str], tensors: Any) -> list[torch.Tensor]:
-        """``compute``'s results, every one storable, or a clear error (nothing stored)."""
+    def _checked_results(
+        self, hashes: list[str], tensors: Any, identity: EncoderIdentity | None = None
+    ) -> list[torch.Tensor]:
+        """``compute``'s results, every one storable under the call's ``identity``
+        (default: the current one), or a clear error (nothing stored)."""
         try:
-            if not isinstance(tensors, Sequence) or isinstance(tensors, (str, bytes)):
-                raise TypeError(
-                    f"compute must return a sequence of tensors, got {type(tensors).__name__}"
-                )
-            if len(tensors) != len(hashes):
-                raise ValueError(
-                    f"compute returned {len(tensors)} tensors for {len(hashes)} entries"
-                )
-            for mm_hash, tensor in zip(hashes, tensors, strict=True):
-                try:
-                    validate_tensor(tensor, self.identity.dtype)
-                except (TypeError, ValueError) as exc:
-                    raise type(exc)(f"compute's result for {mm_hash!r:.60}: {exc}") from None
-                header = codec.encode_header(self.key(mm_hash), tensor)
-                self._check_fits(codec.frame_size(header, tensor))
+            identity = self.identity if identity is None else identity
+            return checked_results(hashes, tensors, identity, self._check_fits)
         except (TypeError, ValueError) as exc:
             self.stats.add("compute_rejected")
             logger.warning("get_or_compute: result refused, nothing stored: %s", exc)
             raise
-        return list(tensors)
 
     # -- lifecycle -----------------------------------------------------------
 

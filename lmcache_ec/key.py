@@ -45,7 +45,7 @@ _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9-]+")
 _SLUG_MAX = 32
 _STORAGE_NAME = re.compile(
     r"^ec(?P<version>[0-9]+)\.(?P<ns>[A-Za-z0-9-]+)\.(?P<model>[A-Za-z0-9-]+)"
-    r"\.(?P<digest>[0-9a-f]{64})$"
+    r"\.(?P<digest>[0-9a-f]{64})\Z"  # \Z: "$" also matches before a final newline
 )
 
 

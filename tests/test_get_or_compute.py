@@ -515,3 +515,107 @@ def test_followers_whose_copy_cannot_be_made_ask_again_and_never_hang(cache, mon
     later, out = in_thread(lambda: cache.get_or_compute("b", compute))
     assert finished(later) and bit_equal(out[0], make_tensor(SHAPE, DTYPE, 9))
     assert not isinstance(led[0], BaseException)
+
+
+def pause_until(moment: float) -> None:
+    time.sleep(max(0.0, moment - time.monotonic()))
+
+
+class TakeOver:
+    """The ``compute`` of waiters: the first call (the one that took the claim
+    over) is held until ``go``; any later one (a waiter that gave up) returns
+    at once, so each is counted."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.calls = 0
+        self.started = threading.Event()
+        self.go = threading.Event()
+        self._lock = threading.Lock()
+
+    def __call__(self) -> torch.Tensor:
+        with self._lock:
+            self.calls += 1
+            first = self.calls == 1
+        if first:
+            self.started.set()
+            assert self.go.wait(JOIN_S)
+        return make_tensor(SHAPE, DTYPE, self.seed)
+
+
+@pytest.mark.parametrize("store", ["directory", "redis"])
+@pytest.mark.parametrize("holder_ends", ["claim-expires", "compute-raises"])
+def test_waiters_whose_holder_failed_wait_for_the_one_that_took_its_claim_over(
+    request, open_cache, store, holder_ends
+):
+    """A holder's claim ends without an output (it expired: the holder died or
+    overran it; or its compute raised): one waiter takes it over and computes,
+    past the others' own bound. The others wait for that one and load its
+    output (library.md: "the others wait for that one") instead of all
+    computing when their bound passes."""
+    wait_s = 1.0
+    if store == "redis":
+        from tests.remote.conftest import remote_config
+
+        caches = [open_cache(remote_config(request.getfixturevalue("redis_url"))) for _ in range(4)]
+    else:
+        caches = [open_cache() for _ in range(4)]
+    holder_cache, waiters = caches[0], caches[1:]
+    holding = Computation(seed=60, hold=True)
+
+    def hold() -> torch.Tensor:
+        tensor = holding()
+        if holder_ends == "compute-raises":
+            raise RuntimeError("encoder failed")
+        return tensor
+
+    holder, _ = in_thread(lambda: holder_cache.get_or_compute("orphan", hold, wait_s=wait_s))
+    assert holding.started.wait(JOIN_S)
+    takeover = TakeOver(seed=61)
+    threads = [
+        in_thread(lambda c=cache: c.get_or_compute("orphan", takeover, wait_s=wait_s))
+        for cache in waiters
+    ]
+    assert all(waiting_on_another(cache) for cache in waiters)
+    now = time.monotonic()
+    if holder_ends == "compute-raises":
+        # Late in the waits (a takeover early in them ends before they do): it
+        # raises, its claim is withdrawn at once.
+        pause_until(now + wait_s / 2)
+        holding.go.set()
+    assert takeover.started.wait(JOIN_S)  # one waiter took the claim over
+    pause_until(now + wait_s + 0.2)  # every waiter's own bound has passed
+    takeover.go.set()
+    assert all(finished(thread) for thread, _ in threads)
+    holding.go.set()
+    assert finished(holder)
+    assert takeover.calls == 1, "waiters computed when their bound passed"
+    assert all(bit_equal(out[0], make_tensor(SHAPE, DTYPE, 61)) for _, out in threads)
+    loaded = sum(c.stats.snapshot()["get_or_compute"]["waits_loaded"] for c in waiters)
+    assert loaded == 2
+
+
+def test_a_claim_renewed_for_ever_delays_a_waiter_at_most_twice_its_bound(cache, disk_dir):
+    """A holder that keeps renewing its claim (never storing an output): the
+    waiter's wait is extended once (the claim is still held at its bound), then
+    it computes — never waits for ever."""
+    name = cache.key("renewed").storage_name
+    holder = DirectoryClaims(claims_dir_for(str(disk_dir)))
+    assert holder.claim(name, 0.2)
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(0.02):
+            holder.claim(name, 0.2)
+
+    renewer = threading.Thread(target=renew, daemon=True)
+    renewer.start()
+    try:
+        compute = Computation(seed=62)
+        thread, out = in_thread(lambda: cache.get_or_compute("renewed", compute, wait_s=0.2))
+        thread.join(10.0)  # ~0.4 s: its bound, once extended
+        assert not thread.is_alive(), "the waiter waits as long as the claim is renewed"
+    finally:
+        stop.set()
+        renewer.join(JOIN_S)
+    assert compute.calls == 1 and bit_equal(out[0], make_tensor(SHAPE, DTYPE, 62))

@@ -10,6 +10,7 @@
 - ``replay``: uploading, after a remote outage, what was written locally during it.
 - ``single_flight``: one computation per entry, in a process and across instances.
 - ``get_or_compute``: ``ECCache.get_or_compute``'s flow on those primitives.
+- ``compute_results``: ``get_or_compute``'s results checked before anything is stored.
 """
 
 from .manager import TIER_NAMES, ECStorageManager, tier_name

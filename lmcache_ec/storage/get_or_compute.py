@@ -68,7 +68,7 @@ class GetOrCompute:
         storage: ECStorageManager,
         *,
         check_open: Callable[[], None],
-        check_results: Callable[[list[str], Any], list[torch.Tensor]],
+        check_results: Callable[[list[str], Any, EncoderIdentity], list[torch.Tensor]],
     ) -> None:
         self._cache = cache
         self._config = config
@@ -210,18 +210,63 @@ class GetOrCompute:
                     if agent is not None:
                         agent.release(names[mm_hash])
                 raise
-        waited = list(waiting)
-        late: list[str] = []  # the wait gave up on them: computed here after all
+        late = self._wait_for_others(waiting, names, device, rule, deadline, results)
+        # A claim asked while waiting for an entry that was then loaded may still
+        # be answered ours: withdrawn. (The claims of ``won`` are withdrawn by
+        # their compute, those of ``late`` by theirs.)
+        if agent is not None:
+            for mm_hash in waiting:
+                if mm_hash not in late:
+                    agent.release(names[mm_hash])
+        if late:
+            self._compute_and_store(late, names, compute, device, wait_s, identity, results)
+
+    def _wait_for_others(
+        self,
+        hashes: list[str],
+        names: dict[str, str],
+        device: torch.device,
+        rule: ClaimWait,
+        deadline: float,
+        results: dict[str, torch.Tensor],
+    ) -> list[str]:
+        """Wait for the outputs of ``hashes``, which other instances hold (the
+        ``ClaimWait`` rule), moving those that land into ``results``; the
+        hashes the wait gave up on, for this caller to compute.
+
+        One change to the rule: an entry whose claim is still held when its
+        deadline passes has most likely changed hands — the first holder's
+        claim, made before this caller's, lasted ``bound_s`` and has ended; a
+        waiter took it over (that holder died, or its compute failed) and
+        computes. Its wait is extended once, by ``bound_s``, so the waiters
+        load that one's output instead of all computing (at most twice the
+        bound in all).
+        """
+        agent = self._claims
+        ttl = max(rule.bound_s, 0.001)
+        deadlines = dict.fromkeys(hashes, deadline)
+        held: set[str] = set()  # the last answer to a claim asked again here was "another's"
+        extended: set[str] = set()
+        waiting, late = list(hashes), []
         looks = 0
         while waiting:
-            time.sleep(rule.pause(looks, time.monotonic(), deadline))
+            soonest = min(deadlines[h] for h in waiting)
+            time.sleep(rule.pause(looks, time.monotonic(), soonest))
             looks += 1
             frees = agent.ask_many([names[h] for h in waiting], ttl) if agent else []
             landed = self._cache.get_many(waiting, device)
             now = time.monotonic()
             still: list[str] = []
             for mm_hash, free, tensor in zip(waiting, frees, landed, strict=True):
-                turn = rule.turn(now, deadline, free, lambda t=tensor: t is not None)
+                if free is False:
+                    held.add(mm_hash)
+                elif free:
+                    held.discard(mm_hash)
+                turn = rule.turn(now, deadlines[mm_hash], free, lambda t=tensor: t is not None)
+                if turn is Turn.COMPUTE and mm_hash in held and mm_hash not in extended:
+                    extended.add(mm_hash)  # once: a wait stays bounded
+                    deadlines[mm_hash] = now + rule.bound_s
+                    turn = Turn.WAIT
                 if turn is Turn.LOAD:
                     results[mm_hash] = tensor
                     self._cache.stats.add("compute_waits_loaded")
@@ -230,15 +275,7 @@ class GetOrCompute:
                 else:
                     still.append(mm_hash)
             waiting = still
-        # A claim asked while waiting for an entry that was then loaded may still
-        # be answered ours: withdrawn. (The claims of ``won`` are withdrawn by
-        # their compute, those of ``late`` by theirs.)
-        if agent is not None:
-            for mm_hash in waited:
-                if mm_hash not in late:
-                    agent.release(names[mm_hash])
-        if late:
-            self._compute_and_store(late, names, compute, device, wait_s, identity, results)
+        return late
 
     def _take_landed(
         self,
@@ -272,7 +309,7 @@ class GetOrCompute:
         """
         agent = self._claims
         try:
-            tensors = self._check_results(hashes, compute(list(hashes)))
+            tensors = self._check_results(hashes, compute(list(hashes)), identity)
         except BaseException:
             if agent is not None:
                 for mm_hash in hashes:

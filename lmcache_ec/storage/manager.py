@@ -35,6 +35,7 @@ from lmcache.v1.storage_backend.storage_manager import StorageManager
 from ..config import from_lmcache
 from ..runtime_dirs import Feature, RuntimeDirUnavailable, feature_off
 from ..tier_contract import Tier, TierDefaults, TierKind
+from ..tiers.allocator import allocating_from_pool
 from ..tiers.frame_directory import FrameDirectoryTier
 from ..tiers.local_cpu import ECLocalCPUBackend
 from ..tiers.local_disk import ECLocalDiskBackend
@@ -50,8 +51,21 @@ class _NoControllerFilter(logging.Filter):
         return "Controller message sender is not initialized" not in record.getMessage()
 
 
+class _PoolFullFilter(logging.Filter):
+    """LMCache warns of every allocation a full pool refuses, even one that an
+    eviction then serves; the engine counts refused puts (``put_rejected``) and
+    logs a full pool once. LMCache's own pools (a KV cache in the process) keep
+    their warnings."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            allocating_from_pool() and "because no memory is available" in record.getMessage()
+        )
+
+
 for _name in ("local_cpu_backend", "local_disk_backend"):
     logging.getLogger(f"lmcache.v1.storage_backend.{_name}").addFilter(_NoControllerFilter())
+logging.getLogger("lmcache.v1.memory_management").addFilter(_PoolFullFilter())
 
 CPU_BACKEND = "LocalCPUBackend"
 DISK_BACKEND = "LocalDiskBackend"

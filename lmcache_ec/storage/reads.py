@@ -13,7 +13,8 @@ Tiers are asked in LMCache's order (CPU → disk → remote); the first hit wins
   hit at once (one copy into the CPU pool), a disk hit by the ``Promoter``
   thread (``promotion.py``), which re-reads and re-verifies it once reads
   pause; a later read, ``contains`` or ``remove`` of that key first finishes
-  (or drops) the pending promotion.
+  (or drops) the pending promotion. A hit read before a purge or a ``remove``
+  is served, never promoted after it.
 - A frame that fails verification is removed from every tier and counted; the
   read is a miss. A tier that raises is counted and skipped.
 """
@@ -133,6 +134,17 @@ class TierReader:
     def cancel(self, key: ECKey) -> None:
         """Drop a pending background promotion of ``key``, if any."""
         self._promoter.cancel(key)
+
+    def remove(self, key: ECKey) -> bool:
+        """Delete ``key`` from every tier; True if any held it. A removal is a
+        purge for the reads under way: a disk or remote hit of ``key`` read
+        before it must not write the entry back into the CPU tier after it."""
+        self._promoter.cancel(key)  # a queued promotion must not bring it back
+        self.purge_begins()
+        try:
+            return self._storage.remove(key) > 0
+        finally:
+            self.purge_ends()
 
     def pending(self) -> int:
         """Background promotions queued or running."""

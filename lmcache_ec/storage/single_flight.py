@@ -17,7 +17,9 @@ The rule, as each waiting caller applies it on every look (``turn``):
 2. the claim is ours now (the holder released it unfinished, or it expired:
    the holder died or overran its TTL) → compute;
 3. the bound has passed → compute (a live holder is slower than the bound:
-   a duplicate computation, never a wrong tensor);
+   a duplicate computation, never a wrong tensor); ``get_or_compute`` first
+   waits once more, up to the bound, when the claim is still held then: it
+   most likely changed hands (``GetOrCompute._wait_for_others``);
 4. otherwise wait, looking again after a growing pause (``pause``).
 
 A claim store that cannot answer counts as "ours": the caller computes, as
@@ -92,7 +94,8 @@ def claim_store_factory(config: ECConfig) -> Callable[[], ClaimStore | None] | N
                 return catalog
             if catalog is not None:
                 catalog.close()
-        return DirectoryClaims(claims_dir_for(disk)) if disk else None
+        group_shared = config.local_disk_group_shared
+        return DirectoryClaims(claims_dir_for(disk), group_shared=group_shared) if disk else None
 
     return open_store
 

@@ -165,13 +165,27 @@ def host_buffer(size: int, pinned: bool) -> torch.Tensor:
         return buffer
 
 
+_in_pool = threading.local()  # ``active``: this thread is in ``HostPoolAllocator.allocate``
+
+
+def allocating_from_pool() -> bool:
+    """Whether this thread is allocating from an encoder-tier pool (not from a
+    pool of LMCache's KV cache in the same process)."""
+    return getattr(_in_pool, "active", False)
+
+
 class HostPoolAllocator(MixedMemoryAllocator):
     def __init__(
         self, size: int, prefault_ahead: int = PREFAULT_AHEAD, huge_pages: bool = False
     ) -> None:
         super().__init__(0)  # a zero-byte arena costs nothing; ours replaces it
         pinned = torch_dev.is_available()
-        self.buffer = host_buffer(size, pinned)
+        # Upstream rounds every allocation up to align_bytes: past the last whole
+        # unit no frame fits, and a frame that fits the pool only unrounded would
+        # evict every entry and still fail (``ECCache._check_fits`` uses ``size``).
+        align = self.align_bytes
+        buffer = host_buffer(size // align * align, pinned)
+        self.buffer = buffer[: buffer.numel() // align * align]  # its halves are too
         self.size = self.buffer.numel()
         self.pin_allocator = TensorMemoryAllocator(self.buffer, align_bytes=self.align_bytes)
         # Page-locked memory comes from the accelerator runtime: its pages are its own.
@@ -181,7 +195,11 @@ class HostPoolAllocator(MixedMemoryAllocator):
             self.prefaulter = Prefaulter(self.buffer, prefault_ahead)
 
     def allocate(self, shapes: Any, dtypes: Any, *args: Any, **kwargs: Any) -> MemoryObj | None:
-        memory_obj = super().allocate(shapes, dtypes, *args, **kwargs)
+        _in_pool.active = True
+        try:
+            memory_obj = super().allocate(shapes, dtypes, *args, **kwargs)
+        finally:
+            _in_pool.active = False
         if memory_obj is not None and self.prefaulter is not None:
             meta = memory_obj.meta
             self.prefaulter.reached(meta.address + meta.phy_size)

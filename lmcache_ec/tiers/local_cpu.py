@@ -22,6 +22,23 @@ from ..tier_contract import TierDefaults, TierKind
 from .allocator import HostPoolAllocator
 
 
+class _LRUWithoutStatistics(LRUCachePolicy):
+    """``LRUCachePolicy``'s order without its KV-chunk reuse statistics: they keep
+    a timestamp per key and add an entry per re-put (promotion) to
+    ``LMCStatsMonitor``, which only LMCache's KV stats logger (never run for
+    this tier) clears: memory that grows with every put."""
+
+    def update_on_put(self, key: Any) -> None:
+        pass
+
+    def update_on_hit(self, key: Any, cache_dict: Any) -> None:
+        cache_dict.move_to_end(key)
+
+
+def _without_statistics(policy: Any) -> Any:
+    return _LRUWithoutStatistics() if type(policy) is LRUCachePolicy else policy
+
+
 class ECLocalCPUBackend(TierDefaults, LocalCPUBackend):
     kind = TierKind.CPU
     name = "cpu"
@@ -35,6 +52,7 @@ class ECLocalCPUBackend(TierDefaults, LocalCPUBackend):
         self._used = {}
         self.counters: Counter[str] = Counter()
         super().__init__(*args, **kwargs)
+        self.cache_policy = _without_statistics(self.cache_policy)  # hot_cache is still empty
 
     memory_allocator: HostPoolAllocator
 
@@ -54,7 +72,7 @@ class ECLocalCPUBackend(TierDefaults, LocalCPUBackend):
     def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
         lru = self._lru
         if lru is None:
-            self._lru = lru = type(self.cache_policy) is LRUCachePolicy
+            self._lru = lru = isinstance(self.cache_policy, LRUCachePolicy)
         with self.cpu_lock:
             memory_obj = self.hot_cache.get(key)
             if memory_obj is None:
@@ -123,7 +141,7 @@ class ECLocalCPUBackend(TierDefaults, LocalCPUBackend):
             if key not in self.hot_cache:
                 return
             self._used[key] = since
-            if type(self.cache_policy) is not LRUCachePolicy:
+            if not isinstance(self.cache_policy, LRUCachePolicy):
                 return  # other policies keep their own order
             newer = []
             for other in reversed(self.hot_cache):  # most recently used first

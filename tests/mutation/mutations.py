@@ -1376,9 +1376,9 @@ MUTATIONS += [
     Mutation(
         "hostile-result-not-checked",
         "a result of the wrong dtype is a clear error and nothing is stored",
-        ENGINE,
-        "                    validate_tensor(tensor, self.identity.dtype)\n                except",
-        "                    pass\n                except",
+        "lmcache_ec/storage/compute_results.py",
+        "            validate_tensor(tensor, identity.dtype)\n        except",
+        "            pass\n        except",
         (
             f"{T_GET_OR_COMPUTE}::test_a_hostile_result_is_a_clear_error_and_nothing_is_stored[wrong-dtype]",
             f"{T_GET_OR_COMPUTE}::test_a_batch_with_a_hostile_member_stores_none_of_it",
@@ -1724,9 +1724,11 @@ MUTATIONS += [
         "                    if agent is not None:\n"
         "                        agent.release(names[mm_hash])\n"
         "                raise\n"
-        "        waited = list(waiting)\n"
-        "        late: list[str] = []  # the wait gave up on them: computed here after all\n",
-        "        waited = list(waiting)\n        late: list[str] = won\n",
+        "        late = self._wait_for_others(waiting, names, device, rule, deadline, results)\n",
+        (
+            "        late = won + self._wait_for_others(waiting, names, device, rule, "
+            "deadline, results)\n"
+        ),
         (
             "tests/test_get_or_compute.py::"
             "test_batches_in_opposite_orders_compute_what_they_won_before_waiting",
@@ -3050,6 +3052,212 @@ MUTATIONS += [
             (
                 "tests/vllm/test_item_lifecycle.py::test_a_staging_whose_request_ends_after_"
                 "its_deadline_gives_its_slot_back"
+            ),
+        ),
+    ),
+    Mutation(
+        "claim-files-opened-blocking-and-following-links",
+        "a FIFO or symlink named like a claim is garbage, never a hang of the claims thread",
+        "lmcache_ec/claims.py",
+        "_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC\n",
+        "_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC\n",
+        (
+            "tests/test_claim_files.py::test_a_fifo_named_like_a_claim_is_taken_over_not_waited_on",
+            (
+                "tests/test_claim_files.py::test_a_symlink_named_like_a_claim_is_garbage_and"
+                "_its_target_untouched"
+            ),
+            "tests/test_claim_files.py::test_a_release_leaves_a_fifo_alone_at_once",
+            (
+                "tests/test_claim_files.py::test_the_sweep_removes_fifos_symlinks_and_socket"
+                "s_named_like_claims"
+            ),
+        ),
+    ),
+    Mutation(
+        "group-claims-directory-private",
+        "users of a group sharing the disk tier share its claims",
+        "lmcache_ec/claims.py",
+        "        _make_directory(directory, 0o2770 if group_shared else 0o700)\n",
+        "        _make_directory(directory, 0o700)\n",
+        (
+            "tests/test_claim_files.py::test_users_of_a_group_share_claims",
+        ),
+    ),
+    Mutation(
+        "group-claim-files-private",
+        "users of a group sharing the disk tier share its claim files",
+        "lmcache_ec/claims.py",
+        "        self._file_mode = 0o660 if group_shared else 0o600\n",
+        "        self._file_mode = 0o600\n",
+        (
+            "tests/test_claim_files.py::test_users_of_a_group_share_claims",
+        ),
+    ),
+    Mutation(
+        "group-claims-not-configured",
+        "the cache builds its claims with the disk tier's group sharing",
+        "lmcache_ec/storage/single_flight.py",
+        "        group_shared = config.local_disk_group_shared\n",
+        "        group_shared = False\n",
+        (
+            "tests/test_claim_files.py::test_users_of_a_group_share_claims",
+        ),
+    ),
+    Mutation(
+        "claims-denied-silently",
+        "claims a user cannot make are one warning, not silence",
+        "lmcache_ec/claims.py",
+        (
+            "        except PermissionError as exc:\n"
+            "            self._warn_once(exc)\n"
+            "            return True\n"
+        ),
+        "",
+        (
+            (
+                "tests/test_claim_files.py::test_claims_another_user_cannot_make_are_one_war"
+                "ning_not_one_per_claim"
+            ),
+        ),
+    ),
+    Mutation(
+        "waiters-stampede-after-a-takeover",
+        "waiters whose holder failed wait for the one that took its claim over",
+        "lmcache_ec/storage/get_or_compute.py",
+        (
+            "                    deadlines[mm_hash] = now + rule.bound_s\n"
+            "                    turn = Turn.WAIT\n"
+        ),
+        "",
+        (
+            (
+                "tests/test_get_or_compute.py::test_waiters_whose_holder_failed_wait_for_the"
+                "_one_that_took_its_claim_over"
+            ),
+        ),
+    ),
+    Mutation(
+        "waiter-extends-for-ever",
+        "a wait stays bounded (twice wait_s) even on a claim renewed for ever",
+        "lmcache_ec/storage/get_or_compute.py",
+        "                    extended.add(mm_hash)  # once: a wait stays bounded\n",
+        "",
+        (
+            (
+                "tests/test_get_or_compute.py::test_a_claim_renewed_for_ever_delays_a_waiter"
+                "_at_most_twice_its_bound"
+            ),
+        ),
+    ),
+    Mutation(
+        "cpu-tier-feeds-lmcache-chunk-statistics",
+        "puts and promotions leave LMCache's KV-chunk statistics flat (no growth per put)",
+        "lmcache_ec/tiers/local_cpu.py",
+        (
+            "        self.cache_policy = _without_statistics(self.cache_policy)  # "
+            "hot_cache is still empty\n"
+        ),
+        "",
+        (
+            (
+                "tests/storage/test_engine_limits.py::test_puts_and_promotions_leave_lmcache"
+                "s_chunk_statistics_flat"
+            ),
+        ),
+    ),
+    Mutation(
+        "pool-full-warning-per-put",
+        "a put that evicts to make room logs no allocation failure",
+        "lmcache_ec/storage/manager.py",
+        "logging.getLogger(\"lmcache.v1.memory_management\").addFilter(_PoolFullFilter())\n",
+        "",
+        (
+            (
+                "tests/storage/test_engine_limits.py::test_puts_that_evict_to_make_room_log_"
+                "no_allocation_failure"
+            ),
+        ),
+    ),
+    Mutation(
+        "pool-full-filter-hides-lmcache-pools",
+        "LMCache's own pools (a KV cache in the process) keep their allocation warnings",
+        "lmcache_ec/storage/manager.py",
+        (
+            "            allocating_from_pool() and \"because no memory is available\" in "
+            "record.getMessage()\n"
+        ),
+        "            \"because no memory is available\" in record.getMessage()\n",
+        (
+            "tests/storage/test_engine_limits.py::test_lmcaches_own_pools_still_warn_when_full",
+        ),
+    ),
+    Mutation(
+        "remove-undone-by-a-read-in-flight",
+        "remove is not undone by a read that fetched the entry before it",
+        "lmcache_ec/storage/reads.py",
+        (
+            "        self.purge_begins()\n"
+            "        try:\n"
+            "            return self._storage.remove(key) > 0\n"
+            "        finally:\n"
+            "            self.purge_ends()\n"
+        ),
+        "        return self._storage.remove(key) > 0\n",
+        (
+            (
+                "tests/storage/test_engine_limits.py::test_remove_during_a_remote_read_is_no"
+                "t_undone_by_its_promotion"
+            ),
+        ),
+    ),
+    Mutation(
+        "cpu-pool-not-whole-allocation-units",
+        "a frame larger than cpu_capacity once rounded is a ValueError that evicts nothing",
+        "lmcache_ec/tiers/allocator.py",
+        (
+            "        buffer = host_buffer(size // align * align, pinned)\n"
+            "        self.buffer = buffer[: buffer.numel() // align * align]  # its halves "
+            "are too\n"
+        ),
+        "        self.buffer = host_buffer(size, pinned)\n",
+        (
+            (
+                "tests/storage/test_engine_limits.py::test_a_frame_larger_than_the_pool_once"
+                "_rounded_is_refused_and_evicts_nothing"
+            ),
+        ),
+    ),
+    Mutation(
+        "compute-results-checked-against-the-current-identity",
+        "get_or_compute checks compute's results against the identity the call started with",
+        "lmcache_ec/engine.py",
+        "            identity = self.identity if identity is None else identity\n",
+        "            identity = self.identity\n",
+        (
+            (
+                "tests/storage/test_engine_limits.py::test_a_result_of_the_calls_dtype_is_re"
+                "turned_across_set_identity"
+            ),
+            (
+                "tests/storage/test_engine_limits.py::test_a_result_of_the_new_identitys_dty"
+                "pe_is_refused_for_a_call_begun_before"
+            ),
+        ),
+    ),
+    Mutation(
+        "storage-name-accepts-a-trailing-newline",
+        "a storage name is one line: a trailing newline makes it none",
+        "lmcache_ec/key.py",
+        (
+            "    r\"\\.(?P<digest>[0-9a-f]{64})\\Z\"  # \\Z: \"$\" also matches before a final "
+            "newline\n"
+        ),
+        "    r\"\\.(?P<digest>[0-9a-f]{64})$\"\n",
+        (
+            (
+                "tests/storage/test_engine_limits.py::test_a_storage_name_with_a_trailing_ne"
+                "wline_is_none"
             ),
         ),
     ),

@@ -178,6 +178,32 @@ def test_lru_policy_update_on_hit_is_move_to_end():
     assert evict[:3] == ["self", "cache_dict", "num_candidates"]
 
 
+def test_the_cpu_tier_keeps_lmcaches_chunk_statistics_out_of_its_puts(cache):
+    """ECLocalCPUBackend replaces ``LocalCPUBackend.cache_policy`` (an
+    ``LRUCachePolicy``, which upstream's ``submit_put_task`` calls as
+    ``update_on_put``) by a subclass whose ``update_on_put``/``update_on_hit``
+    skip the KV-chunk reuse statistics: ``LMCStatsMonitor``'s
+    ``interval_request_cache_lifespan`` is cleared only by LMCache's KV stats
+    logger, never run for this tier, and would grow with every put."""
+    from lmcache.observability import LMCStatsMonitor
+
+    assert isinstance(cache._cpu.cache_policy, LRUCachePolicy), _says(
+        "LocalCPUBackend.cache_policy", "tiers/local_cpu.py", "a policy without statistics"
+    )
+    assert _params(LRUCachePolicy.update_on_put)[:2] == ["self", "key"]
+    assert _params(LRUCachePolicy.update_on_hit)[:3] == ["self", "key", "cache_dict"]
+    monitor = LMCStatsMonitor.GetOrCreate()
+    before = len(monitor.interval_request_cache_lifespan)
+    for _ in range(3):
+        cache.put("statistics", torch.ones(2, 8))
+        cache.remove("statistics")
+    assert len(monitor.interval_request_cache_lifespan) == before, _says(
+        "LRUCachePolicy.update_on_put/update_on_hit as its only statistics hooks",
+        "tiers/local_cpu.py",
+        "puts that leave LMCache's KV statistics flat",
+    )
+
+
 def test_local_cpu_backend_allocate_and_put_signatures():
     """Frames are allocated with ``allocate(shape, dtype, fmt, eviction=, busy_loop=)``
     and put with ``submit_put_task(key, memory_obj, ...)`` (overridden to stamp use
