@@ -440,6 +440,8 @@ class ECCache:
         is called with the hashes this caller computes (at most once per round),
         and returns their tensors in that order."""
         self._check_open()
+        if isinstance(mm_hashes, (str, bytes)):  # would be read as one hash per character
+            raise TypeError("mm_hashes must be a sequence of hashes, not one string")
         if not (isinstance(wait_s, (int, float)) and math.isfinite(wait_s) and wait_s >= 0):
             raise ValueError(f"wait_s must be a finite number >= 0, got {wait_s!r}")
         return self._get_or_compute.run(mm_hashes, compute, _device(device), float(wait_s))

@@ -416,6 +416,25 @@ def test_bad_arguments_are_refused(cache):
         cache.get_or_compute("k", lambda: make_tensor(SHAPE, DTYPE), wait_s=-1)
     with pytest.raises(TypeError, match="sequence of tensors"):
         cache.get_or_compute_many(["k"], lambda hashes: make_tensor(SHAPE, DTYPE))
+    with pytest.raises(TypeError, match="not one string"):
+        cache.get_or_compute_many("ab", lambda hashes: [make_tensor(SHAPE, DTYPE)] * 2)
+
+
+def test_followers_get_tensors_outside_the_leaders_autograd_graph(cache):
+    compute = Computation(seed=3, hold=True)
+
+    def lead():
+        weights = torch.ones((), requires_grad=True)  # a compute that kept its graph
+        return cache.get_or_compute("graph", lambda: compute() * weights)
+
+    leader, _ = in_thread(lead)
+    assert compute.started.wait(JOIN_S)
+    follower, out = in_thread(lambda: cache.get_or_compute("graph", compute))
+    time.sleep(0.02)  # the follower joins the flight
+    compute.go.set()
+    assert finished(leader) and finished(follower)
+    assert out[0].grad_fn is None and not out[0].requires_grad
+    assert bit_equal(out[0], make_tensor(SHAPE, DTYPE, 3))
 
 
 @pytest.mark.timeout(20)  # a compute waiting for itself hangs: fail instead

@@ -37,6 +37,12 @@ ComputeMany = Callable[[list[str]], Sequence[torch.Tensor]]
 DEFAULT_WAIT_S = 1.0  # get_or_compute: the most a caller waits for another instance
 
 
+def _detached_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """What a follower gets: its own copy, outside the leader's autograd graph
+    (``get`` returns detached tensors too)."""
+    return tensor.detach().clone()
+
+
 class Cache(Protocol):
     """What the flow uses of the cache it serves (``ECCache``)."""
 
@@ -159,7 +165,7 @@ class GetOrCompute:
                 self._claim_and_compute(missing, compute, device, wait_s, identity, results)
         finally:
             for mm_hash, (name, flight) in leading.items():  # land never raises
-                self._flights.land(name, flight, results.get(mm_hash), share=torch.clone)
+                self._flights.land(name, flight, results.get(mm_hash), share=_detached_copy)
         return results
 
     def _claim_and_compute(

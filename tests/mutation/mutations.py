@@ -3080,9 +3080,7 @@ MUTATIONS += [
         "lmcache_ec/claims.py",
         "        _make_directory(directory, 0o2770 if group_shared else 0o700)\n",
         "        _make_directory(directory, 0o700)\n",
-        (
-            "tests/test_claim_files.py::test_users_of_a_group_share_claims",
-        ),
+        ("tests/test_claim_files.py::test_users_of_a_group_share_claims",),
     ),
     Mutation(
         "group-claim-files-private",
@@ -3090,9 +3088,7 @@ MUTATIONS += [
         "lmcache_ec/claims.py",
         "        self._file_mode = 0o660 if group_shared else 0o600\n",
         "        self._file_mode = 0o600\n",
-        (
-            "tests/test_claim_files.py::test_users_of_a_group_share_claims",
-        ),
+        ("tests/test_claim_files.py::test_users_of_a_group_share_claims",),
     ),
     Mutation(
         "group-claims-not-configured",
@@ -3100,9 +3096,7 @@ MUTATIONS += [
         "lmcache_ec/storage/single_flight.py",
         "        group_shared = config.local_disk_group_shared\n",
         "        group_shared = False\n",
-        (
-            "tests/test_claim_files.py::test_users_of_a_group_share_claims",
-        ),
+        ("tests/test_claim_files.py::test_users_of_a_group_share_claims",),
     ),
     Mutation(
         "claims-denied-silently",
@@ -3170,7 +3164,7 @@ MUTATIONS += [
         "pool-full-warning-per-put",
         "a put that evicts to make room logs no allocation failure",
         "lmcache_ec/storage/manager.py",
-        "logging.getLogger(\"lmcache.v1.memory_management\").addFilter(_PoolFullFilter())\n",
+        'logging.getLogger("lmcache.v1.memory_management").addFilter(_PoolFullFilter())\n',
         "",
         (
             (
@@ -3184,13 +3178,11 @@ MUTATIONS += [
         "LMCache's own pools (a KV cache in the process) keep their allocation warnings",
         "lmcache_ec/storage/manager.py",
         (
-            "            allocating_from_pool() and \"because no memory is available\" in "
+            '            allocating_from_pool() and "because no memory is available" in '
             "record.getMessage()\n"
         ),
-        "            \"because no memory is available\" in record.getMessage()\n",
-        (
-            "tests/storage/test_engine_limits.py::test_lmcaches_own_pools_still_warn_when_full",
-        ),
+        '            "because no memory is available" in record.getMessage()\n',
+        ("tests/storage/test_engine_limits.py::test_lmcaches_own_pools_still_warn_when_full",),
     ),
     Mutation(
         "remove-undone-by-a-read-in-flight",
@@ -3249,17 +3241,44 @@ MUTATIONS += [
         "storage-name-accepts-a-trailing-newline",
         "a storage name is one line: a trailing newline makes it none",
         "lmcache_ec/key.py",
-        (
-            "    r\"\\.(?P<digest>[0-9a-f]{64})\\Z\"  # \\Z: \"$\" also matches before a final "
-            "newline\n"
-        ),
-        "    r\"\\.(?P<digest>[0-9a-f]{64})$\"\n",
+        ('    r"\\.(?P<digest>[0-9a-f]{64})\\Z"  # \\Z: "$" also matches before a final newline\n'),
+        '    r"\\.(?P<digest>[0-9a-f]{64})$"\n',
         (
             (
                 "tests/storage/test_engine_limits.py::test_a_storage_name_with_a_trailing_ne"
                 "wline_is_none"
             ),
         ),
+    ),
+    Mutation(
+        "followers-share-the-leaders-graph",
+        "followers of a get_or_compute get tensors outside the leader's autograd graph",
+        "lmcache_ec/storage/get_or_compute.py",
+        (
+            "                self._flights.land(name, flight, results.get(mm_hash), "
+            "share=_detached_copy)\n"
+        ),
+        (
+            "                self._flights.land(name, flight, results.get(mm_hash), "
+            "share=torch.clone)\n"
+        ),
+        (
+            (
+                "tests/test_get_or_compute.py::test_followers_get_tensors_outside_the_leader"
+                "s_autograd_graph"
+            ),
+        ),
+    ),
+    Mutation(
+        "one-string-read-as-hashes",
+        "get_or_compute_many refuses one string for its hashes (not one hash per character)",
+        "lmcache_ec/engine.py",
+        (
+            "        if isinstance(mm_hashes, (str, bytes)):  # would be read as one hash "
+            "per character\n"
+        ),
+        "        if False:\n",
+        ("tests/test_get_or_compute.py::test_bad_arguments_are_refused",),
     ),
 ]
 
