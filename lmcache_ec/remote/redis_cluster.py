@@ -1,27 +1,41 @@
 """The Redis Cluster store (``redis-cluster://``).
 
-redis-py's ``RedisCluster`` keeps the slot map; each call goes to the owning
-primary's own client, so a shard that is down costs only its own keys: their
-calls raise ``ShardUnavailable`` (batched reads answer None for them) and the
-shard is skipped at once for ``remote_retry_interval`` before it is tried
-again. Batched reads send one pipeline per primary. The cluster client is
-built on first use by one caller, outside any lock (it asks the startup nodes
-in turn); other callers wait for it at most ``remote_timeout``, and a failed
+The slot map is redis-py's ``NodesManager`` (``CLUSTER SLOTS``); each call goes
+to the owning primary's own client, so a shard that is down costs only its own
+keys: their calls raise ``ShardUnavailable`` (batched reads answer None for
+them) and the shard is skipped at once for ``remote_retry_interval`` before it
+is tried again. Batched reads send one pipeline per primary.
+
+The map is built on first use by one caller, outside any lock, asking every
+startup node at once and keeping the first answer, so a hung node costs
+nothing; other callers wait for it at most ``remote_timeout``, and a failed
 build is not tried again for ``remote_retry_interval``: calls meanwhile raise
-``StoreError`` at once. Keys, bounded reads and timeouts: ``redis_store.py``.
+``StoreError`` at once. It is built again the same way in the background, at
+most once per ``remote_retry_interval``, when a call to a shard fails (a
+replica may take over its slots) and when a node answers ``MOVED``; nodes that
+are no longer primaries are then forgotten. A ``MOVED`` or ``ASK`` reply (a
+resharding) is followed once to the node it names, so the key is answered
+there; redirected again, only that key misses. The health probe pings every
+primary at once and answers on the first that answers. Keys, bounded reads and
+timeouts: ``redis_store.py``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
+import redis.cluster
+from redis.client import Pipeline
+from redis.cluster import ClusterNode
+from redis.crc import key_slot
+from redis.exceptions import AskError, MovedError, ResponseError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 
 from ..config import RemoteSettings
 from ..remote_names import (
@@ -50,15 +64,91 @@ from .store import RemoteStore, ShardUnavailable, StoreError
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+Queue = Callable[[Any], object]  # queues one call's commands on a pipeline
+KeyQueue = Callable[[Any, str], object]  # queues one key's commands on a pipeline
+
 
 class _Build:
-    """One build of a cluster client; callers that need the client meanwhile
-    wait on ``done`` instead of building their own."""
+    """One build of the slot map; callers that need it meanwhile wait on
+    ``done`` instead of building their own."""
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.cluster: Any = None  # the client published, once done; None if it failed
         self.outcome = "the build failed"  # why there is no client
+
+
+class _AskingPipeline(Pipeline):
+    """Sends ``ASKING`` before each command: the node is importing the slot (an
+    ``ASK`` redirect) and answers for its keys only right after ``ASKING``."""
+
+    def pipeline_execute_command(self, *args: Any, **options: Any) -> Any:
+        super().pipeline_execute_command("ASKING")
+        return super().pipeline_execute_command(*args, **options)
+
+
+def _first_answer(
+    calls: Sequence[Callable[[], T]], name: str, discard: Callable[[T], object] | None = None
+) -> T:
+    """The first answer of ``calls``, each run at once in a thread of its own, or
+    the last error if none answers. Each call ends by itself (socket timeouts);
+    answers after the first go to ``discard``."""
+    if not calls:
+        raise RedisConnectionError("no node to ask")
+    done = threading.Condition()
+    answers: list[T] = []
+    errors: list[Exception] = []
+
+    def run(call: Callable[[], T]) -> None:
+        try:
+            answer = call()
+        except Exception as exc:
+            with done:
+                errors.append(exc)
+                done.notify()
+            return
+        with done:
+            answers.append(answer)
+            late = len(answers) > 1
+            done.notify()
+        if late and discard is not None:
+            try:
+                discard(answer)
+            except Exception as exc:  # only a late answer's cleanup
+                logger.debug("Discarding a late answer failed: %s", exc)
+
+    for call in calls:
+        threading.Thread(target=run, args=(call,), name=name, daemon=True).start()
+    with done:
+        done.wait_for(lambda: bool(answers) or len(errors) == len(calls))
+        if answers:
+            return answers[0]
+        raise errors[-1]
+
+
+def _redirect(replies: Sequence[Any]) -> AskError | None:
+    """The ``MOVED`` or ``ASK`` reply among ``replies`` (``MovedError`` is an ``AskError``)."""
+    return next((reply for reply in replies if isinstance(reply, AskError)), None)
+
+
+def _string(reply: Any) -> bytes:
+    """A string reply's bytes; any other reply (a hostile server's integer) is
+    empty, never an allocation the reply asks for."""
+    return bytes(reply) if isinstance(reply, (bytes, bytearray, memoryview)) else b""
+
+
+def _answer(replies: list[Any], several: bool) -> Any:
+    """A key's answer from its replies in a batch: None if one failed."""
+    if several:
+        return None if any(_failed(reply) for reply in replies) else replies
+    (reply,) = replies
+    return None if isinstance(reply, Exception) else reply
+
+
+def _queue_range(pipe: Any, key: str, start: int, end: int) -> None:
+    pipe.exists(key)
+    pipe.getrange(key, start, end)
 
 
 class RedisClusterStore(RemoteStore):
@@ -70,20 +160,23 @@ class RedisClusterStore(RemoteStore):
         self._where = redact(settings.url)
         self._nodes = nodes
         self._retry_interval = settings.retry_interval
-        # Guards the cluster client, its build and ``_clients``; never held across I/O.
+        # Guards the slot map, its builds and ``_clients``; never held across I/O.
         self._lock = threading.Lock()
         self._cluster: Any = None
         self._build: _Build | None = None  # the cluster client being built, if any
         self._build_failed_until = 0.0  # a failed build is not retried before this
         self._build_error = ""
-        # Our own client per primary: the cluster client's node clients drop
-        # connection keywords it does not know (``command_packer``).
+        self._refreshing = False  # a new slot map is being built in the background
+        self._refresh_after = 0.0  # and none is built again before this
+        # Our own client per primary, for every call: the slot map's node clients
+        # drop connection keywords they do not know (``command_packer``).
         self._clients: dict[str, redis.Redis] = {}
         self._down_until: dict[str, float] = {}
         self._returning: set[str] = set()  # retried after an outage, not yet answered
+        self._pinging: set[str] = set()  # primaries whose ping is not answered yet
 
     def _topology(self) -> Any:
-        """The cluster client, built on first use (building it asks a node for the slots).
+        """The slot map (redis-py's ``NodesManager``), built on first use.
 
         One caller builds it; the others wait for that build at most
         ``remote_timeout``. After a failed build, calls raise ``StoreError`` at
@@ -115,8 +208,8 @@ class RedisClusterStore(RemoteStore):
         return build.cluster
 
     def _build_cluster(self, build: _Build) -> Any:
-        """Builds the cluster client outside the lock (each startup node in turn may
-        take ``remote_timeout``) and publishes it, unless ``close`` ran meanwhile."""
+        """Builds the slot map outside the lock (asking the nodes may take
+        ``remote_timeout``) and publishes it, unless ``close`` ran meanwhile."""
         cluster = None
         try:
             try:
@@ -146,18 +239,94 @@ class RedisClusterStore(RemoteStore):
         return build.cluster
 
     def _new_cluster(self) -> Any:
-        from redis.cluster import ClusterNode, RedisCluster
-
-        return RedisCluster(
-            startup_nodes=[ClusterNode(host, port) for host, port in self._nodes.nodes],
+        """A slot map from the first node to answer ``CLUSTER SLOTS``. The startup
+        nodes, and every node of the current map, are asked at once (each within
+        ``remote_timeout``): a hung node costs nothing while another answers."""
+        addresses = dict.fromkeys(self._nodes.nodes)
+        current = self._cluster
+        if current is not None:
+            addresses.update(dict.fromkeys((n.host, n.port) for n in current.nodes_cache.values()))
+        options = redis.cluster.cleanup_kwargs(
             username=self._nodes.username,
             password=self._nodes.password,
-            require_full_coverage=False,  # a shard down leaves the others usable
             **client_options(self.timeout),
         )
 
+        def ask(host: str, port: int) -> Any:
+            # Only CLUSTER SLOTS: RedisCluster would also fetch COMMAND from a
+            # random primary, which may be the hung one.
+            return redis.cluster.NodesManager(
+                startup_nodes=[ClusterNode(host, port)],
+                require_full_coverage=False,  # a shard down leaves the others usable
+                dynamic_startup_nodes=False,
+                **options,
+            )
+
+        calls = [functools.partial(ask, host, port) for host, port in addresses]
+        return _first_answer(calls, "ec-cluster-slots", discard=lambda late: late.close())
+
+    def _refresh_soon(self) -> None:
+        """Builds the slot map again in the background (a failover or a resharding
+        changed it): one build at a time, at most one per ``remote_retry_interval``,
+        and no caller waits for it."""
+        now = time.monotonic()
+        with self._lock:
+            if self._cluster is None or self._refreshing or now < self._refresh_after:
+                return
+            self._refreshing, self._refresh_after = True, now + self._retry_interval
+        threading.Thread(target=self._refresh, name="ec-cluster-slots", daemon=True).start()
+
+    def _refresh(self) -> None:
+        try:
+            cluster = self._new_cluster()
+        except Exception as exc:
+            logger.debug("Redis Cluster %s: slot map not refreshed: %s", self._where, exc)
+            cluster = None
+        with self._lock:
+            self._refreshing = False
+            if cluster is not None and self._cluster is not None:  # else closed meanwhile
+                self._cluster, cluster = cluster, self._cluster
+                departed = self._forget_departed(self._cluster)
+            else:
+                departed = []
+        if cluster is not None:
+            cluster.close()
+        self._departed(departed)
+
+    def _forget_departed(self, cluster: Any) -> list[tuple[str, redis.Redis | None, bool]]:
+        """Drops the state of nodes that are no longer primaries (under the lock):
+        each one's name, client and whether it was down."""
+        primaries = {node.name for node in cluster.get_nodes_by_server_type("primary")}
+        names = set(self._clients) | set(self._down_until) | set(self._returning)
+        departed = []
+        for name in names - primaries:
+            down = self._down_until.pop(name, None) is not None or name in self._returning
+            self._returning.discard(name)
+            departed.append((name, self._clients.pop(name, None), down))
+        return departed
+
+    def _departed(self, departed: list[tuple[str, redis.Redis | None, bool]]) -> None:
+        for _, client, _ in departed:
+            if client is not None:  # a call still using it keeps its connection
+                client.connection_pool.disconnect(inuse_connections=False)
+        replaced = sorted(name for name, _, down in departed if down)
+        if replaced:
+            logger.warning(
+                "Redis Cluster shard %s replaced: its slots have another primary now",
+                ", ".join(replaced),
+            )
+            self._shard_back()  # what was written meanwhile goes to the new primary
+
+    def _primaries(self) -> list[Any]:
+        return self._topology().get_nodes_by_server_type("primary")
+
     def _node_of(self, key: str) -> Any:
-        return self._topology().get_node_from_key(key)
+        slot = key_slot(key.encode())
+        try:
+            return self._topology().get_node_from_slot(slot)
+        except SlotNotCoveredError as exc:  # no primary serves it: this key misses
+            self._refresh_soon()
+            raise ShardUnavailable(str(exc)) from exc
 
     def _node_client(self, node: Any) -> redis.Redis:
         down = self._down_until.get(node.name)
@@ -191,6 +360,9 @@ class RedisClusterStore(RemoteStore):
             return
         self._returning.discard(node.name)
         logger.warning("Redis Cluster shard %s available again", node.name)
+        self._shard_back()
+
+    def _shard_back(self) -> None:
         callback = self.on_shard_back
         if callback is not None:
             try:
@@ -209,95 +381,118 @@ class RedisClusterStore(RemoteStore):
                 self._retry_interval,
             )
         self._down_until[node.name] = time.monotonic() + self._retry_interval
+        self._refresh_soon()  # a replica may take over its slots
         if self._all_down():
             return StoreError(f"no Redis Cluster primary answers (last: {node.name}: {exc})")
         return ShardUnavailable(f"shard {node.name}: {exc}")
 
     def _all_down(self) -> bool:
         """Every primary failed recently: the store is down, not a shard."""
-        primaries = self._topology().get_primaries()
+        primaries = self._primaries()
         return bool(primaries) and all(node.name in self._down_until for node in primaries)
 
-    def _run(self, key: str, call: Any) -> Any:
-        """``call(client)`` on the primary owning ``key``; one retry after a slot move."""
-        for attempt in (0, 1):
-            node = self._node_of(key)
-            client = self._node_client(node)
-            try:
-                result = call(client)
-            except _NODE_ERRORS as exc:
-                raise self._shard_failed(node, exc) from exc
-            except ResponseError as exc:
-                if attempt or not str(exc).startswith(("MOVED", "ASK")):
-                    raise
-                self._topology().nodes_manager.initialize()  # the slots moved
-                continue
-            self._answered(node)
-            return result
-        raise AssertionError("unreachable")
+    def _send(self, node: Any, queue: Queue, *, asking: bool = False) -> list[Any]:
+        """``queue``'s commands on ``node`` in one round trip: their replies, error
+        replies among them. ``asking``: each sent after ``ASKING`` (an ``ASK`` redirect)."""
+        client = self._node_client(node)
+        if asking:
+            pipe = _AskingPipeline(client.connection_pool, client.response_callbacks, False, None)
+        else:
+            pipe = client.pipeline(transaction=False)
+        queue(pipe)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except _NODE_ERRORS as exc:
+            raise self._shard_failed(node, exc) from exc
+        self._answered(node)
+        return replies[1::2] if asking else replies
+
+    def _redirected(self, redirect: AskError) -> tuple[Any, bool]:
+        """Where a ``MOVED`` or ``ASK`` reply sends the call, and whether with ``ASKING``."""
+        moved = isinstance(redirect, MovedError)
+        if moved:
+            self._refresh_soon()  # the slot has another owner: the map is stale
+        return ClusterNode(redirect.host, redirect.port), not moved
+
+    def _run(self, key: str, queue: Queue, *, check: bool = True) -> list[Any]:
+        """``queue``'s commands, in one round trip to the primary owning ``key``:
+        their replies. A slot being moved (``MOVED``, ``ASK``) is followed once;
+        moved again, the key misses. ``check``: an error reply raises."""
+        replies = self._send(self._node_of(key), queue)
+        redirect = _redirect(replies)
+        if redirect is not None:
+            node, asking = self._redirected(redirect)
+            replies = self._send(node, queue, asking=asking)
+            again = _redirect(replies)
+            if again is not None:
+                raise ShardUnavailable(f"slot {again.slot_id} is moving: {again}")
+        if check:
+            for reply in replies:
+                if isinstance(reply, ResponseError):
+                    raise reply
+        return replies
 
     def exists(self, name: str) -> bool:
         key = redis_data_key(name)
-        return bool(self._run(key, lambda c: c.exists(key)))
+        (found,) = self._run(key, lambda pipe: pipe.exists(key))
+        return bool(found)
 
     def get(self, name: str) -> bytes | None:
         key = redis_data_key(name)
+        replies = self._run(key, lambda p: _queue_read(p, key, self.max_frame), check=False)
+        return bounded_frame(name, _present_value(replies), self.max_frame)
 
-        def read(client: redis.Redis) -> Any:
-            pipe = client.pipeline(transaction=False)
-            _queue_read(pipe, key, self.max_frame)
-            replies = pipe.execute(raise_on_error=False)
-            for reply in replies:  # a slot move: _run asks again
-                if isinstance(reply, ResponseError) and str(reply).startswith(("MOVED", "ASK")):
-                    raise reply
-            return replies
+    def _batch(
+        self, node: Any, keys: Sequence[str], one: KeyQueue, *, asking: bool = False
+    ) -> list[list[Any]] | None:
+        """Each key's replies to ``one``, in one pipeline to ``node``; None if its
+        shard is unavailable."""
 
-        return bounded_frame(name, _present_value(self._run(key, read)), self.max_frame)
+        def queue(pipe: Any) -> None:
+            for key in keys:
+                one(pipe, key)
+
+        try:
+            replies = self._send(node, queue, asking=asking)
+        except ShardUnavailable:
+            return None
+        per_key = len(replies) // max(len(keys), 1)
+        return [replies[i * per_key : (i + 1) * per_key] for i in range(len(keys))]
 
     def _per_node(
-        self, keys: Sequence[str], command: str, queue: Callable[[Any, str], None] | None = None
+        self, keys: Sequence[str], command: str, queue: KeyQueue | None = None
     ) -> list[Any]:
         """``command`` of each key, one pipeline per primary; None for down shards.
 
         ``queue(pipe, key)``: several commands per key instead; the key's answer
-        is then the list of their replies (None if any failed)."""
+        is then the list of their replies (None if any failed). Keys whose slot
+        is being moved are asked again where their node said, once."""
+        one: KeyQueue = queue or (lambda pipe, key: getattr(pipe, command)(key))
         groups: dict[str, tuple[Any, list[int]]] = {}
         for index, key in enumerate(keys):
-            node = self._node_of(key)
+            try:
+                node = self._node_of(key)
+            except ShardUnavailable:
+                continue  # its slot has no primary: a miss
             groups.setdefault(node.name, (node, []))[1].append(index)
         answers: list[Any] = [None] * len(keys)
+        redirects: dict[tuple[str, bool], tuple[Any, list[int]]] = {}
         for node, indices in groups.values():
-            try:
-                pipe = self._node_client(node).pipeline(transaction=False)
-                for index in indices:
-                    if queue is None:
-                        getattr(pipe, command)(keys[index])
-                    else:
-                        queue(pipe, keys[index])
-                replies = pipe.execute(raise_on_error=False)
-            except ShardUnavailable:
+            replies = self._batch(node, [keys[i] for i in indices], one)
+            if replies is None:
                 continue
-            except StoreError:
-                raise
-            except _NODE_ERRORS as exc:
-                failure = self._shard_failed(node, exc)
-                if not isinstance(failure, ShardUnavailable):
-                    raise failure from exc
-                continue
-            self._answered(node)
-            if queue is not None:  # group each key's replies
-                per_key = len(replies) // max(len(indices), 1)
-                replies = [
-                    None if any(_failed(r) for r in group) else group
-                    for group in (
-                        replies[i * per_key : (i + 1) * per_key] for i in range(len(indices))
-                    )
-                ]
             for index, reply in zip(indices, replies, strict=True):
-                # A MOVED reply (resharding) is a miss now; the map is refreshed below.
-                answers[index] = None if isinstance(reply, Exception) else reply
-            if any(reply is None or isinstance(reply, ResponseError) for reply in replies):
-                self._topology().nodes_manager.initialize()
+                redirect = _redirect(reply)
+                if redirect is None:
+                    answers[index] = _answer(reply, queue is not None)
+                    continue
+                target, asking = self._redirected(redirect)
+                redirects.setdefault((target.name, asking), (target, []))[1].append(index)
+        for (_, asking), (target, indices) in redirects.items():
+            again = self._batch(target, [keys[i] for i in indices], one, asking=asking)
+            for index, answer in zip(indices, again or [], strict=False):
+                if _redirect(answer) is None:  # moved again: a miss
+                    answers[index] = _answer(answer, queue is not None)
         return answers
 
     def exists_many(self, names: Sequence[str]) -> list[bool | None]:
@@ -316,19 +511,19 @@ class RedisClusterStore(RemoteStore):
         # The two keys live in different slots: data first, metadata last
         # (existence is the frame's, so a reader never sees a partial entry).
         data_key, meta_key = redis_data_key(name), redis_meta_key(name)
-        self._run(data_key, lambda c: c.set(data_key, data))
-        self._run(meta_key, lambda c: c.set(meta_key, _metadata(len(data))))
+        self._run(data_key, lambda pipe: pipe.set(data_key, data))
+        self._run(meta_key, lambda pipe: pipe.set(meta_key, _metadata(len(data))))
 
     def delete(self, name: str) -> bool:
         data_key, meta_key = redis_data_key(name), redis_meta_key(name)
-        removed = self._run(data_key, lambda c: c.delete(data_key))
-        self._run(meta_key, lambda c: c.delete(meta_key))
+        (removed,) = self._run(data_key, lambda pipe: pipe.delete(data_key))
+        self._run(meta_key, lambda pipe: pipe.delete(meta_key))
         return removed > 0
 
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         # A name's metadata and data keys live in different slots: scan each
         # primary for metadata keys, then size the frames wherever they are.
-        for node in self._topology().get_primaries():
+        for node in self._primaries():
             try:
                 batches = list(_scan(self._node_client(node), prefix))
             except _NODE_ERRORS as exc:
@@ -341,41 +536,60 @@ class RedisClusterStore(RemoteStore):
 
     def read_range(self, name: str, start: int, length: int) -> bytes | None:
         key = redis_data_key(name)
-
-        def read(client: redis.Redis) -> Any:
-            pipe = client.pipeline(transaction=False)
-            pipe.exists(key)
-            pipe.getrange(key, start, start + length - 1)
-            return pipe.execute()
-
-        present, data = self._run(key, read)
-        return bytes(data) if present else None
+        end = start + length - 1
+        present, data = self._run(key, lambda pipe: _queue_range(pipe, key, start, end))
+        return _string(data) if present else None
 
     def read_log(self, name: str, size: int) -> bytes | None:
-        return bytes(self._run(name, lambda c: c.getrange(name, -size, -1))) or None
+        # An empty log holds no record: absent or empty read alike (one command).
+        (data,) = self._run(name, lambda pipe: pipe.getrange(name, -size, -1))
+        return _string(data) or None
 
     def append_log(self, name: str, line: bytes, limit: int) -> None:
-        self._run(name, lambda c: c.eval(APPEND_LOG, 1, name, line, limit))
+        self._run(name, lambda pipe: pipe.eval(APPEND_LOG, 1, name, line, limit))
 
     def claim(self, name: str, ttl_s: float) -> bool:
+        # EVAL, not the script's EVALSHA: a pipeline would first ask SCRIPT EXISTS.
         key, args = claim_key(name), [self.claim_owner, max(1, int(ttl_s * 1000))]
-        return bool(self._run(key, lambda c: CLAIM(keys=[key], args=args, client=c)))
+        (won,) = self._run(key, lambda pipe: pipe.eval(CLAIM.script, 1, key, *args))
+        return bool(won)
 
     def release(self, name: str) -> None:
         key = claim_key(name)
-        self._run(key, lambda c: RELEASE(keys=[key], args=[self.claim_owner], client=c))
+        self._run(key, lambda pipe: pipe.eval(RELEASE.script, 1, key, self.claim_owner))
 
     def ping(self) -> None:
-        """Answers if any primary does: a down shard alone is not a down tier."""
+        """Answers if any primary does: a down shard alone is not a down tier.
+
+        Every primary is pinged at once, so a hung one costs nothing while
+        another answers; one whose earlier ping is still unanswered is not
+        pinged again (at most one waiting thread per primary)."""
         failures: list[str] = []
-        cluster = self._topology()
-        for node in cluster.get_primaries():
+
+        def ping(node: Any) -> None:
             try:
-                self._client_of(node).ping()
-                return
+                self._ping(node)
             except _NODE_ERRORS as exc:
                 failures.append(f"{node.name}: {exc}")
-        raise RedisConnectionError("no cluster primary answers: " + "; ".join(failures))
+                raise
+
+        calls = [functools.partial(ping, node) for node in self._primaries()]
+        try:
+            _first_answer(calls, "ec-cluster-ping")
+        except _NODE_ERRORS as exc:
+            answers = "; ".join(failures)
+            raise RedisConnectionError(f"no cluster primary answers: {answers}") from exc
+
+    def _ping(self, node: Any) -> None:
+        with self._lock:
+            if node.name in self._pinging:
+                raise RedisConnectionError("its previous ping is still unanswered")
+            self._pinging.add(node.name)
+        try:
+            self._client_of(node).ping()
+        finally:
+            with self._lock:
+                self._pinging.discard(node.name)
 
     def close(self) -> None:
         # Never waits for a build in progress: its builder closes what it built.
@@ -389,12 +603,11 @@ class RedisClusterStore(RemoteStore):
             cluster.close()
 
     def abort(self) -> None:
+        # The slot map's connections carry no call: only the nodes' own clients.
         with self._lock:
-            cluster, clients = self._cluster, list(self._clients.values())
+            clients = list(self._clients.values())
         for client in clients:
             client.connection_pool.disconnect()
-        if cluster is not None:
-            cluster.disconnect_connection_pools()
 
     def describe(self) -> str:
         return self._where

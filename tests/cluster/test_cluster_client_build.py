@@ -165,7 +165,7 @@ class _Client:
 
 def test_close_and_other_calls_never_wait_for_a_build_in_progress(monkeypatch):
     blocked = _BlockedCluster()
-    monkeypatch.setattr(redis.cluster, "RedisCluster", blocked)
+    monkeypatch.setattr(redis.cluster, "NodesManager", blocked)
     store = _store("redis-cluster://127.0.0.1:1", timeout=0.2, retry=3600.0)
     outcome: list[Exception | None] = []
 

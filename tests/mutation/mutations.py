@@ -3280,6 +3280,126 @@ MUTATIONS += [
         "        if False:\n",
         ("tests/test_get_or_compute.py::test_bad_arguments_are_refused",),
     ),
+    Mutation(
+        "cluster-redirect-unrecognised",
+        "a key whose slot moved or is moving is answered where it went, never an outage",
+        "lmcache_ec/remote/redis_cluster.py",
+        "    return next((reply for reply in replies if isinstance(reply, AskError)), None)\n",
+        "    return None\n",
+        (
+            (
+                "tests/cluster/test_cluster_topology.py::test_a_key_whose_slot_moved_is_read"
+                "_and_written_at_its_new_primary"
+            ),
+            (
+                "tests/cluster/test_cluster_topology.py::test_a_key_of_a_slot_being_moved_is"
+                "_asked_for_where_it_went"
+            ),
+        ),
+    ),
+    Mutation(
+        "cluster-ask-without-asking",
+        "a key of a slot being moved is read and written on the importing node",
+        "lmcache_ec/remote/redis_cluster.py",
+        "        return ClusterNode(redirect.host, redirect.port), not moved\n",
+        "        return ClusterNode(redirect.host, redirect.port), False\n",
+        (
+            (
+                "tests/cluster/test_cluster_topology.py::test_a_key_of_a_slot_being_moved_is"
+                "_asked_for_where_it_went"
+            ),
+        ),
+    ),
+    Mutation(
+        "cluster-moved-map-kept",
+        "after MOVED the slot map is asked for again",
+        "lmcache_ec/remote/redis_cluster.py",
+        "            self._refresh_soon()  # the slot has another owner: the map is stale\n",
+        "            pass\n",
+        (
+            (
+                "tests/cluster/test_cluster_topology.py::test_a_key_whose_slot_moved_is_read"
+                "_and_written_at_its_new_primary"
+            ),
+        ),
+    ),
+    Mutation(
+        "cluster-failed-shard-map-kept",
+        "after a failover the shard's keys are served by its new primary without a restart",
+        "lmcache_ec/remote/redis_cluster.py",
+        "        self._refresh_soon()  # a replica may take over its slots\n",
+        "",
+        (
+            (
+                "tests/cluster/test_cluster_topology.py::test_after_a_failover_the_shards_ke"
+                "ys_are_served_by_its_new_primary"
+            ),
+        ),
+    ),
+    Mutation(
+        "cluster-departed-primary-kept",
+        "a replaced primary is forgotten and the writes it missed are re-sent",
+        "lmcache_ec/remote/redis_cluster.py",
+        "                departed = self._forget_departed(self._cluster)\n",
+        "                departed = []\n",
+        (
+            (
+                "tests/cluster/test_cluster_topology.py::test_after_a_failover_the_shards_ke"
+                "ys_are_served_by_its_new_primary"
+            ),
+        ),
+    ),
+    Mutation(
+        "cluster-ping-in-turn",
+        "one hung primary never keeps the cluster tier down",
+        "lmcache_ec/remote/redis_cluster.py",
+        '            _first_answer(calls, "ec-cluster-ping")\n',
+        (
+            "            for call in calls:  # in turn: a hung first primary costs its timeout\n"
+            "                try:\n"
+            "                    return call()\n"
+            "                except _NODE_ERRORS:\n"
+            "                    pass\n"
+            '            raise RedisConnectionError("none answers")\n'
+        ),
+        ("tests/cluster/test_cluster_topology.py::test_a_hung_primary_never_keeps_the_tier_down",),
+    ),
+    Mutation(
+        "cluster-slot-map-asked-in-turn",
+        "a hung startup node costs nothing while another answers",
+        "lmcache_ec/remote/redis_cluster.py",
+        (
+            '        return _first_answer(calls, "ec-cluster-slots", discard=lambda late: '
+            "late.close())\n"
+        ),
+        (
+            "        for call in calls[:-1]:  # in turn: each hung node costs its timeout\n"
+            "            try:\n"
+            "                return call()\n"
+            "            except Exception:\n"
+            "                pass\n"
+            "        return calls[-1]()\n"
+        ),
+        (
+            (
+                "tests/cluster/test_cluster_topology.py::test_a_fresh_store_builds_its_slot_"
+                "map_while_startup_nodes_hang"
+            ),
+        ),
+    ),
+    Mutation(
+        "cluster-integer-range-reply-allocated",
+        "a node's integer answer to a range read is damage, never an allocation of that size",
+        "lmcache_ec/remote/redis_cluster.py",
+        '    return bytes(reply) if isinstance(reply, (bytes, bytearray, memoryview)) else b""\n',
+        "    return bytes(reply)\n",
+        (
+            (
+                "tests/cluster/test_cluster_topology.py::test_a_range_read_answered_with_an_"
+                "integer_is_damage_not_an_allocation"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
