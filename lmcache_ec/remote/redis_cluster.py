@@ -6,16 +6,11 @@ keys: their calls raise ``ShardUnavailable`` (batched reads answer None for
 them) and the shard is skipped at once for ``remote_retry_interval`` before it
 is tried again. Batched reads send one pipeline per primary.
 
-The map is built on first use by one caller, outside any lock, asking every
-startup node at once and keeping the first answer, so a hung node costs
-nothing; other callers wait for it at most ``remote_timeout``, and a failed
-build is not tried again for ``remote_retry_interval``: calls meanwhile raise
-``StoreError`` at once. It is built again the same way in the background, at
-most once per ``remote_retry_interval``, when a call to a shard fails (a
-replica may take over its slots) and when a node answers ``MOVED``; nodes that
-are no longer primaries are then forgotten. A ``MOVED`` or ``ASK`` reply (a
-resharding) is followed once to the node it names, so the key is answered
-there; redirected again, only that key misses. The health probe pings every
+The map (``cluster_slots.py``) is built again in the background when a call
+to a shard fails (a replica may take over its slots) and when a node answers
+``MOVED``; nodes that are no longer primaries are then forgotten. A ``MOVED``
+or ``ASK`` reply (a resharding) is followed once to the node it names, so the
+key is answered there; redirected again, only that key misses. The health probe pings every
 primary at once and answers on the first that answers. Keys, bounded reads and
 timeouts: ``redis_store.py``.
 """
@@ -27,10 +22,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import redis
-import redis.cluster
 from redis.client import Pipeline
 from redis.cluster import ClusterNode
 from redis.crc import key_slot
@@ -47,6 +41,7 @@ from ..remote_names import (
     redis_meta_key,
 )
 from .bounded import bounded_frame
+from .cluster_slots import SlotMap, first_answer
 from .redis_store import (
     _NODE_ERRORS,
     APPEND_LOG,
@@ -64,19 +59,8 @@ from .store import RemoteStore, ShardUnavailable, StoreError
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 Queue = Callable[[Any], object]  # queues one call's commands on a pipeline
 KeyQueue = Callable[[Any, str], object]  # queues one key's commands on a pipeline
-
-
-class _Build:
-    """One build of the slot map; callers that need it meanwhile wait on
-    ``done`` instead of building their own."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.cluster: Any = None  # the client published, once done; None if it failed
-        self.outcome = "the build failed"  # why there is no client
 
 
 class _AskingPipeline(Pipeline):
@@ -86,45 +70,6 @@ class _AskingPipeline(Pipeline):
     def pipeline_execute_command(self, *args: Any, **options: Any) -> Any:
         super().pipeline_execute_command("ASKING")
         return super().pipeline_execute_command(*args, **options)
-
-
-def _first_answer(
-    calls: Sequence[Callable[[], T]], name: str, discard: Callable[[T], object] | None = None
-) -> T:
-    """The first answer of ``calls``, each run at once in a thread of its own, or
-    the last error if none answers. Each call ends by itself (socket timeouts);
-    answers after the first go to ``discard``."""
-    if not calls:
-        raise RedisConnectionError("no node to ask")
-    done = threading.Condition()
-    answers: list[T] = []
-    errors: list[Exception] = []
-
-    def run(call: Callable[[], T]) -> None:
-        try:
-            answer = call()
-        except Exception as exc:
-            with done:
-                errors.append(exc)
-                done.notify()
-            return
-        with done:
-            answers.append(answer)
-            late = len(answers) > 1
-            done.notify()
-        if late and discard is not None:
-            try:
-                discard(answer)
-            except Exception as exc:  # only a late answer's cleanup
-                logger.debug("Discarding a late answer failed: %s", exc)
-
-    for call in calls:
-        threading.Thread(target=run, args=(call,), name=name, daemon=True).start()
-    with done:
-        done.wait_for(lambda: bool(answers) or len(errors) == len(calls))
-        if answers:
-            return answers[0]
-        raise errors[-1]
 
 
 def _redirect(replies: Sequence[Any]) -> AskError | None:
@@ -160,14 +105,8 @@ class RedisClusterStore(RemoteStore):
         self._where = redact(settings.url)
         self._nodes = nodes
         self._retry_interval = settings.retry_interval
-        # Guards the slot map, its builds and ``_clients``; never held across I/O.
-        self._lock = threading.Lock()
-        self._cluster: Any = None
-        self._build: _Build | None = None  # the cluster client being built, if any
-        self._build_failed_until = 0.0  # a failed build is not retried before this
-        self._build_error = ""
-        self._refreshing = False  # a new slot map is being built in the background
-        self._refresh_after = 0.0  # and none is built again before this
+        self._slots = SlotMap(nodes, settings, self._where, self._on_new_map)
+        self._lock = threading.Lock()  # guards ``_clients``; never held across I/O
         # Our own client per primary, for every call: the slot map's node clients
         # drop connection keywords they do not know (``command_packer``).
         self._clients: dict[str, redis.Redis] = {}
@@ -175,122 +114,9 @@ class RedisClusterStore(RemoteStore):
         self._returning: set[str] = set()  # retried after an outage, not yet answered
         self._pinging: set[str] = set()  # primaries whose ping is not answered yet
 
-    def _topology(self) -> Any:
-        """The slot map (redis-py's ``NodesManager``), built on first use.
-
-        One caller builds it; the others wait for that build at most
-        ``remote_timeout``. After a failed build, calls raise ``StoreError`` at
-        once for ``remote_retry_interval`` instead of building it again."""
-        cluster = self._cluster
-        if cluster is not None:
-            return cluster
+    def _on_new_map(self, cluster: Any) -> None:
         with self._lock:
-            if self._cluster is not None:
-                return self._cluster
-            build = self._build
-            if build is None:
-                remaining = self._build_failed_until - time.monotonic()
-                if remaining > 0:
-                    raise StoreError(
-                        f"Redis Cluster {self._where} unreachable ({self._build_error}); "
-                        f"retried in {remaining:.1f}s"
-                    )
-                build = self._build = _Build()
-                building = True
-            else:
-                building = False
-        if building:
-            return self._build_cluster(build)
-        if not build.done.wait(self.timeout):
-            raise StoreError(f"Redis Cluster {self._where}: no slot map after {self.timeout}s")
-        if build.cluster is None:
-            raise StoreError(f"Redis Cluster {self._where} unreachable ({build.outcome})")
-        return build.cluster
-
-    def _build_cluster(self, build: _Build) -> Any:
-        """Builds the slot map outside the lock (asking the nodes may take
-        ``remote_timeout``) and publishes it, unless ``close`` ran meanwhile."""
-        cluster = None
-        try:
-            try:
-                cluster = self._new_cluster()
-            except Exception as exc:
-                build.outcome = str(exc) or type(exc).__name__
-                with self._lock:
-                    self._build_failed_until = time.monotonic() + self._retry_interval
-                    self._build_error = build.outcome
-                raise
-            with self._lock:
-                if self._build is build:  # else closed meanwhile: not ours to publish
-                    if self._cluster is None:
-                        self._cluster, cluster = cluster, None
-                    build.cluster = self._cluster  # ours, or one published meanwhile
-                else:
-                    build.outcome = "the store was closed while it connected"
-        finally:
-            with self._lock:
-                if self._build is build:
-                    self._build = None
-            build.done.set()
-            if cluster is not None:  # not published: nobody else would close it
-                cluster.close()
-        if build.cluster is None:
-            raise StoreError(f"Redis Cluster {self._where}: {build.outcome}")
-        return build.cluster
-
-    def _new_cluster(self) -> Any:
-        """A slot map from the first node to answer ``CLUSTER SLOTS``. The startup
-        nodes, and every node of the current map, are asked at once (each within
-        ``remote_timeout``): a hung node costs nothing while another answers."""
-        addresses = dict.fromkeys(self._nodes.nodes)
-        current = self._cluster
-        if current is not None:
-            addresses.update(dict.fromkeys((n.host, n.port) for n in current.nodes_cache.values()))
-        options = redis.cluster.cleanup_kwargs(
-            username=self._nodes.username,
-            password=self._nodes.password,
-            **client_options(self.timeout),
-        )
-
-        def ask(host: str, port: int) -> Any:
-            # Only CLUSTER SLOTS: RedisCluster would also fetch COMMAND from a
-            # random primary, which may be the hung one.
-            return redis.cluster.NodesManager(
-                startup_nodes=[ClusterNode(host, port)],
-                require_full_coverage=False,  # a shard down leaves the others usable
-                dynamic_startup_nodes=False,
-                **options,
-            )
-
-        calls = [functools.partial(ask, host, port) for host, port in addresses]
-        return _first_answer(calls, "ec-cluster-slots", discard=lambda late: late.close())
-
-    def _refresh_soon(self) -> None:
-        """Builds the slot map again in the background (a failover or a resharding
-        changed it): one build at a time, at most one per ``remote_retry_interval``,
-        and no caller waits for it."""
-        now = time.monotonic()
-        with self._lock:
-            if self._cluster is None or self._refreshing or now < self._refresh_after:
-                return
-            self._refreshing, self._refresh_after = True, now + self._retry_interval
-        threading.Thread(target=self._refresh, name="ec-cluster-slots", daemon=True).start()
-
-    def _refresh(self) -> None:
-        try:
-            cluster = self._new_cluster()
-        except Exception as exc:
-            logger.debug("Redis Cluster %s: slot map not refreshed: %s", self._where, exc)
-            cluster = None
-        with self._lock:
-            self._refreshing = False
-            if cluster is not None and self._cluster is not None:  # else closed meanwhile
-                self._cluster, cluster = cluster, self._cluster
-                departed = self._forget_departed(self._cluster)
-            else:
-                departed = []
-        if cluster is not None:
-            cluster.close()
+            departed = self._forget_departed(cluster)
         self._departed(departed)
 
     def _forget_departed(self, cluster: Any) -> list[tuple[str, redis.Redis | None, bool]]:
@@ -318,14 +144,14 @@ class RedisClusterStore(RemoteStore):
             self._shard_back()  # what was written meanwhile goes to the new primary
 
     def _primaries(self) -> list[Any]:
-        return self._topology().get_nodes_by_server_type("primary")
+        return self._slots.get().get_nodes_by_server_type("primary")
 
     def _node_of(self, key: str) -> Any:
         slot = key_slot(key.encode())
         try:
-            return self._topology().get_node_from_slot(slot)
+            return self._slots.get().get_node_from_slot(slot)
         except SlotNotCoveredError as exc:  # no primary serves it: this key misses
-            self._refresh_soon()
+            self._slots.refresh_soon()
             raise ShardUnavailable(str(exc)) from exc
 
     def _node_client(self, node: Any) -> redis.Redis:
@@ -381,7 +207,7 @@ class RedisClusterStore(RemoteStore):
                 self._retry_interval,
             )
         self._down_until[node.name] = time.monotonic() + self._retry_interval
-        self._refresh_soon()  # a replica may take over its slots
+        self._slots.refresh_soon()  # a replica may take over its slots
         if self._all_down():
             return StoreError(f"no Redis Cluster primary answers (last: {node.name}: {exc})")
         return ShardUnavailable(f"shard {node.name}: {exc}")
@@ -411,7 +237,7 @@ class RedisClusterStore(RemoteStore):
         """Where a ``MOVED`` or ``ASK`` reply sends the call, and whether with ``ASKING``."""
         moved = isinstance(redirect, MovedError)
         if moved:
-            self._refresh_soon()  # the slot has another owner: the map is stale
+            self._slots.refresh_soon()  # the slot has another owner: the map is stale
         return ClusterNode(redirect.host, redirect.port), not moved
 
     def _run(self, key: str, queue: Queue, *, check: bool = True) -> list[Any]:
@@ -575,7 +401,7 @@ class RedisClusterStore(RemoteStore):
 
         calls = [functools.partial(ping, node) for node in self._primaries()]
         try:
-            _first_answer(calls, "ec-cluster-ping")
+            first_answer(calls, "ec-cluster-ping")
         except _NODE_ERRORS as exc:
             answers = "; ".join(failures)
             raise RedisConnectionError(f"no cluster primary answers: {answers}") from exc
@@ -593,14 +419,11 @@ class RedisClusterStore(RemoteStore):
 
     def close(self) -> None:
         # Never waits for a build in progress: its builder closes what it built.
+        self._slots.close()
         with self._lock:
-            cluster, self._cluster = self._cluster, None
             clients, self._clients = list(self._clients.values()), {}
-            self._build = None
         for client in clients:
             client.connection_pool.disconnect()
-        if cluster is not None:
-            cluster.close()
 
     def abort(self) -> None:
         # The slot map's connections carry no call: only the nodes' own clients.

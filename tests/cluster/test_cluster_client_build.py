@@ -194,4 +194,4 @@ def test_close_and_other_calls_never_wait_for_a_build_in_progress(monkeypatch):
     (late,) = blocked.built
     assert late.closed
     assert isinstance(outcome[0], StoreError)
-    assert store._cluster is None
+    assert store._slots.current is None

@@ -2006,7 +2006,7 @@ MUTATIONS += [
     Mutation(
         "cluster-build-under-lock",
         "no call waits on the store's lock while the cluster client is built",
-        "lmcache_ec/remote/redis_cluster.py",
+        "lmcache_ec/remote/cluster_slots.py",
         "                cluster = self._new_cluster()\n",
         "                with self._lock:\n                    cluster = self._new_cluster()\n",
         (f"{T_CLUSTER_BUILD}::test_close_and_other_calls_never_wait_for_a_build_in_progress",),
@@ -2014,7 +2014,7 @@ MUTATIONS += [
     Mutation(
         "cluster-failed-build-forgotten",
         "a failed cluster client build is not tried again within remote_retry_interval",
-        "lmcache_ec/remote/redis_cluster.py",
+        "lmcache_ec/remote/cluster_slots.py",
         "self._build_failed_until = time.monotonic() + self._retry_interval",
         "self._build_failed_until = time.monotonic()",
         (
@@ -2025,10 +2025,12 @@ MUTATIONS += [
     Mutation(
         "cluster-late-build-published-after-close",
         "a cluster client built after close() is closed, never published",
-        "lmcache_ec/remote/redis_cluster.py",
-        "            clients, self._clients = list(self._clients.values()), {}\n"
-        "            self._build = None\n",
-        "            clients, self._clients = list(self._clients.values()), {}\n",
+        "lmcache_ec/remote/cluster_slots.py",
+        (
+            "            cluster, self._cluster = self._cluster, None\n"
+            "            self._build = None\n"
+        ),
+        "            cluster, self._cluster = self._cluster, None\n",
         (f"{T_CLUSTER_BUILD}::test_close_and_other_calls_never_wait_for_a_build_in_progress",),
     ),
     # -- an unusable disk directory leaves its tier off: the engine starts, the CLI says so
@@ -3314,7 +3316,7 @@ MUTATIONS += [
         "cluster-moved-map-kept",
         "after MOVED the slot map is asked for again",
         "lmcache_ec/remote/redis_cluster.py",
-        "            self._refresh_soon()  # the slot has another owner: the map is stale\n",
+        "            self._slots.refresh_soon()  # the slot has another owner: the map is stale\n",
         "            pass\n",
         (
             (
@@ -3327,7 +3329,7 @@ MUTATIONS += [
         "cluster-failed-shard-map-kept",
         "after a failover the shard's keys are served by its new primary without a restart",
         "lmcache_ec/remote/redis_cluster.py",
-        "        self._refresh_soon()  # a replica may take over its slots\n",
+        "        self._slots.refresh_soon()  # a replica may take over its slots\n",
         "",
         (
             (
@@ -3340,8 +3342,8 @@ MUTATIONS += [
         "cluster-departed-primary-kept",
         "a replaced primary is forgotten and the writes it missed are re-sent",
         "lmcache_ec/remote/redis_cluster.py",
-        "                departed = self._forget_departed(self._cluster)\n",
-        "                departed = []\n",
+        "            departed = self._forget_departed(cluster)\n",
+        "            departed = []\n",
         (
             (
                 "tests/cluster/test_cluster_topology.py::test_after_a_failover_the_shards_ke"
@@ -3353,7 +3355,7 @@ MUTATIONS += [
         "cluster-ping-in-turn",
         "one hung primary never keeps the cluster tier down",
         "lmcache_ec/remote/redis_cluster.py",
-        '            _first_answer(calls, "ec-cluster-ping")\n',
+        '            first_answer(calls, "ec-cluster-ping")\n',
         (
             "            for call in calls:  # in turn: a hung first primary costs its timeout\n"
             "                try:\n"
@@ -3367,9 +3369,9 @@ MUTATIONS += [
     Mutation(
         "cluster-slot-map-asked-in-turn",
         "a hung startup node costs nothing while another answers",
-        "lmcache_ec/remote/redis_cluster.py",
+        "lmcache_ec/remote/cluster_slots.py",
         (
-            '        return _first_answer(calls, "ec-cluster-slots", discard=lambda late: '
+            '        return first_answer(calls, "ec-cluster-slots", discard=lambda late: '
             "late.close())\n"
         ),
         (
