@@ -362,8 +362,11 @@ class ECCache:
 
         For consumers that copy it onward anyway (to a device, into a larger
         batch). A CPU hit is a view of the pool buffer, held (neither evicted
-        nor reused) until the block exits: read it, never write to it. A hit
-        below the CPU tier is the tensor read for this call.
+        nor reused) until the block exits: read it, never write to it. With an
+        accelerator the pool is page-locked, so a ``non_blocking`` copy to the
+        device reads it later: the exit waits for the current stream first (a
+        copy on another stream is the caller's to wait for). A hit below the
+        CPU tier is the tensor read for this call.
         """
         self._check_open()
         self._watch.poll_disk()
@@ -380,6 +383,8 @@ class ECCache:
                 yield hit.payload.tensor
             finally:
                 if hit.memory_obj is not None:
+                    if torch.cuda.is_initialized():  # a copy onward may still read the slot
+                        torch.cuda.current_stream().synchronize()
                     hit.memory_obj.ref_count_down()
         finally:
             self._reader.done()

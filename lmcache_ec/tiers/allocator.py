@@ -139,6 +139,21 @@ class Prefaulter:
                 self._done += step
 
 
+def _page_locked(size: int) -> torch.Tensor:
+    """``size`` bytes page-locked for the accelerator's copies. Under CUDA
+    (or ROCm) exactly ``size``, locked in place (``cudaHostRegister``):
+    torch's pinned allocator rounds every block up to a power of two, so a
+    5 GB pool would lock 8 GiB. Locked for the life of the process, as torch's
+    cached pinned blocks are. ``RuntimeError`` when the host refuses."""
+    if not torch.cuda.is_available():  # another accelerator: its runtime's pinning
+        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    buffer = torch.empty(size, dtype=torch.uint8)
+    error = int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), size, 0))
+    if error != 0:
+        raise RuntimeError(f"cudaHostRegister of {size} bytes failed (cudaError {error})")
+    return buffer
+
+
 def host_buffer(size: int, pinned: bool) -> torch.Tensor:
     """A ``size``-byte pool, or, when the host refuses that much (a
     ``max_local_cpu_size`` beyond its memory, or beyond what it can pin), the
@@ -148,7 +163,7 @@ def host_buffer(size: int, pinned: bool) -> torch.Tensor:
     wanted, refusal = size, None
     while True:
         try:
-            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+            buffer = _page_locked(size) if pinned else torch.empty(size, dtype=torch.uint8)
         except RuntimeError as exc:
             if size // 2 < MIN_POOL:
                 raise

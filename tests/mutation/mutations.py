@@ -3402,6 +3402,43 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "device-batch-released-before-its-copies",
+        "a batch copied to the device is read before its pool slots are reused",
+        "lmcache_ec/storage/copy_out.py",
+        "                torch.cuda.current_stream(device).synchronize()\n",
+        "                pass\n",
+        (
+            (
+                "tests/storage/test_device_copies.py::test_a_batch_to_the_device_is_read_bef"
+                "ore_its_slots_are_reused"
+            ),
+        ),
+    ),
+    Mutation(
+        "borrowed-slot-released-before-its-device-copy",
+        "a borrowed view copied to the device is read before its pool slot is reused",
+        "lmcache_ec/engine.py",
+        "                        torch.cuda.current_stream().synchronize()\n",
+        "                        pass\n",
+        (
+            (
+                "tests/storage/test_device_copies.py::test_a_borrowed_view_copied_to_the_dev"
+                "ice_is_read_before_its_slot_is_reused"
+            ),
+        ),
+    ),
+    Mutation(
+        "pinned-pool-rounded-to-a-power-of-two",
+        "with an accelerator the CPU pool locks exactly its size, not torch's power-of-two block",
+        "lmcache_ec/tiers/allocator.py",
+        (
+            "            buffer = _page_locked(size) if pinned else torch.empty(size, "
+            "dtype=torch.uint8)\n"
+        ),
+        "            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)\n",
+        ("tests/storage/test_device_copies.py::test_the_pool_locks_exactly_its_size",),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
