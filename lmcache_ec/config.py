@@ -79,9 +79,7 @@ def _coerce(opt: Option, value: Any, origin: str) -> Any:
                 raise ValueError("expected a whole number")
             return number
         if opt.kind == "str":
-            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-                raise ValueError("expected a string")
-            return str(value)
+            return _text(value)
         if opt.kind == "list":
             if isinstance(value, str):
                 value = [part.strip() for part in value.split(",") if part.strip()]
@@ -100,6 +98,16 @@ def _coerce(opt: Option, value: Any, origin: str) -> Any:
             shown = redact_text(shown)
         raise ConfigError(f"{where}invalid value {shown:.80}: {exc}") from None
     raise AssertionError(opt.kind)
+
+
+def _text(value: Any) -> str:
+    """A str option's value. A YAML file's come as written (``_read_yaml``); a float
+    from a mapping has lost its written form (1.10 is 1.1): refused, never merged."""
+    if isinstance(value, float):
+        raise ValueError(f"expected a string: quote it, a number loses digits ({value!r})")
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise ValueError("expected a string")
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -226,10 +234,22 @@ def _build(resolved: dict[str, Any], source: str) -> ECConfig:
     return ECConfig(remote=RemoteSettings(**remote), source=source, **resolved)
 
 
-def _read_yaml(path: str) -> Mapping[str, Any]:
+class _AsWritten(yaml.SafeLoader):
+    """``safe_load`` with every scalar but null kept as written: YAML reads ``1.10``
+    as 1.1, ``010`` as 8 and ``1_0`` as 10, and distinct versions would meet."""
+
+
+for _tag in ("bool", "int", "float", "timestamp"):
+    _AsWritten.add_constructor(f"tag:yaml.org,2002:{_tag}", yaml.SafeLoader.construct_scalar)
+
+
+def _read_yaml(path: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """The file's document as ``safe_load`` types it, and with scalars as written."""
     try:
         with open(path, encoding="utf-8") as stream:
-            loaded = yaml.safe_load(stream)
+            text = stream.read()
+        loaded = yaml.safe_load(text)
+        written = yaml.load(text, Loader=_AsWritten)  # a SafeLoader: no objects built
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except (OSError, yaml.YAMLError, ValueError) as exc:
@@ -238,10 +258,21 @@ def _read_yaml(path: str) -> Mapping[str, Any]:
     except RecursionError:
         raise ConfigError(f"cannot read config file {path}: nested too deeply") from None
     if loaded is None:
-        return {}
+        return {}, {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
-    return loaded
+    return loaded, written
+
+
+def _file_section(path: str) -> dict[str, tuple[Any, str]]:
+    """The ``ec:`` keys of the file at ``path``; str options take their value as written."""
+    typed, written = _read_yaml(path)
+    raw = _ec_section(typed, path)
+    for name, entry in _ec_section(written, path).items():
+        opt = SCHEMA.get(ALIASES.get(name, name))
+        if opt is not None and opt.kind == "str" and name in raw:
+            raw[name] = entry
+    return raw
 
 
 def _ec_section(document: Mapping[str, Any], origin: str) -> dict[str, tuple[Any, str]]:
@@ -295,7 +326,7 @@ def load_config(
             raw = {str(k).lower(): (v, f"{origin} {k}") for k, v in source.items()}
     else:
         origin = os.fspath(source)
-        raw = _ec_section(_read_yaml(origin), origin)
+        raw = _file_section(origin)
 
     for env_name, env_value in environ.items():
         if env_name.startswith(ENV_PREFIX):
@@ -375,6 +406,9 @@ def _disk_path(value: str, where: str) -> str:
     path = value[len("file://") :] if value.startswith("file://") else value
     if "," in path:
         raise ConfigError(f"{where}: 'local_disk' takes one directory for the encoder tier")
-    if "\0" in path:
-        raise ConfigError(f"{where}: 'local_disk' must not contain a NUL byte")
-    return str(Path(path).expanduser().resolve())
+    expanded = os.path.expanduser(path)
+    if expanded.startswith("~"):  # ~user of no such user (or no home directory)
+        raise ConfigError(f"{where}: 'local_disk' names an unknown home directory ({path})")
+    # realpath, not Path.resolve: a symlink loop stays a path the disk tier
+    # cannot open (the engine starts without it), not a RuntimeError here.
+    return os.path.realpath(expanded)

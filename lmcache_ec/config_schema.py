@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from .remote_names import check_url
+from .remote_names import check_s3_endpoint, check_s3_region, check_url
 
 CACHE_POLICIES = ("LRU", "LFU", "FIFO", "MRU")
 
@@ -37,14 +37,19 @@ class Option:
     aliases: tuple[str, ...] = ()  # LMCache keys accepted in ``ec:`` for this one
 
 
+def _not_finite(value: Any) -> bool:
+    # Floats only: math.isfinite of an int past a float's range (400 digits) overflows.
+    return isinstance(value, float) and not math.isfinite(value)
+
+
 def _positive(value: Any) -> str | None:
-    if not math.isfinite(value):
+    if _not_finite(value):
         return "must be a finite number"
     return None if value > 0 else "must be > 0"
 
 
 def _non_negative(value: Any) -> str | None:
-    if not math.isfinite(value):
+    if _not_finite(value):
         return "must be a finite number"
     return None if value >= 0 else "must be >= 0"
 
@@ -96,12 +101,29 @@ def _non_empty(value: Any) -> str | None:
     return None if value else "must be a non-empty string"
 
 
+def _path(value: Any) -> str | None:
+    """A file system path: one with a NUL byte fails every call that takes it."""
+    return "must not contain a NUL byte" if "\0" in value else None
+
+
+def _non_empty_path(value: Any) -> str | None:
+    return _non_empty(value) or _path(value)
+
+
 def _cache_policy(value: Any) -> str | None:
     return None if value.upper() in CACHE_POLICIES else f"must be one of {CACHE_POLICIES}"
 
 
 def _remote_url(value: Any) -> str | None:
     return None if value is None else check_url(value)
+
+
+def _s3_endpoint(value: Any) -> str | None:
+    return check_s3_endpoint(value) if value else None  # "": unset
+
+
+def _s3_region(value: Any) -> str | None:
+    return check_s3_region(value) if value else None  # "": unset
 
 
 def _addressing_style(value: Any) -> str | None:
@@ -130,9 +152,10 @@ SCHEMA: dict[str, Option] = {
             kind="float",
             default=1.0,
             help="CPU tier capacity in GB (also the largest entry stored, or read from the remote "
-            "tier: a Redis read takes at most this many bytes). "
-            "Memory is not reserved at start: a background thread makes pages resident a "
-            "window (128 MB) ahead of use.",
+            "tier: a Redis read takes at most this many bytes), rounded down to whole 4 KiB "
+            "allocation units. Memory is not reserved at start: a background thread makes "
+            "pages resident a window (128 MB) ahead of use; with an accelerator the pool is "
+            "page-locked, at its exact size, from the start.",
             lmcache=True,
             check=_size_gb,
         ),
@@ -142,6 +165,7 @@ SCHEMA: dict[str, Option] = {
             default=None,
             help="Directory of the disk tier (a path or file:// URL); unset disables the tier.",
             lmcache=True,
+            check=_path,
         ),
         Option(
             "max_local_disk_size",
@@ -206,7 +230,7 @@ SCHEMA: dict[str, Option] = {
             "disk and node tiers, and the vLLM stage channel's sockets when $XDG_RUNTIME_DIR "
             "is unset. Give every process on the node the same.",
             lmcache=False,
-            check=_non_empty,
+            check=_non_empty_path,
         ),
         Option(
             "remote_url",
@@ -217,7 +241,9 @@ SCHEMA: dict[str, Option] = {
             "(Redis Cluster), redis-sentinel://host1:port1,…/service_name (Sentinel), or "
             "s3://bucket/prefix (any S3-compatible store; see s3_endpoint_url, credentials "
             "from the AWS environment/config chain). "
-            "Reads fall through CPU -> disk -> remote; writes reach the remote asynchronously.",
+            "Reads fall through CPU -> disk -> remote; writes reach the remote asynchronously. "
+            "Redis URL options that set timeouts or retries (socket_timeout=, retry_on_timeout= "
+            "…) are refused: remote_timeout bounds them.",
             lmcache=True,
             check=_remote_url,
         ),
@@ -247,8 +273,10 @@ SCHEMA: dict[str, Option] = {
             "s3_endpoint_url",
             kind="str",
             default=None,
-            help="S3 endpoint for s3:// remote_url, e.g. http://minio:9000; unset uses AWS.",
+            help="S3 endpoint for s3:// remote_url, e.g. http://minio:9000 (no credentials: "
+            "those are AWS credentials); unset uses AWS.",
             lmcache=False,
+            check=_s3_endpoint,
         ),
         Option(
             "s3_region",
@@ -256,6 +284,7 @@ SCHEMA: dict[str, Option] = {
             default=None,
             help="S3 region for s3:// remote_url; unset uses the AWS config chain.",
             lmcache=False,
+            check=_s3_region,
         ),
         Option(
             "s3_addressing_style",
@@ -301,7 +330,8 @@ SCHEMA: dict[str, Option] = {
             "namespace",
             kind="str",
             default="default",
-            help="Tenant namespace: entries of different namespaces never meet.",
+            help="Tenant namespace: entries of different namespaces never meet. Taken as "
+            "written in the YAML file (1.10 and 1.1 differ).",
             lmcache=False,
             check=_non_empty,
         ),
@@ -310,7 +340,8 @@ SCHEMA: dict[str, Option] = {
             kind="str",
             default="",
             help="Version of the encoder weights, in every key: outputs of other weights never "
-            "meet. The vLLM connector adds a fingerprint of the loaded weights itself.",
+            "meet. Taken as written in the YAML file (1.10 and 1.1 differ). "
+            "The vLLM connector adds a fingerprint of the loaded weights itself.",
             lmcache=False,
         ),
         Option(
@@ -354,6 +385,7 @@ SCHEMA: dict[str, Option] = {
             "this file as JSON lines, for lmcache-ec bench serve or a latency question; "
             "unset: nothing is recorded.",
             lmcache=False,
+            check=_path,
         ),
     )
 }

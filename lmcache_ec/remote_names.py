@@ -26,7 +26,7 @@ import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 REDIS_DATA_SUFFIX = "kv_bytes"
 REDIS_META_SUFFIX = "metadata"
@@ -166,15 +166,46 @@ class StoreKind:
     example: str
 
 
+# redis-py's URL options that would replace the client's timeouts and retries:
+# from_url lets them win over the options remote_timeout sets.
+_REDIS_TIMING_OPTIONS = ("socket_timeout", "socket_connect_timeout", "timeout")
+# URL options redis-py parses as whole numbers (a bad one fails only at open).
+_REDIS_INT_OPTIONS = (
+    "db",
+    "socket_read_size",
+    "max_connections",
+    "health_check_interval",
+    "ssl_min_version",
+    "protocol",
+)
+
+
 def _check_redis(url: str) -> None:
+    written = url.partition("://")[0]
+    if written != written.lower():  # redis-py takes only redis://, rediss://, unix://
+        raise ValueError(f"scheme {written}:// must be written in lower case")
     parsed = urlparse(url)
     if parsed.scheme.lower() == "unix":
         if not parsed.path:
             raise ValueError("expected unix:///path/to/redis.sock")
-        return
-    if not parsed.hostname:
+    elif not parsed.hostname:
         raise ValueError("expected redis://[user:password@]host:port[/db]")
-    _ = parsed.port  # ValueError for a bad port
+    else:
+        _ = parsed.port  # ValueError for a bad port
+    _check_redis_options(parsed.query)
+
+
+def _check_redis_options(query: str) -> None:
+    """Refuse URL options that override ``remote_timeout`` or that redis-py cannot parse."""
+    for name, values in parse_qs(query, keep_blank_values=True).items():
+        if name in _REDIS_TIMING_OPTIONS or name.startswith("retry"):
+            raise ValueError(
+                f"the URL option {name}= is refused: remote_timeout bounds every Redis "
+                "call (connect, read, retries); set remote_timeout instead"
+            )
+        value = values[0]
+        if name in _REDIS_INT_OPTIONS and value and not value.strip().lstrip("+-").isdecimal():
+            raise ValueError(f"the URL option {name}={value!r} is not a whole number")
 
 
 STORES: tuple[StoreKind, ...] = (
@@ -214,6 +245,38 @@ REFUSED: dict[str, str] = {
     "resp": "the resp:// client allocates the KV chunk shape on read",
     "valkey": "the Valkey connector allocates the KV chunk shape on read",
 }
+
+
+# A DNS name or IPv4 address as botocore takes it (no "_", no spaces).
+_HOST = re.compile(r"^((?!-)[a-z\d-]{1,63}(?<!-)\.)*((?!-)[a-z\d-]{1,63}(?<!-))\.?$", re.I)
+# An AWS region name as botocore takes it: a DNS label, not only digits.
+_REGION = re.compile(r"^(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)$")
+
+
+def check_s3_endpoint(url: str) -> str | None:
+    """Why ``url`` cannot be an S3 endpoint (``s3_endpoint_url``), or None if it can."""
+    try:
+        parsed = urlparse(url)
+        _ = parsed.port  # ValueError for a bad port
+    except ValueError as exc:
+        return f"is not a valid URL: {exc}"
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return "must be an http:// or https:// URL such as http://minio:9000"
+    if any(c.isspace() for c in url):
+        return "must not contain white space"
+    if parsed.username is not None or parsed.password is not None:
+        # botocore signs with the AWS credentials, never the URL's; a password
+        # there would only reach every log line that names the endpoint.
+        return "must not hold credentials: give them as AWS credentials (environment, profile)"
+    host = parsed.hostname
+    if ":" not in host and not _HOST.match(host):  # ":": an IPv6 address
+        return f"has an invalid host name {host!r}"
+    return None
+
+
+def check_s3_region(region: str) -> str | None:
+    """Why ``region`` cannot be an AWS region name (``s3_region``), or None if it can."""
+    return None if _REGION.match(region) else "must be a region name such as us-east-1"
 
 
 def store_kind(url: str) -> StoreKind | None:

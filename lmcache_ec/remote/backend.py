@@ -77,6 +77,7 @@ for _name in (
     logging.getLogger(_name).addFilter(_RedactCredentials())
 
 MISSED_LIMIT = 100_000  # keys remembered for re-upload after an outage
+CONNECT_ERRORS_KEPT = 64  # distinct connector errors already logged at WARNING
 READERS = 16  # threads running blocking reads (``Deadline``)
 _MISS = object()
 
@@ -87,6 +88,11 @@ def _release_late(future: Future) -> None:
         result = future.result()
         if isinstance(result, MemoryObj):
             result.ref_count_down()
+
+
+def _shown(exc: object) -> str:
+    """``exc`` as a log line may show it: an endpoint's password replaced by ``***``."""
+    return redact_text(str(exc)) or type(exc).__name__
 
 
 def _unwrapped(connection: RemoteConnector) -> RemoteConnector:
@@ -118,6 +124,7 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         self._missed: OrderedDict[CacheEngineKey, None] = OrderedDict()
         self._missed_lock = threading.Lock()
         self.on_recovered: Callable[[], None] | None = None
+        self._connect_errors: OrderedDict[str, None] = OrderedDict()
         self._deadline = Deadline(self.timeout + GRACE, self._abort, READERS, "ec-remote-read")
         # The primary remote; create_remote_backends renames the others.
         self.backend_name = "RemoteBackend"
@@ -151,7 +158,17 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         except Exception as exc:  # upstream re-raises IrrecoverableException
             self.failure_time = time.time()
             self.connection = None
-            logger.warning("Remote connector for %s not created: %s", self._where(), exc)
+            self._connect_failed(exc)
+
+    def _connect_failed(self, exc: Exception) -> None:
+        """One WARNING per distinct error: each probe (remote_retry_interval) retries."""
+        message = _shown(exc)
+        seen = message in self._connect_errors
+        self._connect_errors[message] = None
+        if len(self._connect_errors) > CONNECT_ERRORS_KEPT:
+            self._connect_errors.popitem(last=False)
+        level = logging.DEBUG if seen else logging.WARNING
+        logger.log(level, "Remote connector for %s not created: %s", self._where(), message)
 
     def _where(self) -> str:
         if getattr(self, "plugin_name", None):
@@ -169,7 +186,7 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         return self.health.counters
 
     def _mark_down(self, operation: str, exc: object) -> None:
-        self.health.failed(operation, exc)
+        self.health.failed(operation, _shown(exc))
 
     def remember_missed(self, keys: Sequence[CacheEngineKey]) -> None:
         """Record keys the store does not have because it was unavailable."""

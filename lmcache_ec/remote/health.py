@@ -21,6 +21,8 @@ from concurrent.futures import Future
 
 from lmcache.utils import CacheEngineKey
 
+from ..remote_names import redact_text
+
 logger = logging.getLogger(__name__)
 
 KNOWN_KEYS = 65536
@@ -86,7 +88,7 @@ class RemoteHealth:
             try:
                 await asyncio.wait_for(self._probe_once(), self._timeout)
             except Exception as exc:
-                logger.debug("Remote probe failed: %s", exc)
+                logger.debug("Remote probe failed: %s", redact_text(str(exc)))
                 continue
             # Cleared and set under one lock: a failure right after is never lost.
             with self._lock:

@@ -30,7 +30,7 @@ from typing import Any
 from ..codec import PREFIX_SIZE
 from ..config import RemoteSettings
 from ..key import ECKey
-from ..remote_names import S3Location, claim_key, parse_s3_url
+from ..remote_names import S3Location, claim_key, parse_s3_url, redact
 from .bounded import declared_or_none, too_large
 from .store import RemoteStore, StoreError, appended
 
@@ -320,7 +320,7 @@ class S3Store(RemoteStore):
         self._client.close()
 
     def describe(self) -> str:
-        where = self.settings.s3_endpoint_url or "aws"
+        where = redact(self.settings.s3_endpoint_url) or "aws"
         return f"{where} s3://{self.location.bucket}/{self.location.prefix}"
 
 

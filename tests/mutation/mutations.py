@@ -3439,6 +3439,215 @@ MUTATIONS += [
         "            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)\n",
         ("tests/storage/test_device_copies.py::test_the_pool_locks_exactly_its_size",),
     ),
+    Mutation(
+        "str-option-from-yaml-typed",
+        "a str option is taken as written in the YAML file: weights_version 1.10 is not 1.1",
+        "lmcache_ec/config.py",
+        "            raw[name] = entry\n",
+        "            pass\n",
+        (
+            (
+                "tests/test_config_inputs.py::test_distinct_unquoted_yaml_values_of_a_string"
+                "_option_stay_distinct[8-010-weights_version]"
+            ),
+            (
+                "tests/test_config_inputs.py::test_an_engine_on_weights_1_10_never_reads_the"
+                "_entry_of_weights_1_1"
+            ),
+        ),
+    ),
+    Mutation(
+        "float-for-str-option-stringified",
+        "a float for a str option from a mapping is refused (its written form is lost)",
+        "lmcache_ec/config.py",
+        (
+            "    if isinstance(value, float):\n"
+            '        raise ValueError(f"expected a string: quote it, a number loses digits '
+            '({value!r})")\n'
+            "    if not isinstance(value, (str, int)) or isinstance(value, bool):\n"
+        ),
+        "    if not isinstance(value, (str, int, float)) or isinstance(value, bool):\n",
+        (
+            (
+                "tests/test_config_inputs.py::test_a_float_for_a_string_option_from_python_i"
+                "s_refused[weights_version]"
+            ),
+        ),
+    ),
+    Mutation(
+        "disk-path-symlink-loop-raises",
+        "a disk directory through a symlink loop starts the engine without the disk tier",
+        "lmcache_ec/config.py",
+        "    return os.path.realpath(expanded)\n",
+        "    return str(Path(expanded).resolve())\n",
+        (
+            (
+                "tests/test_config_inputs.py::test_a_disk_directory_through_a_symlink_loop_s"
+                "tarts_the_engine_without_it"
+            ),
+        ),
+    ),
+    Mutation(
+        "disk-path-unknown-home-taken-as-relative",
+        "local_disk: ~user of no such user is a ConfigError naming the key (exit 2)",
+        "lmcache_ec/config.py",
+        (
+            '    if expanded.startswith("~"):  # ~user of no such user (or no home directory)\n'
+            "        raise ConfigError(f\"{where}: 'local_disk' names an unknown home "
+            'directory ({path})")\n'
+        ),
+        "",
+        (
+            (
+                "tests/test_config_inputs.py::test_a_value_past_any_use_is_a_config_error_in"
+                "_the_cli_not_a_traceback[unknown_home]"
+            ),
+        ),
+    ),
+    Mutation(
+        "isfinite-on-a-huge-int",
+        "an int past a float's range (read_threads: 9…9) is a ConfigError, not an OverflowError",
+        "lmcache_ec/config_schema.py",
+        "    return isinstance(value, float) and not math.isfinite(value)\n",
+        "    return not math.isfinite(value)\n",
+        (
+            (
+                "tests/test_config_inputs.py::test_a_value_past_any_use_is_a_config_error_in"
+                "_the_cli_not_a_traceback[read_threads]"
+            ),
+            (
+                "tests/test_config_inputs.py::test_a_read_threads_past_a_floats_range_in_the"
+                "_environment_names_the_variable"
+            ),
+        ),
+    ),
+    Mutation(
+        "node-dir-nul-byte-unchecked",
+        "a NUL byte in node_dir is refused at load, naming the key",
+        "lmcache_ec/config_schema.py",
+        "            check=_non_empty_path,\n",
+        "            check=_non_empty,\n",
+        (
+            (
+                "tests/test_config_inputs.py::test_a_path_with_a_nul_byte_is_refused_at_load"
+                "_naming_the_key[node_dir]"
+            ),
+        ),
+    ),
+    Mutation(
+        "timeline-path-nul-byte-unchecked",
+        "a NUL byte in timeline_path is refused at load, naming the key",
+        "lmcache_ec/config_schema.py",
+        (
+            '            "unset: nothing is recorded.",\n'
+            "            lmcache=False,\n"
+            "            check=_path,\n"
+        ),
+        '            "unset: nothing is recorded.",\n            lmcache=False,\n',
+        (
+            (
+                "tests/test_config_inputs.py::test_a_path_with_a_nul_byte_is_refused_at_load"
+                "_naming_the_key[timeline_path]"
+            ),
+        ),
+    ),
+    Mutation(
+        "timeline-write-valueerror-escapes",
+        "a timeline that cannot be written (ValueError too) is off with one warning",
+        "lmcache_ec/integration/vllm/timeline.py",
+        "        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path\n",
+        "        except OSError as exc:\n",
+        (
+            (
+                "tests/test_config_inputs.py::test_a_timeline_that_cannot_be_written_is_off_"
+                "with_one_warning"
+            ),
+        ),
+    ),
+    Mutation(
+        "s3-endpoint-unchecked",
+        "an s3_endpoint_url that can never open is refused at load",
+        "lmcache_ec/config_schema.py",
+        "            check=_s3_endpoint,\n",
+        "",
+        (
+            (
+                "tests/test_config_inputs.py::test_an_s3_endpoint_that_can_never_open_is_ref"
+                "used_at_load[no_url]"
+            ),
+            (
+                "tests/test_config_inputs.py::test_an_s3_endpoint_that_can_never_open_is_ref"
+                "used_at_load[port]"
+            ),
+        ),
+    ),
+    Mutation(
+        "s3-region-unchecked",
+        "an s3_region that is no region name is refused at load",
+        "lmcache_ec/config_schema.py",
+        "            check=_s3_region,\n",
+        "",
+        (
+            (
+                "tests/test_config_inputs.py::test_an_s3_region_that_is_no_region_name_is_re"
+                "fused_at_load"
+            ),
+        ),
+    ),
+    Mutation(
+        "redis-upper-case-scheme-accepted",
+        "REDIS:// (refused by redis-py at open) is refused at load",
+        "lmcache_ec/remote_names.py",
+        (
+            "    if written != written.lower():  # redis-py takes only redis://, "
+            "rediss://, unix://\n"
+            '        raise ValueError(f"scheme {written}:// must be written in lower case")\n'
+        ),
+        "",
+        (
+            (
+                "tests/test_config_inputs.py::test_a_redis_scheme_not_in_lower_case_is_refus"
+                "ed_at_load[REDIS://h:6379]"
+            ),
+        ),
+    ),
+    Mutation(
+        "redis-url-options-override-remote-timeout",
+        "Redis URL options cannot lift the remote_timeout bound (socket_timeout=, retry…=)",
+        "lmcache_ec/remote_names.py",
+        '        if name in _REDIS_TIMING_OPTIONS or name.startswith("retry"):\n',
+        "        if False:\n",
+        (
+            (
+                "tests/test_config_inputs.py::test_redis_url_options_overriding_remote_timeo"
+                "ut_are_refused[socket_timeout=15]"
+            ),
+        ),
+    ),
+    Mutation(
+        "connector-not-created-logged-every-probe",
+        "a remote connector that cannot be built is logged once per distinct error",
+        "lmcache_ec/remote/backend.py",
+        "        level = logging.DEBUG if seen else logging.WARNING\n",
+        "        level = logging.WARNING\n",
+        (
+            (
+                "tests/test_config_inputs.py::test_a_connector_that_cannot_be_built_is_logge"
+                "d_once_not_at_every_probe"
+            ),
+        ),
+    ),
+    Mutation(
+        "s3-endpoint-credentials-accepted",
+        (
+            "an s3_endpoint_url holding credentials is refused at load (they would only "
+            "reach the logs)"
+        ),
+        "lmcache_ec/remote_names.py",
+        "    if parsed.username is not None or parsed.password is not None:\n",
+        "    if False:\n",
+        ("tests/test_config_inputs.py::test_an_s3_endpoint_with_credentials_is_refused_at_load",),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

@@ -55,7 +55,7 @@ class TimelineWriter:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             os.write(self._fd, line)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
             self._failed = True
             logger.warning("Timeline off: cannot write %s (%s)", self.path, exc)
 
