@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 
+from ..remote_names import check_url, redact
 from .common import (
     console,
     fail,
@@ -36,6 +39,33 @@ def _shapes(text: str) -> list[tuple[int, int]]:
             fail(f"invalid shape {part!r}: dimensions must be >= 1", 2)
         shapes.append((rows, cols))
     return shapes
+
+
+# What the benchmarks' raw client (redis-py's ``Redis.from_url``) can measure.
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _check_redis_url(url: str | None) -> None:
+    """Refuse, before any job starts, a --redis-url that names no single Redis server."""
+    if url is None:
+        return
+    if url.partition("://")[0] in REDIS_SCHEMES:
+        reason = check_url(url)
+    else:
+        reason = f"must name one Redis server ({', '.join(s + '://' for s in REDIS_SCHEMES)})"
+    if reason:
+        fail(f"invalid --redis-url {redact(url)!r}: {reason}", 2)
+
+
+def _check_directory(directory: str | None) -> None:
+    if directory is not None and not os.path.isdir(directory):
+        fail(f"--directory {directory!r} is not an existing directory", 2)
+
+
+def _check_startup_gb(size: float) -> None:
+    # Upstream's engine given a CPU tier of <= 0 GB never returns from start-up.
+    if not (math.isfinite(size) and size > 0):
+        fail(f"--startup-cpu-gb must be a number > 0, not {size}", 2)
 
 
 def _ms(value: Any) -> str:
@@ -126,6 +156,9 @@ def bench_all(
             fail(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}", 2)
     if dtype not in SUPPORTED_DTYPES:
         fail(f"unsupported dtype {dtype!r}; use {', '.join(SUPPORTED_DTYPES)}", 2)
+    _check_redis_url(redis_url)
+    _check_directory(directory)
+    _check_startup_gb(startup_cpu_gb)
     options: dict[str, Any] = {
         "shapes": _shapes(shapes) if shapes else None,
         "iterations": iterations,
@@ -190,7 +223,8 @@ def local(
     ] = 2.0,
     startup: Annotated[bool, typer.Option(help="Measure start-up time and RSS.")] = True,
     threads: Annotated[
-        int, typer.Option(help="torch intra-op threads during the run (same for every engine).")
+        int,
+        typer.Option(min=1, help="torch intra-op threads during the run (same for every engine)."),
     ] = 1,
     directory: Annotated[
         str | None, typer.Option(help="Where the temporary disk tiers go (default: $TMPDIR).")
@@ -209,6 +243,8 @@ def local(
             fail(f"unsupported dtype {name!r}; use {', '.join(SUPPORTED_DTYPES)}", 2)
     if iterations < 1:
         fail("--iterations must be >= 1", 2)
+    _check_directory(directory)
+    _check_startup_gb(startup_cpu_gb)
     settings = LocalBenchSettings(
         shapes=_shapes(shapes),
         dtypes=names,
@@ -221,7 +257,10 @@ def local(
     needed = max(r * c for r, c in settings.shapes) * 4 * iterations * 1.2
     if needed > cpu_gb * 1024**3:
         fail(f"--cpu-gb {cpu_gb} cannot hold {iterations} entries of the largest shape", 2)
-    result = run_with_status("bench local", lambda progress, _: run_local(settings, progress))
+    try:
+        result = run_with_status("bench local", lambda progress, _: run_local(settings, progress))
+    except RuntimeError as exc:  # a job failed: its last error line, not a traceback
+        fail(f"bench local failed: {exc}")
     _print_flat(
         "CPU and disk tiers: ms per item (hits = reads that returned the tensor)", result["rows"]
     )
@@ -325,10 +364,13 @@ def remote(
 
     from ..bench.focused import run_remote
     from ..bench.run import LOCAL_S3_BUCKET, LOCAL_S3_CREDENTIALS
-    from ..bench.servers import MissingDependency, local_redis, moto_process
+    from ..bench.servers import MissingDependency, local_redis, moto_process, probe_redis
 
     if not (redis_url or s3_url or local_servers):
         fail("give --redis-url, --s3-url or --local-servers", 2)
+    _check_redis_url(redis_url)
+    if redis_url and (reason := probe_redis(redis_url)):
+        fail(reason)  # before starting a job: its error would be a worker's traceback
 
     def measure(progress: Any, _: str) -> list[dict[str, Any]]:
         nonlocal redis_url, s3_url, s3_endpoint_url
@@ -359,6 +401,8 @@ def remote(
         rows = run_with_status("bench remote", measure)
     except MissingDependency as exc:
         fail(str(exc), 2)
+    except RuntimeError as exc:  # a job failed: its last error line, not a traceback
+        fail(f"bench remote failed: {exc}")
     _print_flat("Remote tier: ms per item; ratio = raw client / lmcache-ec (>1: faster)", rows)
     write_json(as_json, rows)
 

@@ -73,9 +73,10 @@ def _tiers(tier: str) -> tuple[str, ...]:
 
 
 class _Session:
-    """Config plus the remote catalog (if configured); remote problems are kept,
-    and so are those of a disk or node directory that cannot be listed (that
-    tier is then ``skipped``, the others still served)."""
+    """Config plus the remote catalog (if configured). A tier that cannot be
+    opened or listed (a remote that fails, a disk or node directory of another
+    user) is ``skipped`` with its problem kept: nothing is deleted or recorded
+    there, the other tiers are still served."""
 
     def __init__(self, config: ECConfig, tiers: tuple[str, ...]) -> None:
         self.config = config
@@ -87,6 +88,7 @@ class _Session:
             try:
                 self.catalog = inventory.open_remote(config)
             except inventory.RemoteUnavailable as exc:
+                self.skipped.add("remote")
                 self.problems.append(f"remote tier skipped: {exc}")
         if tiers == ("disk",) and not config.local_disk:
             self.problems.append("no disk tier configured (local_disk is unset)")
@@ -104,11 +106,13 @@ class _Session:
                         selector,
                         tiers=(tier,),
                         catalog=self.catalog,
-                        problems=self.problems,
                     )
                 )
             except OSError as exc:
                 self.skip(tier, exc)
+            except inventory.RemoteUnavailable as exc:  # nothing of it seen: nothing to act on
+                self.skipped.add(tier)
+                self.problems.append(f"{tier} tier skipped: {exc.__cause__ or exc}")
         return found
 
     def skip(self, tier: str, exc: OSError) -> None:
@@ -329,7 +333,7 @@ def _mark_purged(
         except OSError as exc:
             if not isinstance(exc, FileNotFoundError):  # no directory: nobody to tell
                 session.problems.append(f"disk: cannot write the purge marker: {exc}")
-    if "remote" in tiers and session.catalog is not None:
+    if "remote" in tiers and session.catalog is not None and "remote" not in session.skipped:
         try:
             for namespace in sorted(namespaces):
                 append_remote(session.catalog, namespace, line)

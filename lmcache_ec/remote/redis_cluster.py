@@ -53,6 +53,7 @@ from .redis_store import (
     _queue_read,
     _scan,
     _sized,
+    _wrong_type,
     client_options,
 )
 from .store import RemoteStore, ShardUnavailable, StoreError
@@ -84,11 +85,12 @@ def _string(reply: Any) -> bytes:
 
 
 def _answer(replies: list[Any], several: bool) -> Any:
-    """A key's answer from its replies in a batch: None if one failed."""
+    """A key's answer from its replies in a batch: None if one failed. A key of
+    another type is answered as such (a damaged entry, ``_sized``), not None."""
     if several:
         return None if any(_failed(reply) for reply in replies) else replies
     (reply,) = replies
-    return None if isinstance(reply, Exception) else reply
+    return None if isinstance(reply, Exception) and not _wrong_type(reply) else reply
 
 
 def _queue_range(pipe: Any, key: str, start: int, end: int) -> None:

@@ -120,8 +120,18 @@ def _scan(client: redis.Redis, prefix: str) -> Iterator[list[str]]:
 
 
 def _sized(names: list[str], sizes: Sequence[Any]) -> Iterator[tuple[str, int]]:
+    """(name, frame bytes) from each name's STRLEN reply.
+
+    A data key of another type is a damaged entry: listed with size 0 (its
+    header read fails: unreadable, and purgeable), never a failed listing.
+    Any other error reply raises (a partial listing must not look complete).
+    """
     for name, size in zip(names, sizes, strict=True):
-        if size:  # metadata without data: a torn write, not an entry
+        if _wrong_type(size):
+            yield name, 0
+        elif _failed(size):
+            raise size
+        elif size:  # metadata without data: a torn write, not an entry
             yield name, int(size)
 
 
@@ -206,7 +216,8 @@ class RedisStore(RemoteStore):
             pipe = self._client.pipeline(transaction=False)
             for name in names:
                 pipe.strlen(redis_data_key(name))
-            yield from _sized(names, pipe.execute())
+            # One damaged key fails only itself (``_sized``), not the whole listing.
+            yield from _sized(names, pipe.execute(raise_on_error=False))
 
     def read_range(self, name: str, start: int, length: int) -> bytes | None:
         key = redis_data_key(name)

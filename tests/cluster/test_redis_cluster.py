@@ -15,7 +15,7 @@ import torch
 from lmcache_ec import ECCache
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import open_catalog
-from lmcache_ec.remote_names import redis_data_key
+from lmcache_ec.remote_names import redis_data_key, redis_meta_key
 from tests.conftest import bit_equal, make_tensor
 from tests.remote.conftest import (
     RETRY,
@@ -69,6 +69,22 @@ def test_two_instances_share_entries_through_the_cluster(redis_cluster, make_cac
         assert header is not None and header["mm_hash"] == "shared-1"
         assert catalog.delete(names["shared-0"])
         assert not catalog.exists(names["shared-0"])
+
+
+def test_a_key_of_another_type_is_listed_as_one_damaged_entry(redis_cluster, make_cache):
+    config = remote_config(redis_cluster.url)
+    tensors = _tensors("listed", 6)
+    with make_cache(config, model=MODEL) as writer:
+        assert all(writer.put_many(tensors))
+        assert writer.flush(10)
+        damaged = writer.key("damaged").storage_name
+    data_key = redis_data_key(damaged)
+    redis_cluster.node_of(data_key).client().rpush(data_key, b"not a frame")
+    meta_key = redis_meta_key(damaged)
+    redis_cluster.node_of(meta_key).client().set(meta_key, b"x")
+    with open_catalog(load_config(config)) as catalog:
+        listed = dict(catalog.list())
+    assert len(listed) == len(tensors) + 1 and listed[damaged] == 0
 
 
 def test_get_many_of_many_entries_hits_every_one(redis_cluster, make_cache):

@@ -1211,8 +1211,8 @@ MUTATIONS += [
         "purge-log-read-whole",
         "a reader takes at most LOG_LIMIT + 1 bytes of a purge log",
         "lmcache_ec/remote/redis_store.py",
-        "return bytes(self._client.getrange(name, -size, -1)) or None",
-        "return bytes(self._client.getrange(name, 0, -1)) or None",
+        "return _as_bytes(self._client.getrange(name, -size, -1)) or None",
+        "return _as_bytes(self._client.getrange(name, 0, -1)) or None",
         (f"{T_PURGE}::test_a_long_log_is_read_as_its_tail",),
     ),
     Mutation(
@@ -3647,6 +3647,157 @@ MUTATIONS += [
         "    if parsed.username is not None or parsed.password is not None:\n",
         "    if False:\n",
         ("tests/test_config_inputs.py::test_an_s3_endpoint_with_credentials_is_refused_at_load",),
+    ),
+    Mutation(
+        "redis-listing-fails-on-a-wrong-type-key",
+        "one Redis key of another type is one damaged entry, not a failed listing",
+        "lmcache_ec/remote/redis_store.py",
+        "            yield from _sized(names, pipe.execute(raise_on_error=False))\n",
+        "            yield from _sized(names, pipe.execute())\n",
+        (
+            (
+                "tests/cli/test_damaged_listing.py::test_a_redis_key_of_another_type_is_list"
+                "ed_as_one_unreadable_entry"
+            ),
+            (
+                "tests/cli/test_damaged_listing.py::test_a_purge_removes_a_wrong_type_entry_"
+                "and_the_good_ones_beside_it"
+            ),
+        ),
+    ),
+    Mutation(
+        "redis-listing-wrong-type-is-an-outage",
+        "a wrong-type STRLEN reply is listed as a damaged entry (size 0), never raised",
+        "lmcache_ec/remote/redis_store.py",
+        "        if _wrong_type(size):\n            yield name, 0\n        elif _failed(size):\n",
+        "        if isinstance(size, Exception):\n",
+        (
+            (
+                "tests/cli/test_damaged_listing.py::test_a_redis_key_of_another_type_is_list"
+                "ed_as_one_unreadable_entry"
+            ),
+        ),
+    ),
+    Mutation(
+        "cluster-listing-fails-on-a-wrong-type-key",
+        (
+            "a Redis Cluster listing takes a key of another type as one damaged entry, not "
+            "a partial listing"
+        ),
+        "lmcache_ec/remote/redis_cluster.py",
+        "    return None if isinstance(reply, Exception) and not _wrong_type(reply) else reply\n",
+        "    return None if isinstance(reply, Exception) else reply\n",
+        (
+            (
+                "tests/cluster/test_redis_cluster.py::test_a_key_of_another_type_is_listed_a"
+                "s_one_damaged_entry"
+            ),
+        ),
+    ),
+    Mutation(
+        "purge-recorded-on-an-unlisted-remote",
+        "a purge whose remote listing failed records and announces no purge there",
+        "lmcache_ec/cli/entries.py",
+        (
+            '    if "remote" in tiers and session.catalog is not None and "remote" not in '
+            "session.skipped:\n"
+        ),
+        '    if "remote" in tiers and session.catalog is not None:\n',
+        (
+            (
+                "tests/cli/test_damaged_listing.py::test_a_purge_whose_remote_listing_failed"
+                "_records_and_announces_nothing_there"
+            ),
+        ),
+    ),
+    Mutation(
+        "bench-remote-url-unchecked",
+        "bench remote refuses a --redis-url that names no Redis server (exit 2, no traceback)",
+        "lmcache_ec/cli/bench.py",
+        (
+            "    _check_redis_url(redis_url)\n"
+            "    if redis_url and (reason := probe_redis(redis_url)):\n"
+        ),
+        "    if redis_url and (reason := probe_redis(redis_url)):\n",
+        (
+            (
+                "tests/cli/test_bench_inputs.py::test_a_redis_url_that_names_no_redis_server"
+                "_is_a_usage_error"
+            ),
+        ),
+    ),
+    Mutation(
+        "bench-remote-dead-redis-traceback",
+        "bench remote on a Redis that does not answer is an error naming it, before any job",
+        "lmcache_ec/cli/bench.py",
+        (
+            "    if redis_url and (reason := probe_redis(redis_url)):\n"
+            "        fail(reason)  # before starting a job: its error would be a worker's "
+            "traceback\n"
+        ),
+        "",
+        (
+            (
+                "tests/cli/test_bench_inputs.py::test_a_redis_that_does_not_answer_is_an_err"
+                "or_naming_it"
+            ),
+        ),
+    ),
+    Mutation(
+        "bench-remote-job-failure-traceback",
+        "a bench remote job that fails is an error (exit 1), not a traceback",
+        "lmcache_ec/cli/bench.py",
+        (
+            "    except RuntimeError as exc:  # a job failed: its last error line, not a "
+            "traceback\n"
+            '        fail(f"bench remote failed: {exc}")\n'
+        ),
+        "",
+        ("tests/cli/test_bench_inputs.py::test_a_job_that_fails_is_an_error_not_a_traceback",),
+    ),
+    Mutation(
+        "bench-local-missing-directory-traceback",
+        "bench local refuses a --directory that does not exist",
+        "lmcache_ec/cli/bench.py",
+        (
+            "    _check_directory(directory)\n"
+            "    _check_startup_gb(startup_cpu_gb)\n"
+            "    settings = LocalBenchSettings(\n"
+        ),
+        "    _check_startup_gb(startup_cpu_gb)\n    settings = LocalBenchSettings(\n",
+        (
+            (
+                "tests/cli/test_bench_inputs.py::test_a_directory_that_does_not_exist_is_a_u"
+                "sage_error[local]"
+            ),
+        ),
+    ),
+    Mutation(
+        "bench-local-startup-size-unchecked",
+        "bench local refuses a start-up CPU tier of no positive size (upstream never starts)",
+        "lmcache_ec/cli/bench.py",
+        "    _check_startup_gb(startup_cpu_gb)\n    settings = LocalBenchSettings(\n",
+        "    settings = LocalBenchSettings(\n",
+        (
+            (
+                "tests/cli/test_bench_inputs.py::test_a_startup_cpu_tier_of_no_positive_size"
+                "_is_a_usage_error[-1-local]"
+            ),
+        ),
+    ),
+    Mutation(
+        "bench-local-zero-threads",
+        "bench local refuses --threads 0",
+        "lmcache_ec/cli/bench.py",
+        (
+            '        typer.Option(min=1, help="torch intra-op threads during the run (same '
+            'for every engine)."),\n'
+        ),
+        (
+            '        typer.Option(help="torch intra-op threads during the run (same for '
+            'every engine)."),\n'
+        ),
+        ("tests/cli/test_bench_inputs.py::test_zero_threads_is_a_usage_error",),
     ),
 ]
 
