@@ -3129,7 +3129,7 @@ MUTATIONS += [
         (
             (
                 "tests/test_get_or_compute.py::test_waiters_whose_holder_failed_wait_for_the"
-                "_one_that_took_its_claim_over"
+                "_one_that_took_its_claim_over[claim-expires-directory]"
             ),
         ),
     ),
@@ -3722,7 +3722,7 @@ MUTATIONS += [
         (
             (
                 "tests/cli/test_bench_inputs.py::test_a_redis_url_that_names_no_redis_server"
-                "_is_a_usage_error"
+                "_is_a_usage_error[http://x-mustnameoneRedisserver-remote]"
             ),
         ),
     ),
