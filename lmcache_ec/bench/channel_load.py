@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from .measure import percentile
 from .steps import SimEngine, sim_vllm_config
 
 IMAGES_PER_REQUEST = 62  # 4 tokens each, then 4 of text: within max_model_len (256)
@@ -302,11 +303,6 @@ def _run_phase(settings: ChannelBenchSettings, disk: str, images: list[str], pha
     }
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
-
-
 def _summary(samples: list[tuple[float, float]]) -> dict[str, float]:
     busy_ms = [1000 * seconds for seconds, busy in samples if busy]
     idle_ms = [1000 * seconds for seconds, busy in samples if not busy]
@@ -314,7 +310,7 @@ def _summary(samples: list[tuple[float, float]]) -> dict[str, float]:
         "steps": len(samples),
         "busy_steps": len(busy_ms),
         "busy_median_ms": statistics.median(busy_ms) if busy_ms else 0.0,
-        "busy_p99_ms": _percentile(busy_ms, 0.99) if busy_ms else 0.0,
+        "busy_p99_ms": percentile(busy_ms, 0.99) if busy_ms else 0.0,
         "busy_max_ms": max(busy_ms, default=0.0),
         # The p99 of ~480 steps is the 5th largest: the few steps that take a
         # whole batch's bookkeeping decide whether it is.

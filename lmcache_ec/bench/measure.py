@@ -9,6 +9,7 @@ penalise whichever engine runs first.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -70,6 +71,15 @@ def wait_until(done: Callable[[], bool], timeout: float = 120.0, poll_s: float =
     return True
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile (0 < q <= 1): the smallest value with at least
+    ``q`` of them at or below it (p99 of 100 is the 99th, not the maximum)."""
+    ordered = sorted(values)
+    # Rounded first: 0.07 * 100 is 7.000000000000001, whose ceiling is one rank too high.
+    rank = math.ceil(round(len(ordered) * q, 9))
+    return ordered[max(0, rank - 1)]
+
+
 def summary(
     label: str,
     times: list[float],
@@ -91,7 +101,7 @@ def summary(
         "label": label,
         "n": len(ms) * per_call_items,
         "median_ms": median,
-        "p99_ms": ms[min(len(ms) - 1, int(len(ms) * 0.99))] if ms else None,
+        "p99_ms": percentile(ms, 0.99) if ms else None,
         "mb_s": nbytes / 1e6 / (median / 1000) if median and nbytes else None,
         "hits": hits,
         "note": note,

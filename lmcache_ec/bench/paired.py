@@ -53,6 +53,14 @@ def order_statistic_rank(n: int, confidence: float = CONFIDENCE) -> int:
     return k
 
 
+def min_pairs(confidence: float = CONFIDENCE) -> int:
+    """The fewest pairs that give an interval at ``confidence`` (6 at 95 %)."""
+    n = 1
+    while order_statistic_rank(n, confidence) == 0:
+        n += 1
+    return n
+
+
 def ratio_interval(
     subject: Sequence[float], reference: Sequence[float], confidence: float = CONFIDENCE
 ) -> RatioInterval | None:
@@ -94,6 +102,7 @@ __all__ = [
     "CONFIDENCE",
     "RatioInterval",
     "Verdict",
+    "min_pairs",
     "order_statistic_rank",
     "ratio_interval",
     "verdict",

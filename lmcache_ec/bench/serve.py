@@ -50,6 +50,7 @@ from .serve_timeline import (
 from .vllm_server import (
     CPU_ARGS,
     ChatResult,
+    ServerError,
     VLLMServer,
     chat_with_image,
     ec_transfer_config,
@@ -76,7 +77,7 @@ class ServeSettings:
     subjects: tuple[str, ...] = tuple(SUBJECTS)
     ratios: tuple[int, ...] = (0, 50, 80, 100)
     lone: int = 12  # image requests per ratio, one at a time
-    concurrent: int = 12  # image requests per ratio, in_flight at once
+    concurrent: int = 18  # image requests per ratio, in_flight at once: 6 rounds of 3
     in_flight: int = 3
     max_tokens: int = 8
     zipf_s: float = 1.1
@@ -160,8 +161,20 @@ def ec_config(
     return ec_transfer_config("ec_both", {**tiers, **recorded})
 
 
+def request_failed(server: VLLMServer, what: str, exc: BaseException) -> ServerError:
+    """A request the server did not answer, as the error ``bench serve`` reports: what
+    failed and the server's log, not a traceback that loses the run."""
+    return ServerError(
+        f"{what} to {server.base_url} failed: {type(exc).__name__}: {exc}\n"
+        f"log: {server.log_path}\n--- last lines ---\n{server.log_tail()}"
+    )
+
+
 def counters(server: VLLMServer) -> dict[str, float]:
-    page = read_metrics(server.metrics_url)
+    try:
+        page = read_metrics(server.metrics_url)
+    except OSError as exc:  # urllib's errors, a timeout included
+        raise request_failed(server, "reading /metrics", exc) from exc
     return {
         "loads": metric_total(page, "vllm:lmcache_ec_loads_total"),
         "saves": metric_total(page, "vllm:lmcache_ec_saves_total"),
@@ -208,6 +221,7 @@ class Fleet:
         self.servers: dict[str, VLLMServer] = {}
         self.floor_prompt = floor
         self.start_s: dict[str, float] = {}
+        self.blocks_run = 0  # numbers each block's rows: only rows of one block pair up
 
     def timeline_path(self, name: str) -> Path:
         return self.root / "timelines" / f"{name}.jsonl"
@@ -246,14 +260,24 @@ class Fleet:
             self.servers.pop(name).stop()
 
     def text(self, server: VLLMServer, prompt: str) -> float:
-        return chat_with_image(server.base_url, server.served_model, None, prompt, 2).ttft_s
+        return self._chat(server, None, prompt, 2).ttft_s
 
     def ask(self, server: VLLMServer, image: int | None) -> ChatResult:
         png = None if image is None else make_png(image)
         prompt = PROMPT if image is not None else self.floor_prompt
-        return chat_with_image(
-            server.base_url, server.served_model, png, prompt, self.settings.max_tokens
-        )
+        return self._chat(server, png, prompt, self.settings.max_tokens)
+
+    def _chat(
+        self, server: VLLMServer, png: bytes | None, prompt: str | None, max_tokens: int
+    ) -> ChatResult:
+        """One request; a failed or timed-out one is a ServerError with the server's log."""
+        import httpx
+        import openai
+
+        try:
+            return chat_with_image(server.base_url, server.served_model, png, prompt, max_tokens)
+        except (openai.OpenAIError, httpx.HTTPError) as exc:  # neither is a RuntimeError
+            raise request_failed(server, "a chat request", exc) from exc
 
     def run_block(
         self,
@@ -270,7 +294,8 @@ class Fleet:
         server, by a text-only request of the same length (its paired floor);
         ``pattern``: the rows' pattern, or one per server."""
         patterns = pattern if isinstance(pattern, dict) else dict.fromkeys(names, pattern)
-        blocks = {n: Block(s, patterns[n], mode) for n, s in names.items()}
+        blocks = {n: Block(s, patterns[n], mode, self.blocks_run) for n, s in names.items()}
+        self.blocks_run += 1
         before = {n: counters(self.servers[n]) for n in names}
         settle = self.settings.settle_s if self.settings.settle_s is not None else settle_seconds()
         last: tuple[str, float] | None = None  # the server that ran last, and when it ended
@@ -290,7 +315,15 @@ class Fleet:
                 wall = time.perf_counter() - begin
                 block.busy_s += results[0].total_s if mode == "lone" else wall
                 samples = [
-                    Sample(ids[i], repeat[i], r.ttft_s, r.request_id, r.sent_at, r.first_token_at)
+                    Sample(
+                        ids[i],
+                        repeat[i],
+                        r.ttft_s,
+                        r.request_id,
+                        r.sent_at,
+                        r.first_token_at,
+                        round=number,
+                    )
                     for i, r in zip(indices, results, strict=True)
                 ]
                 if floors:
@@ -336,8 +369,11 @@ def floor_prompt(server: VLLMServer) -> str:
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return int(json.loads(response.read())["count"])
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return int(json.loads(response.read())["count"])
+        except OSError as exc:
+            raise request_failed(server, "/tokenize", exc) from exc
 
     image = {"type": "image_url", "image_url": {"url": png_data_url(make_png(0))}}
     target = count([image, {"type": "text", "text": PROMPT}])

@@ -7,22 +7,47 @@ from __future__ import annotations
 
 from typing import Any
 
+from .paired import min_pairs
 from .serve_rows import SUBJECTS
 from .serve_timeline import EVENTS
 
 
 def verdict_text(row: dict[str, Any]) -> str:
-    """Each target: verdict, paired ratio and its 95 % interval, pairs."""
+    """Each target: verdict, paired ratio and its 95 % interval, pairs (or rounds)."""
     texts = []
     for t in row.get("targets", []):
         if t["value"] is None:
-            texts.append(f"{t['verdict'].upper()} (no pairs): {t['text']}")
+            texts.append(f"{t['verdict'].upper()} ({_no_interval(t)}): {t['text']}")
         else:
             texts.append(
                 f"{t['verdict'].upper()} {t['value']}x [{t['low']}, {t['high']}] "
-                f"n={t['n']}: {t['text']}"
+                f"{_count(t)}: {t['text']}"
             )
     return "; ".join(texts)
+
+
+def _count(t: dict[str, Any]) -> str:
+    unit = t.get("unit", "pairs")
+    named = unit if t["n"] != 1 else unit[:-1]
+    # A concurrent round counts once: say how many pairs its rounds hold.
+    return f"n={t['n']} {named}" + (f" ({t['pairs']} pairs)" if unit == "rounds" else "")
+
+
+def _no_interval(t: dict[str, Any]) -> str:
+    if not t.get("pairs", t["n"]):
+        return "no pairs"
+    if t.get("no_interval", "too few") == "too few":
+        needed = t.get("needed", 6)
+        return f"{_count(t)}; {needed} needed for a 95 % interval"
+    return f"{_count(t)}; no interval: {t['no_interval']}"
+
+
+def outcome(row: dict[str, Any]) -> str | None:
+    """The row's colour: red when a target failed, green only when every one passed."""
+    verdicts = [t["pass"] for t in row.get("targets", [])]
+    if False in verdicts:
+        return "red"
+    return "green" if verdicts and all(v is True for v in verdicts) else None
 
 
 def timeline_columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -95,7 +120,9 @@ NOTES = (
     "targets: the paired ratio (median over pairs) with its 95 % sign-test interval (order "
     "statistics of the pair ratios); hit/floor pairs a hit with the floor sent right after "
     "it, vs ECExampleConnector pairs the same image sent to both in turn; PASS/FAIL only "
-    "when the whole interval is on one side of the target, else INCONCLUSIVE.",
+    "when the whole interval is on one side of the target, else INCONCLUSIVE. Concurrent "
+    "rows count a round once (the median of its pair ratios: its requests share the "
+    "server's steps), so they need 6 rounds for an interval, lone rows 6 pairs.",
     "servers take turns with a pause between two servers (settle_s): vLLM's CPU workers poll "
     "their queues for 1 s after each step, which would slow the next server on the same core.",
     "hits: lmcache-ec's loads counter (vllm:lmcache_ec_loads_total); * ECExampleConnector has "
@@ -132,11 +159,19 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def summary_line(result: dict[str, Any]) -> str:
-    verdicts = [t["verdict"] for t in result["targets"]]
+    targets = result["targets"]
+    verdicts = [t["verdict"] for t in targets]
+    # A target without an interval is inconclusive too, but for want of pairs.
+    few = sum(t["value"] is None and t.get("no_interval", "too few") == "too few" for t in targets)
+    other = sum(t["value"] is None for t in targets) - few
+    contains = verdicts.count("inconclusive") - few - other
     return (
         f"targets: {verdicts.count('pass')} pass, {verdicts.count('fail')} fail, "
-        f"{verdicts.count('inconclusive')} inconclusive (95 % interval of the paired ratio "
-        f"contains the target) — {result['elapsed_s']} s on {result['machine']['cpus']} CPUs"
+        f"{contains} inconclusive (95 % interval of the paired ratio contains the target), "
+        f"{few} too few pairs ({min_pairs()} needed for a 95 % interval; concurrent rows: "
+        f"{min_pairs()} rounds)"
+        + (f", {other} without an interval (a request without a first token)" if other else "")
+        + f" — {result['elapsed_s']} s on {result['machine']['cpus']} CPUs"
     )
 
 
@@ -153,8 +188,7 @@ def print_table(result: dict[str, Any], console: Any) -> None:
         )
     for row in result["rows"]:
         cells = table_cells(row)
-        verdicts = [t["pass"] for t in row.get("targets", [])]
-        color = "red" if False in verdicts else "green" if True in verdicts else None
+        color = outcome(row)
         cells[-1] = f"[{color}]{cells[-1]}[/]" if color and cells[-1] else cells[-1]
         table.add_row(*cells)
     console.print(table)
@@ -197,8 +231,7 @@ def draw_chart(result: dict[str, Any], path: str) -> str:
                 )
                 if row is None or not row["ttft_p50_ms"]:
                     continue
-                verdicts = [t["pass"] for t in row.get("targets", [])]
-                edge = "red" if False in verdicts else "green" if True in verdicts else "none"
+                edge = outcome(row) or "none"
                 x = i + (k - (len(subjects) - 1) / 2) * width
                 ax.bar(
                     x,

@@ -5,12 +5,13 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .paired import Verdict, ratio_interval, verdict
+from .paired import Verdict, min_pairs, ratio_interval, verdict
 
 SUBJECTS = {
     "none": "no connector",
@@ -38,6 +39,7 @@ class Sample:
     sent_at: float = 0.0
     first_token_at: float = 0.0
     floor: float | None = None  # TTFT of the text prompt sent right after it, same server
+    round: int | None = None  # its round in the block (lone: one request a round)
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Block:
     subject: str
     pattern: str
     mode: str
+    index: int = 0  # the block of requests it took part in: only rows of one block pair up
     samples: list[Sample] = field(default_factory=list)  # in send order, the same on every server
     floor_ttft: list[float] = field(default_factory=list)
     busy_s: float = 0.0  # lone: summed request times; concurrent: summed round wall times
@@ -75,6 +78,7 @@ def summarize(block: Block, floor: float | None, miss_ref: float | None) -> dict
     hit_p50 = pct(block.hit_ttft, 50)
     row = {
         "subject": block.subject,
+        "block": block.index,
         "label": SUBJECTS[block.subject],
         "pattern": block.pattern,
         "mode": block.mode,
@@ -99,7 +103,13 @@ def summarize(block: Block, floor: float | None, miss_ref: float | None) -> dict
         "ttft_ms": [round(t * 1000, 2) for t in block.ttft],
         "timeline": block.timeline,
         "samples": [
-            {"image": s.image, "repeat": s.repeat, "ttft_s": s.ttft, "floor_s": s.floor}
+            {
+                "image": s.image,
+                "repeat": s.repeat,
+                "ttft_s": s.ttft,
+                "floor_s": s.floor,
+                "round": s.round,
+            }
             for s in block.samples
         ],
     }
@@ -110,55 +120,87 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 2)
 
 
-def target(text: str, limit: float, subject: list[float], reference: list[float]) -> dict:
-    """A paired-ratio target: the ratio, its 95 % interval and the verdict."""
-    interval = ratio_interval(subject, reference)
+Pair = tuple[float, float, int]  # subject's and reference's seconds, and their unit
+
+
+def units(pairs: list[Pair]) -> list[float]:
+    """One ratio per unit, the median of its pairs' ratios: the concurrent requests
+    of a round share one server's steps (their ratios move together), so the sign
+    test may only count the round once."""
+    ratios: dict[int, list[float]] = {}
+    for mine, theirs, unit in pairs:
+        ratios.setdefault(unit, []).append(mine / theirs)
+    return [statistics.median(found) for found in ratios.values()]
+
+
+def target(text: str, limit: float, pairs: list[Pair], mode: str) -> dict:
+    """A paired-ratio target: the ratio, its 95 % interval over the units (pairs;
+    rounds when concurrent), and the verdict."""
+    n = len({unit for *_, unit in pairs})
+    needed = min_pairs()
+    positive = all(mine > 0 and theirs > 0 for mine, theirs, _ in pairs)
+    interval = ratio_interval(units(pairs), [1.0] * n) if positive else None
     found = verdict(interval, limit)
+    missing = None  # why there is no interval: the verdict then says nothing of the ratio
+    if interval is None:
+        missing = "too few" if n < needed else "a request without a first token"
     return {
         "text": text,
         "limit": limit,
         "value": None if interval is None else round(interval.ratio, 3),
         "low": None if interval is None else round(interval.low, 3),
         "high": None if interval is None else round(interval.high, 3),
-        "n": len(subject),
+        "n": n,
+        "unit": "rounds" if mode == "concurrent" else "pairs",
+        "pairs": len(pairs),
+        "needed": needed,
+        "no_interval": missing,
         "verdict": found.value,
         "pass": {Verdict.PASS: True, Verdict.FAIL: False}.get(found),
     }
 
 
+def _unit(sample: dict[str, Any], position: int, mode: str) -> int:
+    found = sample.get("round") if mode == "concurrent" else None
+    return position if found is None else found
+
+
+def _block_key(row: dict[str, Any]) -> tuple[Any, str, str]:
+    # The 2nd instance runs beside the example's cold restart, in the same block.
+    pattern = row["pattern"] if row["pattern"] != "2nd instance" else "cold restart"
+    return row.get("block"), pattern, row["mode"]
+
+
 def add_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mark lmcache-ec rows with hits: hit ≤ 1.1x its paired text floor, hit ≤
-    ECExampleConnector's for the same image sent back to back (paired ratios)."""
-    example = {(r["pattern"], r["mode"]): r for r in rows if r["subject"] == "example"}
+    ECExampleConnector's for the same image sent back to back in the same block
+    (paired ratios)."""
+    example = {_block_key(r): r for r in rows if r["subject"] == "example"}
     results = []
     for row in rows:
         row["targets"] = []
         if row["subject"] not in LMCACHE or not row["repeats"]:
             continue
-        floored = [s for s in row["samples"] if s["repeat"] and s["floor_s"]]
+        mode = row["mode"]
+        floored = [
+            (s["ttft_s"], s["floor_s"], _unit(s, i, mode))
+            for i, s in enumerate(row["samples"])
+            if s["repeat"] and s["floor_s"]
+        ]
         row["targets"].append(
-            target(
-                f"hit TTFT ≤ {FLOOR_MAX}x text floor",
-                FLOOR_MAX,
-                [s["ttft_s"] for s in floored],
-                [s["floor_s"] for s in floored],
-            )
+            target(f"hit TTFT ≤ {FLOOR_MAX}x text floor", FLOOR_MAX, floored, mode)
         )
-        pattern = row["pattern"] if row["pattern"] != "2nd instance" else "cold restart"
-        other = example.get((pattern, row["mode"]))
+        other = example.get(_block_key(row))
         pairs = []
         if other is not None:  # the same image, sent to both back to back
             pairs = [
-                (mine["ttft_s"], theirs["ttft_s"])
-                for mine, theirs in zip(row["samples"], other["samples"], strict=False)
+                (mine["ttft_s"], theirs["ttft_s"], _unit(mine, i, mode))
+                for i, (mine, theirs) in enumerate(
+                    zip(row["samples"], other["samples"], strict=False)
+                )
                 if mine["repeat"] and theirs["repeat"] and mine["image"] == theirs["image"]
             ]
-        versus = target(
-            "hit TTFT ≤ ECExampleConnector's",
-            EXAMPLE_MAX,
-            [a for a, _ in pairs],
-            [b for _, b in pairs],
-        )
+        versus = target("hit TTFT ≤ ECExampleConnector's", EXAMPLE_MAX, pairs, mode)
         row["vs_example"] = versus["value"] if other is not None else None
         if other is not None:
             row["targets"].append(versus)

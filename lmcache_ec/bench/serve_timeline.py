@@ -75,7 +75,8 @@ def request_events(
     timeline: TimelineFile, request_id: str | None, sent: float, first_token: float
 ) -> dict[str, float]:
     """The request's events (absolute times); only the client's two if the
-    server wrote nothing for it."""
+    server wrote nothing for it. A worker event counts only between the request's
+    ``seen`` and its first token: the workers write events by item, not by request."""
     events = {"sent": sent, "first_token": first_token}
     record = timeline.requests.get(request_id or "")
     if record is None:
@@ -85,10 +86,15 @@ def request_events(
     events["seen"] = seen
     for identifier, item_events in (record.get("items") or {}).items():
         found = {name: float(t) for name, t in item_events.items() if name in EVENTS}
-        for name in WORKER_EVENTS:  # the first of this item's at or after the request was seen
-            after = [t for t in timeline.items.get(identifier, {}).get(name, []) if t >= seen]
-            if after:
-                found[name] = min(after)
+        for name in WORKER_EVENTS:  # the item's first while the request was in flight:
+            # a later request for the same image wrote its own after this one's first token.
+            during = [
+                t
+                for t in timeline.items.get(identifier, {}).get(name, [])
+                if seen <= t <= first_token
+            ]
+            if during:
+                found[name] = min(during)
         for name, t in found.items():  # a request waits for its last item
             events[name] = max(events.get(name, t), t)
     return events

@@ -35,6 +35,7 @@ from urllib.parse import urlparse
 import torch
 
 from ..remote_names import redact
+from .measure import percentile
 from .proxy import SlowProxy
 from .servers import local_redis
 from .subjects import NO_MODEL
@@ -55,11 +56,6 @@ class StepBenchSettings:
     forward_ms: float = 5.0
     encode_ms: float = 20.0
     item_shape: tuple[int, int] = (256, 2560)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
 def _image_hash(tag: str) -> str:
@@ -304,12 +300,12 @@ def _run_mode(mode: str, settings: StepBenchSettings, redis_url: str) -> dict[st
             "mode": mode,
             "steps": len(step_times),
             "step_median_ms": statistics.median(steps_ms),
-            "step_p99_ms": _percentile(steps_ms, 0.99),
+            "step_p99_ms": percentile(steps_ms, 0.99),
             "step_max_ms": max(steps_ms),
             "wall_s": sum(step_times),
             # Step time outside the simulated forward pass and encoder: the stall.
             "overhead_median_ms": statistics.median(overhead_ms),
-            "overhead_p99_ms": _percentile(overhead_ms, 0.99),
+            "overhead_p99_ms": percentile(overhead_ms, 0.99),
             "overhead_max_ms": max(overhead_ms),
             "overhead_total_ms": sum(overhead_ms),
             "remote_request_median_ms": 1000 * statistics.median(latency["remote"]),

@@ -44,7 +44,11 @@ def serve(
     ] = None,
     concurrent: Annotated[
         int | None,
-        typer.Option(min=0, help="Concurrent requests per pattern (default 12; --quick 6)."),
+        typer.Option(
+            min=0,
+            help="Concurrent requests per pattern (default 18; --quick 6). A round of "
+            "--in-flight requests counts once: a verdict needs 6 rounds (18 at 3 in flight).",
+        ),
     ] = None,
     in_flight: Annotated[int, typer.Option(min=2, help="Requests in flight, concurrent.")] = 3,
     max_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per request.")] = 8,

@@ -56,11 +56,12 @@ def test_bench_serve_smallest_run(invoke, tmp_path):
         assert warm["hit_ttft_p50_ms"] < cold["miss_ttft_p50_ms"]
         floor = next(t for t in warm["targets"] if t["text"] == "hit TTFT ≤ 1.1x text floor")
         # Every hit is paired with the text prompt sent right after it, on its server.
-        assert floor["n"] == sent[mode] and all(s["floor_s"] > 0 for s in warm["samples"])
+        assert floor["pairs"] == sent[mode] and all(s["floor_s"] > 0 for s in warm["samples"])
         if mode == "lone":  # 6 pairs: enough for a 95 % interval
-            assert floor["low"] <= floor["value"] <= floor["high"]
+            assert floor["n"] == 6 and floor["low"] <= floor["value"] <= floor["high"]
             assert floor["verdict"] in ("pass", "fail", "inconclusive")
-        else:  # 4 are too few: no interval, no verdict
+        else:  # 4 requests, 3 in flight: 2 rounds, each counted once: no interval
+            assert (floor["n"], floor["unit"]) == (2, "rounds")
             assert floor["value"] is None and floor["verdict"] == "inconclusive"
         # The per-hit timeline: the server's events joined with the client's.
         timeline = warm["timeline"]

@@ -3799,6 +3799,152 @@ MUTATIONS += [
         ),
         ("tests/cli/test_bench_inputs.py::test_zero_threads_is_a_usage_error",),
     ),
+    Mutation(
+        "concurrent-pairs-counted-as-independent",
+        "a concurrent round counts once in the sign test",
+        "lmcache_ec/bench/serve_rows.py",
+        '    found = sample.get("round") if mode == "concurrent" else None\n',
+        "    found = None\n",
+        (
+            (
+                "tests/cli/test_bench_statistics.py::test_a_concurrent_round_counts_once_and"
+                "_four_rounds_give_no_verdict"
+            ),
+            (
+                "tests/cli/test_bench_statistics.py::test_a_concurrent_interval_is_over_the_"
+                "rounds_medians"
+            ),
+            (
+                "tests/cli/test_bench_statistics.py::test_concurrent_verdicts_at_the_target_"
+                "are_wrong_at_most_the_intervals_five_percent"
+            ),
+        ),
+    ),
+    Mutation(
+        "concurrent-samples-without-their-round",
+        "run_block numbers each sample's round",
+        "lmcache_ec/bench/serve.py",
+        "                        round=number,\n",
+        "",
+        ("tests/cli/test_bench_statistics.py::test_run_block_numbers_its_rounds_and_its_blocks",),
+    ),
+    Mutation(
+        "example-row-of-another-block",
+        "only rows of one block pair up against ECExampleConnector",
+        "lmcache_ec/bench/serve_rows.py",
+        '    return row.get("block"), pattern, row["mode"]\n',
+        '    return None, pattern, row["mode"]\n',
+        (
+            (
+                "tests/cli/test_bench_statistics.py::test_the_same_ratio_twice_pairs_each_bl"
+                "ock_with_its_own_example_run"
+            ),
+        ),
+    ),
+    Mutation(
+        "blocks-not-numbered",
+        "each run_block call's rows carry their own block index",
+        "lmcache_ec/bench/serve.py",
+        "        self.blocks_run += 1\n",
+        "",
+        ("tests/cli/test_bench_statistics.py::test_run_block_numbers_its_rounds_and_its_blocks",),
+    ),
+    Mutation(
+        "timeline-takes-a-later-requests-worker-event",
+        "a hit's timeline takes only worker events before its first token",
+        "lmcache_ec/bench/serve_timeline.py",
+        "                if seen <= t <= first_token\n",
+        "                if seen <= t\n",
+        (
+            (
+                "tests/cli/test_bench_statistics.py::test_a_hit_timeline_takes_no_worker_eve"
+                "nt_of_a_later_request"
+            ),
+        ),
+    ),
+    Mutation(
+        "too-few-pairs-said-as-no-pairs",
+        "a row with too few pairs says how many and how many are needed",
+        "lmcache_ec/bench/serve_report.py",
+        "            texts.append(f\"{t['verdict'].upper()} ({_no_interval(t)}): {t['text']}\")\n",
+        "            texts.append(f\"{t['verdict'].upper()} (no pairs): {t['text']}\")\n",
+        (
+            (
+                "tests/cli/test_bench_statistics.py::test_a_row_with_three_pairs_says_so_and"
+                "_the_summary_counts_it_apart"
+            ),
+        ),
+    ),
+    Mutation(
+        "too-few-pairs-counted-as-containing-the-target",
+        "the summary counts too few pairs apart",
+        "lmcache_ec/bench/serve_report.py",
+        (
+            '    few = sum(t["value"] is None and t.get("no_interval", "too few") == "too '
+            'few" for t in targets)\n'
+        ),
+        "    few = 0\n",
+        (
+            (
+                "tests/cli/test_bench_statistics.py::test_a_row_with_three_pairs_says_so_and"
+                "_the_summary_counts_it_apart"
+            ),
+        ),
+    ),
+    Mutation(
+        "failed-request-escapes-as-openai-error",
+        "a failed request is a ServerError with the server's log, not a traceback",
+        "lmcache_ec/bench/serve.py",
+        (
+            "        except (openai.OpenAIError, httpx.HTTPError) as exc:  # neither is a "
+            "RuntimeError\n"
+        ),
+        "        except ServerError as exc:\n",
+        (
+            (
+                "tests/cli/test_bench_statistics.py::test_a_failed_request_is_a_server_error"
+                "_with_the_servers_log"
+            ),
+        ),
+    ),
+    Mutation(
+        "p99-of-100-is-the-maximum",
+        "p99 is the nearest rank: of 100 samples the 99th, not the maximum",
+        "lmcache_ec/bench/measure.py",
+        "    rank = math.ceil(round(len(ordered) * q, 9))\n",
+        "    rank = int(len(ordered) * q) + 1\n",
+        (
+            "tests/cli/test_bench_statistics.py::test_p99_is_the_nearest_rank_not_the_maximum",
+            (
+                "tests/cli/test_bench_statistics.py::test_the_channel_benchmarks_p99_is_the_"
+                "shared_nearest_rank"
+            ),
+        ),
+    ),
+    Mutation(
+        "channel-p99-own-formula",
+        "bench channel's p99 is the shared nearest-rank p99",
+        "lmcache_ec/bench/channel_load.py",
+        '        "busy_p99_ms": percentile(busy_ms, 0.99) if busy_ms else 0.0,\n',
+        (
+            '        "busy_p99_ms": sorted(busy_ms)[min(len(busy_ms) - 1, int(len(busy_ms) '
+            "* 0.99))] if busy_ms else 0.0,\n"
+        ),
+        (
+            (
+                "tests/cli/test_bench_statistics.py::test_the_channel_benchmarks_p99_is_the_"
+                "shared_nearest_rank"
+            ),
+        ),
+    ),
+    Mutation(
+        "green-with-an-inconclusive-target",
+        "a row is green only when every target passed",
+        "lmcache_ec/bench/serve_report.py",
+        '    return "green" if verdicts and all(v is True for v in verdicts) else None\n',
+        '    return "green" if True in verdicts else None\n',
+        ("tests/cli/test_bench_statistics.py::test_a_row_is_green_only_when_every_target_passed",),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
