@@ -262,12 +262,14 @@ def purge(
     deleted: Counter[str] = Counter()
     freed: Counter[str] = Counter()
     marked: list[str] = []
+    unknown: Counter[str] = Counter()  # per tier: entries whose header the store failed to give
     try:
         entries = session.select(selector)
         named = entries  # selected by name: whose namespaces the purge reaches
         if selector.needs_headers:
             _with_headers(entries, session.catalog, "reading headers")
             entries = list(inventory.filter_headers(entries, selector))
+            unknown = _unknown(named, entries)
         if dry_run:
             for entry in entries:
                 deleted[entry.tier] += 1
@@ -288,10 +290,16 @@ def purge(
         session.close()
     verb = "would delete" if dry_run else "deleted"
     for name in sorted(set(deleted) | set(tiers)):
-        if name in deleted or (
-            name == "disk" and session.config.local_disk and name not in session.skipped
+        if (
+            name in deleted
+            or unknown[name]
+            or (name == "disk" and session.config.local_disk and name not in session.skipped)
         ):
-            console.print(f"{name}: {verb} {deleted[name]} entries ({human_bytes(freed[name])})")
+            left = f"; {unknown[name]} not decided (header unread)" if unknown[name] else ""
+            console.print(
+                f"{name}: {verb} {deleted[name]} entries ({human_bytes(freed[name])}){left}"
+            )
+    _report_unknown(session, unknown)
     if not dry_run and marked:
         interval = session.config.purge_check_s
         console.print(
@@ -300,6 +308,25 @@ def purge(
             f"({interval:g}s).[/]"
         )
     session.report()
+
+
+def _unknown(named: list[Entry], selected: list[Entry]) -> Counter[str]:
+    """Per tier, the entries left out because the store failed to give their
+    header (a timeout): whether the purge selects them is unknown."""
+    taken = {id(entry) for entry in selected}
+    return Counter(e.tier for e in named if e.read_failed and id(e) not in taken)
+
+
+def _report_unknown(session: _Session, unknown: Counter[str]) -> None:
+    """One warning for every entry left undecided (exit 1): the purge is incomplete."""
+    if not unknown:
+        return
+    counts = ", ".join(f"{tier}: {count}" for tier, count in sorted(unknown.items()))
+    session.problems.append(
+        f"purge incomplete: the headers of {sum(unknown.values())} entries could not be "
+        f"read ({counts}; the store failed, twice each), so whether the selection takes "
+        f"them is unknown; they were left in place: run the purge again"
+    )
 
 
 def _mark_purged(

@@ -106,12 +106,21 @@ def scan_remote(catalog: Any, selector: Selector = _EVERYTHING) -> list[Entry]:
     return found
 
 
+HEADER_READ_TRIES = 2  # a store failure is retried once: one slow moment is no unknown entry
+
+
 def read_remote_header(catalog: Any, entry: Entry) -> None:
-    try:
-        header = catalog.read_header(entry.name)
-    except Exception as exc:
-        entry.error = f"header read failed: {exc}"
-        return
+    """Fill ``entry.header``, or ``entry.error``; ``entry.read_failed`` when the
+    store failed each try (its header is unknown: not damaged, not selected by it)."""
+    for attempt in range(HEADER_READ_TRIES):
+        try:
+            header = catalog.read_header(entry.name, strict=True)
+            break
+        except Exception as exc:
+            if attempt + 1 == HEADER_READ_TRIES:
+                entry.error = f"header read failed: {exc}"
+                entry.read_failed = True
+                return
     if header is None:
         entry.error = "no readable header"
     else:

@@ -345,16 +345,19 @@ class MarkerWatch:
             return False
         self._next_disk = now + self.interval
         signature = disk_signature(self.disk_dir, self.namespace)
-        first = not self._disk_seen
-        self._disk_seen = True
         if signature is None or signature == self._disk_signature:
+            self._disk_seen = True
             return False
-        self._disk_signature = signature
         try:
             data = read_disk(self.disk_dir, self.namespace)
         except OSError as exc:
+            # Signature not kept: a transient failure (EMFILE; ESTALE or EIO on
+            # NFS) must not hide this log's purges. Read again at the next check.
             self._report(f"disk purge log {log_name(self.namespace)}: {exc}")
             return False
+        self._disk_signature = signature
+        first = not self._disk_seen
+        self._disk_seen = True
         return data is not None and self._handle(data, "disk", first)
 
     def check_remote(self, catalog: Any) -> bool:

@@ -34,7 +34,9 @@ class RemoteUnavailable(RuntimeError):
 
 @dataclass
 class Entry:
-    """One stored entry; ``header`` is None until read, ``error`` if unreadable."""
+    """One stored entry; ``header`` is None until read, ``error`` if unreadable;
+    ``read_failed`` if the store failed to give its header (unknown, not damaged:
+    a selection by age or weights cannot take it, and a purge says so)."""
 
     tier: str
     name: str
@@ -43,6 +45,7 @@ class Entry:
     mtime: float | None = None
     header: dict[str, Any] | None = None
     error: str | None = None
+    read_failed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

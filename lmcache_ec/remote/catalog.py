@@ -9,7 +9,8 @@ allocates no LMCache memory pool.
 Contract: every call is bounded by the config's ``remote_timeout`` (one
 attempt, no retries; a reconnect happens on the next call). ``exists`` and
 ``delete`` return False and ``read_header`` returns None when the store fails
-or the entry is absent or unreadable; ``claim`` returns True when the store
+(``read_header(strict=True)`` raises ``HeaderReadFailed`` then) or the entry
+is absent or unreadable; ``claim`` returns True when the store
 fails; ``list`` raises ``RemoteCatalogError`` (a partial listing must not look
 complete). Thread-safe.
 """
@@ -25,6 +26,7 @@ import torch
 
 from .. import codec
 from .deadline import GRACE, Deadline
+from .redis_store import _wrong_type
 from .store import RemoteStore, open_store
 
 if TYPE_CHECKING:
@@ -38,6 +40,10 @@ READERS = 4  # threads running reads whose answer has no small bound (``Deadline
 
 class RemoteCatalogError(OSError):
     """The remote store could not be listed."""
+
+
+class HeaderReadFailed(OSError):
+    """The store failed while a header was read: the entry's header is unknown, not damaged."""
 
 
 class RemoteCatalog:
@@ -130,10 +136,13 @@ class RemoteCatalog:
         except Exception as exc:
             logger.debug("Remote release(%s) failed: %s", name, exc)
 
-    def read_header(self, storage_name: str) -> dict[str, Any] | None:
+    def read_header(self, storage_name: str, *, strict: bool = False) -> dict[str, Any] | None:
         """The verified frame header (``codec.read_header``), reading only its bytes.
 
-        None if the entry is absent, unreadable, corrupt, or the store fails.
+        None if the entry is absent, unreadable or corrupt (a Redis key of
+        another type included). When the store fails (a timeout, a lost
+        connection): None, or with ``strict`` ``HeaderReadFailed``, so that a
+        caller deciding by the header (a purge) can tell "unknown" from "damaged".
         """
         try:
             raw = self._deadline.run(self.store.read_range, storage_name, 0, HEADER_READ_AHEAD)
@@ -151,6 +160,11 @@ class RemoteCatalog:
             logger.info("Remote entry %s has an unreadable header: %s", storage_name, exc)
             return None
         except Exception as exc:
+            if _wrong_type(exc):  # the store's answer about the entry: damage
+                logger.info("Remote entry %s is a key of another type: %s", storage_name, exc)
+                return None
+            if strict:
+                raise HeaderReadFailed(f"{type(exc).__name__}: {exc}") from exc
             logger.warning("Remote header read of %s failed: %s", storage_name, exc)
             return None
 
@@ -183,4 +197,4 @@ def open_catalog(config: ECConfig) -> RemoteCatalog | None:
     return RemoteCatalog(open_store(config.remote))
 
 
-__all__ = ["RemoteCatalog", "RemoteCatalogError", "open_catalog"]
+__all__ = ["HeaderReadFailed", "RemoteCatalog", "RemoteCatalogError", "open_catalog"]

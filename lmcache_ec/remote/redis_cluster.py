@@ -349,8 +349,8 @@ class RedisClusterStore(RemoteStore):
         return removed > 0
 
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
-        # A name's metadata and data keys live in different slots: scan each
-        # primary for metadata keys, then size the frames wherever they are.
+        # Each primary is scanned for frame (data) keys, the entries (``_scan``),
+        # then each frame is sized on the primary owning its slot now.
         for node in self._primaries():
             try:
                 batches = list(_scan(self._node_client(node), prefix))

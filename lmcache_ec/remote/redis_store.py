@@ -31,7 +31,7 @@ from redis.retry import Retry
 from ..config import RemoteSettings
 from ..key import ECKey
 from ..remote_names import (
-    REDIS_META_SUFFIX,
+    REDIS_DATA_SUFFIX,
     claim_key,
     parse_node_list,
     redact,
@@ -105,11 +105,17 @@ def _metadata(length: int) -> bytes:
 
 
 def _scan(client: redis.Redis, prefix: str) -> Iterator[list[str]]:
-    """Batches of entry names whose metadata key ``client``'s server holds."""
-    pattern = _glob_escape(prefix) + "*" + REDIS_META_SUFFIX
+    """Batches of entry names whose frame (data) key ``client``'s server holds.
+
+    The frame key is the entry: every read looks only at it, and its metadata
+    key may be gone (evicted first by ``allkeys-lru``: it is never read; on a
+    cluster, its shard was down during the put). A metadata key without a
+    frame is no entry.
+    """
+    pattern = _glob_escape(prefix) + "*" + REDIS_DATA_SUFFIX
     batch: list[str] = []
     for raw in client.scan_iter(match=pattern, count=SCAN_BATCH):
-        name = raw.decode()[: -len(REDIS_META_SUFFIX)]
+        name = raw.decode()[: -len(REDIS_DATA_SUFFIX)]
         if ECKey.is_storage_name(name):
             batch.append(name)
         if len(batch) >= SCAN_BATCH:
@@ -131,7 +137,7 @@ def _sized(names: list[str], sizes: Sequence[Any]) -> Iterator[tuple[str, int]]:
             yield name, 0
         elif _failed(size):
             raise size
-        elif size:  # metadata without data: a torn write, not an entry
+        elif size:  # 0: deleted since the scan (or empty: a miss, removed when read)
             yield name, int(size)
 
 

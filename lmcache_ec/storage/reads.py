@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple, NoReturn
 
@@ -32,6 +33,7 @@ import torch
 from lmcache.v1.memory_management import MemoryObj
 
 from .. import codec
+from ..config import from_lmcache
 from ..key import ECKey
 from ..metrics import ECStats
 from ..tier_contract import Tier, TierKind
@@ -94,6 +96,18 @@ def known_payload(memory_obj: MemoryObj, key: ECKey) -> codec.Payload | None:
     return payload if payload is not None and payload.name == key.storage_name else None
 
 
+def _in_put_tasks(tier: Tier, key: ECKey) -> bool:
+    """Whether ``tier`` has a write of ``key`` accepted and not landed (LMCache's
+    ``exists_in_put_tasks``: the disk writer's in-flight set, the remote's put_tasks)."""
+    pending = getattr(tier, "exists_in_put_tasks", None)
+    if pending is None:
+        return False
+    try:
+        return bool(pending(key))
+    except Exception:  # a plugin without it (NotImplementedError), or closed
+        return False
+
+
 class TierReader:
     def __init__(self, storage: ECStorageManager, stats: ECStats) -> None:
         self._storage = storage
@@ -112,6 +126,10 @@ class TierReader:
         self._drops_lock = threading.Lock()
         self._purges_begun = 0
         self._purges_applying = 0
+        # How long ``remove`` waits for the key's writes in flight (close's bound).
+        self._write_wait_s = from_lmcache(storage.config).close_timeout
+        self._late_removals = 0  # removals waiting for a write to land (``remove``)
+        self._closed = False
 
     def purge_begins(self) -> None:
         """A purge is being applied: promotions of reads begun before are not kept."""
@@ -136,15 +154,73 @@ class TierReader:
         self._promoter.cancel(key)
 
     def remove(self, key: ECKey) -> bool:
-        """Delete ``key`` from every tier; True if any held it. A removal is a
-        purge for the reads under way: a disk or remote hit of ``key`` read
-        before it must not write the entry back into the CPU tier after it."""
+        """Delete ``key`` from every tier; True if any held it.
+
+        Writes of ``key`` already accepted (a put's disk write or upload still
+        queued) would bring it back: they land first, waited for up to
+        ``close_timeout``; one still in flight then is removed again once it
+        lands (``_remove_when_landed``). A removal is a purge for the reads
+        under way: a disk or remote hit of ``key`` read before it must not
+        write the entry back into the CPU tier after it."""
+        landed = self._wait_for_writes(key, self._write_wait_s)
+        removed = self._remove_now(key)
+        if not landed:
+            self._remove_when_landed(key)
+        return removed
+
+    def _remove_now(self, key: ECKey) -> bool:
         self._promoter.cancel(key)  # a queued promotion must not bring it back
         self.purge_begins()
         try:
             return self._storage.remove(key) > 0
         finally:
             self.purge_ends()
+
+    def _writing(self, key: ECKey) -> list[str]:
+        """The tiers below the CPU tier with a write of ``key`` accepted, not landed."""
+        return [
+            tier.name
+            for tier in self._storage.every_tier()
+            if tier is not self._cpu and _in_put_tasks(tier, key)
+        ]
+
+    def _wait_for_writes(self, key: ECKey, seconds: float) -> bool:
+        """Whether no write of ``key`` is in flight in any tier within ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while self._writing(key):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def _remove_when_landed(self, key: ECKey) -> None:
+        """Remove ``key`` again, on a thread of its own, once its writes still in
+        flight land (the rare removal that outwaited ``close_timeout``)."""
+        with self._purge_lock:
+            self._late_removals += 1
+            first = self._late_removals == 1
+        if first:  # one line per episode, not one per removal
+            logger.warning(
+                "remove(%s): a write of it still in flight to %s after close_timeout "
+                "(%.1f s); removed again once it lands",
+                key.to_string(),
+                ", ".join(self._writing(key)) or "a tier",
+                self._write_wait_s,
+            )
+
+        def again() -> None:
+            try:
+                while not self._closed and not self._wait_for_writes(key, 1.0):
+                    pass
+                if not self._closed:
+                    self._remove_now(key)
+            except Exception as exc:  # closed under it: nothing left to undo
+                logger.debug("Removing %s again failed: %s", key.to_string(), exc)
+            finally:
+                with self._purge_lock:
+                    self._late_removals -= 1
+
+        threading.Thread(target=again, name="ec-remove-landed", daemon=True).start()
 
     def pending(self) -> int:
         """Background promotions queued or running."""
@@ -155,6 +231,7 @@ class TierReader:
         return self._promoter.run_pending()
 
     def close(self, timeout: float) -> None:
+        self._closed = True
         self._promoter.close(timeout)
 
     def read(self, key: ECKey, prefetched: Prefetched | None = None) -> Hit | None:

@@ -3945,6 +3945,104 @@ MUTATIONS += [
         '    return "green" if True in verdicts else None\n',
         ("tests/cli/test_bench_statistics.py::test_a_row_is_green_only_when_every_target_passed",),
     ),
+    Mutation(
+        "redis-listing-by-metadata-key",
+        "a Redis entry is its frame key: listed and purged without its metadata key",
+        "lmcache_ec/remote/redis_store.py",
+        '    pattern = _glob_escape(prefix) + "*" + REDIS_DATA_SUFFIX\n',
+        '    pattern = _glob_escape(prefix) + "*" + "metadata"\n',
+        (
+            (
+                "tests/purge/test_purge_gaps.py::test_a_redis_frame_whose_metadata_key_is_go"
+                "ne_is_listed_and_purged"
+            ),
+        ),
+    ),
+    Mutation(
+        "disk-log-signature-kept-on-failed-read",
+        "a disk purge log that failed to read once is read again",
+        "lmcache_ec/purge/marker.py",
+        "        try:\n            data = read_disk(self.disk_dir, self.namespace)\n",
+        (
+            "        self._disk_signature = signature\n"
+            "        try:\n"
+            "            data = read_disk(self.disk_dir, self.namespace)\n"
+        ),
+        (
+            (
+                "tests/purge/test_purge_gaps.py::test_a_disk_purge_log_that_could_not_be_rea"
+                "d_once_is_read_at_the_next_check"
+            ),
+        ),
+    ),
+    Mutation(
+        "remove-ignores-queued-writes",
+        "remove waits for the key's queued writes before deleting",
+        "lmcache_ec/storage/reads.py",
+        "        landed = self._wait_for_writes(key, self._write_wait_s)\n",
+        "        landed = True\n",
+        (
+            (
+                "tests/purge/test_purge_gaps.py::test_a_removal_right_after_put_is_not_undon"
+                "e_by_the_entrys_queued_writes[writes-land-first]"
+            ),
+        ),
+    ),
+    Mutation(
+        "remove-not-repeated-after-late-write",
+        "a write that outlasts close_timeout is removed again once it lands",
+        "lmcache_ec/storage/reads.py",
+        "        if not landed:\n            self._remove_when_landed(key)\n",
+        "",
+        (
+            (
+                "tests/purge/test_purge_gaps.py::test_a_removal_right_after_put_is_not_undon"
+                "e_by_the_entrys_queued_writes[outwaited]"
+            ),
+        ),
+    ),
+    Mutation(
+        "header-read-failure-not-reported",
+        "a purge whose header reads failed says so and exits 1",
+        "lmcache_ec/purge/inventory.py",
+        "                entry.read_failed = True\n",
+        "",
+        (
+            (
+                "tests/purge/test_purge_gaps.py::test_a_purge_whose_header_reads_the_store_f"
+                "ailed_says_so_and_exits_1[older-than]"
+            ),
+        ),
+    ),
+    Mutation(
+        "header-read-failure-read-as-damage",
+        "a store failure reading a header is not a damaged header",
+        "lmcache_ec/remote/catalog.py",
+        "            if strict:\n",
+        "            if False:\n",
+        (
+            (
+                "tests/purge/test_purge_gaps.py::test_a_purge_whose_header_reads_the_store_f"
+                "ailed_says_so_and_exits_1[older-than]"
+            ),
+        ),
+    ),
+    Mutation(
+        "header-read-not-retried",
+        "a failed header read is retried once",
+        "lmcache_ec/purge/inventory.py",
+        (
+            "HEADER_READ_TRIES = 2  # a store failure is retried once: one slow moment is "
+            "no unknown entry\n"
+        ),
+        "HEADER_READ_TRIES = 1\n",
+        (
+            (
+                "tests/purge/test_purge_gaps.py::test_a_purge_whose_header_reads_the_store_f"
+                "ailed_says_so_and_exits_1[older-than]"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
