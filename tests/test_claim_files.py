@@ -32,7 +32,9 @@ import time
 
 import pytest
 
-from lmcache_ec.claims import DirectoryClaims, _read
+from lmcache_ec.claims import DirectoryClaims, _read, claims_dir_for
+from lmcache_ec.config import load_config
+from lmcache_ec.storage.single_flight import claim_store_factory
 
 JOIN_S = 10.0  # a claim still running after this waits on something it must not
 
@@ -173,3 +175,15 @@ def test_claims_another_user_cannot_make_are_one_warning_not_one_per_claim(group
     second = as_user(USER_B, directory, False, "item=600", "other=600")
     assert second["answers"] == {"item": True, "other": True}  # works on them anyway
     assert len(second["warnings"]) == 1 and directory in second["warnings"][0]
+
+
+@pytest.mark.parametrize("group_shared", [False, True])
+def test_the_caches_claims_follow_the_disk_tiers_group_sharing(tmp_path, group_shared):
+    disk = tmp_path / "disk"
+    config = load_config({"local_disk": str(disk), "local_disk_group_shared": group_shared})
+    store = claim_store_factory(config)()
+    assert store.claim("item", 600)
+    directory = claims_dir_for(str(disk))
+    assert stat.S_IMODE(os.stat(directory).st_mode) == (0o2770 if group_shared else 0o700)
+    mode = stat.S_IMODE(os.stat(os.path.join(directory, "item.claim")).st_mode)
+    assert mode == (0o660 if group_shared else 0o600)

@@ -3098,7 +3098,9 @@ MUTATIONS += [
         "lmcache_ec/storage/single_flight.py",
         "        group_shared = config.local_disk_group_shared\n",
         "        group_shared = False\n",
-        ("tests/test_claim_files.py::test_users_of_a_group_share_claims",),
+        (
+            "tests/test_claim_files.py::test_the_caches_claims_follow_the_disk_tiers_group_sharing[True]",
+        ),
     ),
     Mutation(
         "claims-denied-silently",
