@@ -1524,7 +1524,7 @@ MUTATIONS += [
         "followers-share-the-leaders-tensor",
         "followers get the computed tensor whatever the leader's caller does with its own",
         "lmcache_ec/storage/get_or_compute.py",
-        "share=torch.clone)",
+        "share=_detached_copy)",
         "share=None)",
         (
             (
