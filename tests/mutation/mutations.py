@@ -3099,7 +3099,10 @@ MUTATIONS += [
         "        group_shared = config.local_disk_group_shared\n",
         "        group_shared = False\n",
         (
-            "tests/test_claim_files.py::test_the_caches_claims_follow_the_disk_tiers_group_sharing[True]",
+            (
+                "tests/test_claim_files.py::test_the_caches_claims_follow_the_disk_tiers_gro"
+                "up_sharing[True]"
+            ),
         ),
     ),
     Mutation(
@@ -4044,6 +4047,217 @@ MUTATIONS += [
                 "ailed_says_so_and_exits_1[older-than]"
             ),
         ),
+    ),
+    Mutation(
+        "run-without-its-clone-first-on-pythonpath",
+        "what ./run starts imports its own clone, whichever clone the shared venv points at",
+        "run",
+        'export PATH="$VENV/bin:$PATH" PYTHONPATH=$THIS_CLONE_FIRST\n',
+        'export PATH="$VENV/bin:$PATH"\n',
+        (
+            (
+                "tests/test_run_script.py::test_what_each_run_starts_imports_its_own_clone_w"
+                "hile_clones_share_the_venv"
+            ),
+        ),
+    ),
+    Mutation(
+        "run-suite-without-its-clone-first-on-pythonpath",
+        "the suite ./run starts imports its own clone, whichever clone the shared venv points at",
+        "run",
+        (
+            '    PATH="$VENV/bin:$PATH" PYTHONPATH=$THIS_CLONE_FIRST python -m pytest "$@" '
+            "|| rc=$?\n"
+        ),
+        '    PATH="$VENV/bin:$PATH" python -m pytest "$@" || rc=$?\n',
+        ("tests/test_run_script.py::test_the_suite_runs_with_its_own_clone_first_on_pythonpath",),
+    ),
+    Mutation(
+        "run-re-points-a-venv-another-run-uses",
+        "./run never reinstalls the package in a venv another ./run is using",
+        "run",
+        '    elif flock -x -n "$use" && ! points_at_this_clone; then\n',
+        "    elif ! points_at_this_clone; then\n",
+        (
+            (
+                "tests/test_run_script.py::test_what_each_run_starts_imports_its_own_clone_w"
+                "hile_clones_share_the_venv"
+            ),
+        ),
+    ),
+    Mutation(
+        "run-checks-and-builds-without-the-build-lock",
+        "two ./run at once build a venv once and never delete it under each other",
+        "run",
+        '    lock -x "$build" "to finish building or checking $VENV"\n',
+        "",
+        (
+            (
+                "tests/test_run_script.py::test_two_runs_at_once_build_the_venv_once_and_nei"
+                "ther_deletes_it_under_the_other"
+            ),
+        ),
+    ),
+    Mutation(
+        "run-deletes-a-directory-it-did-not-make",
+        "a directory LMCACHE_EC_VENV names that ./run did not make is never deleted",
+        "run",
+        (
+            '    [ -n "$VENV_FAMILY" ] || [ -e "$VENV/.complete" ] || [ -e '
+            '"$VENV/.building" ] ||\n'
+            '        [ -z "$(ls -A "$VENV" 2>/dev/null)" ]\n'
+        ),
+        "    true\n",
+        (
+            (
+                "tests/test_run_script.py::test_a_directory_lmcache_ec_venv_names_that_run_d"
+                "id_not_make_is_never_deleted"
+            ),
+        ),
+    ),
+    Mutation(
+        "run-reuses-a-venv-built-for-other-dependencies",
+        "a venv is rebuilt when the dependencies it was built for change (LMCACHE_EC_VENV too)",
+        "run",
+        (
+            '    if [ "$held" != "$VENV_KEY" ] && { [ -n "$held" ] || [ "${VENV##*/}" != '
+            '"$VENV_NAME" ]; }; then\n'
+        ),
+        "    if false; then\n",
+        (
+            (
+                "tests/test_run_script.py::test_a_venv_lmcache_ec_venv_names_is_rebuilt_when"
+                "_the_dependencies_change"
+            ),
+        ),
+    ),
+    Mutation(
+        "run-rebuilds-venvs-with-an-unkeyed-marker",
+        "a venv built before markers held the key is used as it is, not rebuilt",
+        "run",
+        (
+            '    if [ "$held" != "$VENV_KEY" ] && { [ -n "$held" ] || [ "${VENV##*/}" != '
+            '"$VENV_NAME" ]; }; then\n'
+        ),
+        '    if [ "$held" != "$VENV_KEY" ]; then\n',
+        (
+            (
+                "tests/test_run_script.py::test_a_venv_built_before_markers_held_the_key_is_"
+                "used_as_it_is"
+            ),
+        ),
+    ),
+    Mutation(
+        "run-re-points-with-build-isolation",
+        "pointing a shared venv at another clone needs no network",
+        "run",
+        '        pip_logged install --no-deps --no-build-isolation -e "$ROOT"\n',
+        '        pip_logged install --no-deps -e "$ROOT"\n',
+        (
+            (
+                "tests/test_run_script.py::test_a_second_clone_points_the_shared_venv_at_its"
+                "elf_offline"
+            ),
+        ),
+    ),
+    Mutation(
+        "run-compares-the-percent-encoded-url",
+        "a clone whose path has a space is pointed at once, not on every run",
+        "run",
+        "sys.exit(0 if unquote(urlsplit(url).path) == sys.argv[1] else 1)\n",
+        'sys.exit(0 if url == "file://" + sys.argv[1] else 1)\n',
+        (
+            (
+                "tests/test_run_script.py::test_a_clone_whose_path_has_a_space_is_pointed_at"
+                "_once_not_on_every_run"
+            ),
+        ),
+    ),
+    Mutation(
+        "run-uses-a-venv-whose-python-is-gone",
+        "a venv whose python no longer starts is rebuilt",
+        "run",
+        '    if ! "$VENV/bin/python" -c pass 2>/dev/null; then\n',
+        "    if false; then\n",
+        ("tests/test_run_script.py::test_a_venv_whose_python_is_gone_is_rebuilt",),
+    ),
+    Mutation(
+        "run-takes-any-existing-path-for-tests",
+        "an option value that is a path does not skip the vLLM 0.33 part",
+        "run",
+        "        [[ $path == tests || $path == tests/* ]] && return 0\n",
+        "        [[ $arg != -* && -e $path ]] && return 0\n",
+        (
+            (
+                "tests/test_run_script.py::test_an_option_value_that_is_a_path_does_not_skip"
+                "_the_other_vllm_parts[--html]"
+            ),
+        ),
+    ),
+    Mutation(
+        "run-takes-an-option-value-under-tests-for-tests",
+        "`--deselect tests/...` does not skip the vLLM 0.33 part",
+        "run",
+        '        [[ $PATH_OPTIONS == *[[:space:]]"$arg"[[:space:]]* ]] && skip=1\n',
+        "",
+        (
+            (
+                "tests/test_run_script.py::test_an_option_value_that_is_a_path_does_not_skip"
+                "_the_other_vllm_parts[--deselect]"
+            ),
+        ),
+    ),
+    Mutation(
+        "run-keeps-stale-venvs",
+        "a build removes the stale venvs of its kind that no ./run uses",
+        "run",
+        "        remove_stale_siblings\n",
+        "",
+        (
+            (
+                "tests/test_run_script.py::test_a_build_removes_the_stale_venvs_of_its_kind_"
+                "that_no_run_uses"
+            ),
+        ),
+    ),
+    Mutation(
+        "run-removes-a-venv-in-use",
+        "a build never removes a venv another ./run is using",
+        "run",
+        '        if flock -x -n "$build" && flock -x -n "$use"; then\n',
+        "        if true; then\n",
+        (
+            (
+                "tests/test_run_script.py::test_a_build_removes_the_stale_venvs_of_its_kind_"
+                "that_no_run_uses"
+            ),
+        ),
+    ),
+    Mutation(
+        "run-holds-no-lock-on-the-venv-it-uses",
+        "a venv stays held while the ./run using it lasts",
+        "run",
+        '    flock -s "$use"\n',
+        '    flock -u "$use"\n',
+        (
+            (
+                "tests/test_run_script.py::test_a_build_removes_the_stale_venvs_of_its_kind_"
+                "that_no_run_uses"
+            ),
+        ),
+    ),
+    Mutation(
+        "run-installs-redis-server-two-at-once",
+        "two ./run without redis-server install it once, neither fails on apt's lock",
+        "run",
+        (
+            '    flock -x -n "$apt_lock" || {\n'
+            '        log "waiting for another ./run to finish installing redis-server"\n'
+            '        flock -x -w 600 "$apt_lock" || true\n'
+            "    }\n"
+        ),
+        "",
+        ("tests/test_run_script.py::test_two_runs_without_redis_server_install_it_once",),
     ),
 ]
 
