@@ -42,6 +42,19 @@ def write_config(path, **ec) -> str:
     return str(path)
 
 
+def remote_config_file(tmp_path, disk_dir, url: str) -> str:
+    """A config with a small CPU tier, ``disk_dir`` and ``url`` as the remote tier."""
+    return write_config(
+        tmp_path / "remote.yaml",
+        local_cpu=True,
+        max_local_cpu_size=0.0625,
+        local_disk=str(disk_dir),
+        max_local_disk_size=1.0,
+        remote_url=url,
+        remote_timeout=2.0,
+    )
+
+
 @pytest.fixture
 def config_file(tmp_path, disk_dir):
     return write_config(

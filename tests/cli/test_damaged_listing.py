@@ -13,19 +13,7 @@ import redis
 
 from lmcache_ec.remote_names import redis_data_key, redis_meta_key
 
-from .conftest import populate, write_config
-
-
-def _config(tmp_path, disk_dir, url: str) -> str:
-    return write_config(
-        tmp_path / "remote.yaml",
-        local_cpu=True,
-        max_local_cpu_size=0.0625,
-        local_disk=str(disk_dir),
-        max_local_disk_size=1.0,
-        remote_url=url,
-        remote_timeout=2.0,
-    )
+from .conftest import populate, remote_config_file
 
 
 def _entry_keys(client: redis.Redis) -> list[bytes]:
@@ -47,7 +35,7 @@ def _with_a_wrong_type_entry(config: str, url: str, invoke_json) -> str:
 def test_a_redis_key_of_another_type_is_listed_as_one_unreadable_entry(
     tmp_path, disk_dir, redis_url, invoke, invoke_json
 ):
-    config = _config(tmp_path, disk_dir, redis_url)
+    config = remote_config_file(tmp_path, disk_dir, redis_url)
     damaged = _with_a_wrong_type_entry(config, redis_url, invoke_json)
 
     rows = invoke_json("ls", "--config", config, "--tier", "remote")
@@ -63,7 +51,7 @@ def test_a_redis_key_of_another_type_is_listed_as_one_unreadable_entry(
 def test_a_purge_removes_a_wrong_type_entry_and_the_good_ones_beside_it(
     tmp_path, disk_dir, redis_url, invoke, invoke_json
 ):
-    config = _config(tmp_path, disk_dir, redis_url)
+    config = remote_config_file(tmp_path, disk_dir, redis_url)
     _with_a_wrong_type_entry(config, redis_url, invoke_json)
 
     out = invoke("purge", "--config", config, "--namespace", "tenant-1", "--tier", "remote").stdout
@@ -75,14 +63,16 @@ def test_a_purge_whose_remote_listing_failed_records_and_announces_nothing_there
     tmp_path, disk_dir, redis_process, invoke
 ):
     """A user who may do all but SCAN: the listing fails, the purge log could be written."""
-    config = _config(tmp_path, disk_dir, redis_process.url)
+    config = remote_config_file(tmp_path, disk_dir, redis_process.url)
     populate(config, "org/model-a", "tenant-1", 3)
     client = redis_process.client()
     client.acl_setuser(
         "lister", enabled=True, passwords=["+pw"], keys="*", commands=["+@all", "-scan"]
     )
     stored = _entry_keys(client)
-    no_scan = _config(tmp_path, disk_dir, f"redis://lister:pw@127.0.0.1:{redis_process.port}")
+    no_scan = remote_config_file(
+        tmp_path, disk_dir, f"redis://lister:pw@127.0.0.1:{redis_process.port}"
+    )
 
     result = invoke(
         "purge", "--config", no_scan, "--namespace", "tenant-1", "--tier", "remote", expect=1

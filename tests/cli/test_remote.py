@@ -4,25 +4,13 @@ from __future__ import annotations
 
 import json
 
-from .conftest import populate, write_config
-
-
-def _redis_config(tmp_path, disk_dir, url: str) -> str:
-    return write_config(
-        tmp_path / "remote.yaml",
-        local_cpu=True,
-        max_local_cpu_size=0.0625,
-        local_disk=str(disk_dir),
-        max_local_disk_size=1.0,
-        remote_url=url,
-        remote_timeout=2.0,
-    )
+from .conftest import populate, remote_config_file
 
 
 def test_ls_purge_stats_see_the_redis_tier(
     tmp_path, disk_dir, redis_url, invoke, invoke_json, make_cache
 ):
-    config = _redis_config(tmp_path, disk_dir, redis_url)
+    config = remote_config_file(tmp_path, disk_dir, redis_url)
     hashes = populate(config, "org/model-a", "tenant-1", 3)
     populate(config, "org/model-b", "tenant-1", 2)
 
@@ -49,7 +37,7 @@ def test_ls_purge_stats_see_the_redis_tier(
 
 
 def test_doctor_checks_redis(tmp_path, disk_dir, redis_url, invoke):
-    config = _redis_config(tmp_path, disk_dir, redis_url)
+    config = remote_config_file(tmp_path, disk_dir, redis_url)
     out = invoke("doctor", "--config", config).stdout
     assert "reachable" in out and "All checks passed" in out
 
@@ -57,7 +45,7 @@ def test_doctor_checks_redis(tmp_path, disk_dir, redis_url, invoke):
 def test_doctor_reports_unreachable_redis(tmp_path, disk_dir, invoke):
     from tests.servers import free_port
 
-    config = _redis_config(tmp_path, disk_dir, f"redis://127.0.0.1:{free_port()}")
+    config = remote_config_file(tmp_path, disk_dir, f"redis://127.0.0.1:{free_port()}")
     result = invoke("doctor", "--config", config, expect=1)
     assert "remote tier" in result.stdout and "fail" in result.stdout
     assert "problem" in result.stdout
@@ -67,7 +55,7 @@ def test_doctor_redacts_the_password(tmp_path, disk_dir, invoke):
     from tests.servers import free_port
 
     url = f"redis://user:hunter2secret@127.0.0.1:{free_port()}"
-    result = invoke("doctor", "--config", _redis_config(tmp_path, disk_dir, url), expect=1)
+    result = invoke("doctor", "--config", remote_config_file(tmp_path, disk_dir, url), expect=1)
     assert "hunter2secret" not in result.output
 
 
@@ -75,7 +63,7 @@ def test_stats_shows_the_remote_url_without_its_password(tmp_path, disk_dir, inv
     from tests.servers import free_port
 
     port = free_port()  # nothing listens: the remote row is shown, its listing fails
-    config = _redis_config(tmp_path, disk_dir, f"redis://:s3cret@127.0.0.1:{port}/0")
+    config = remote_config_file(tmp_path, disk_dir, f"redis://:s3cret@127.0.0.1:{port}/0")
     table = invoke("stats", "--config", config, expect=1)
     shown = invoke("stats", "--config", config, "--json", expect=1)
     for result in (table, shown):

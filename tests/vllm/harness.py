@@ -13,7 +13,9 @@ import copy
 import hashlib
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 import torch
 from vllm.config import CacheConfig, ECTransferConfig, SchedulerConfig, VllmConfig
@@ -62,6 +64,30 @@ class TinyVLM(torch.nn.Module):
 
     def get_language_model(self) -> torch.nn.Module:
         return self.language_model
+
+
+def step_until(engine: Engine, done: Callable[[], bool], max_steps: int = 400) -> None:
+    """Steps ``engine`` until ``done()``; fails after ``max_steps`` steps."""
+    for _ in range(max_steps):
+        if done():
+            return
+        engine.step()
+    raise AssertionError("condition not reached")
+
+
+def hold_puts(engine: Engine, rank: int = 0) -> threading.Event:
+    """Holds every put of ``rank``'s worker cache until the returned gate opens
+    (at most 60 s): an output that is still being encoded, as others see it."""
+    gate = threading.Event()
+    cache = engine.workers[rank].worker.cache
+    put = cache.put
+
+    def put_after_gate(*args, **kwargs):
+        gate.wait(60)
+        return put(*args, **kwargs)
+
+    cache.put = put_after_gate
+    return gate
 
 
 def lone_request(identifier: str) -> Request:

@@ -17,15 +17,14 @@ from collections.abc import Callable
 from lmcache_ec.claims import DirectoryClaims, claims_dir_for
 from tests.conftest import bit_equal
 
-from .harness import Engine, encoder_output, image_hash, make_vllm_config
-
-
-def _step_until(engine: Engine, done: Callable[[], bool], max_steps: int = 400) -> None:
-    for _ in range(max_steps):
-        if done():
-            return
-        engine.step()
-    raise AssertionError("condition not reached")
+from .harness import (
+    Engine,
+    encoder_output,
+    hold_puts,
+    image_hash,
+    make_vllm_config,
+    step_until,
+)
 
 
 def _free_within(claims: DirectoryClaims, name: str, engine: Engine, steps: int = 400) -> bool:
@@ -62,7 +61,7 @@ def test_a_claim_holds_until_the_output_reached_the_shared_tier(model_config, ex
     gate = _gate_disk_writes(first)
     try:
         request_1 = first.add_request([image])
-        _step_until(first, _in_cpu_tier(first, image))  # saved in the CPU tier only
+        step_until(first, _in_cpu_tier(first, image))  # saved in the CPU tier only
         for _ in range(5):  # the workers' step reports reach the scheduler
             first.step()
         request_2 = second.add_request([image])
@@ -89,10 +88,10 @@ def test_a_save_whose_shared_write_hangs_is_reported_after_claim_wait_s(model_co
     index = engine.connector.scheduler.index
     try:
         engine.add_request([image])
-        _step_until(engine, _in_cpu_tier(engine, image))
+        step_until(engine, _in_cpu_tier(engine, image))
         # Still unwritten below (the gate is shut), yet reported: the claim has
         # expired by then, and the scheduler learns the worker holds the output.
-        _step_until(engine, lambda: index.lookup(image) == "worker")
+        step_until(engine, lambda: index.lookup(image) == "worker")
     finally:
         gate.set()
         engine.shutdown()
@@ -104,25 +103,17 @@ def test_a_weights_change_withdraws_the_claims_made_under_the_old_weights(
     image = image_hash("claimed-before-an-rl-update.png")
     engine = Engine(make_vllm_config(model_config, "ec_both", {**extra, "claim_wait_s": 60.0}))
     # The save never completes: only the weights change can withdraw the claim.
-    gate = threading.Event()
-    cache = engine.workers[0].worker.cache
-    put = cache.put
-
-    def put_after_gate(*args, **kwargs):
-        gate.wait(60)
-        return put(*args, **kwargs)
-
-    cache.put = put_after_gate
+    gate = hold_puts(engine)
     try:
         engine.step()  # the scheduler learns the encoder weights, part of the name
         old_name = engine.connector.scheduler.index.storage_name(image)
         engine.add_request([image])
-        _step_until(engine, lambda: engine.encoded == [image])
+        step_until(engine, lambda: engine.encoded == [image])
         other = DirectoryClaims(claims_dir_for(str(disk_dir)))
         assert not other.claim(old_name, 60.0)  # held by the engine, encoding it
         old_weights = engine.connector.scheduler.weights
         engine.update_weights(1)
-        _step_until(engine, lambda: engine.connector.scheduler.weights != old_weights)
+        step_until(engine, lambda: engine.connector.scheduler.weights != old_weights)
         # An instance still on the old weights need not wait for an output
         # that will never come from here.
         assert _free_within(other, old_name, engine)

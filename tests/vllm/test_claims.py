@@ -7,7 +7,6 @@ share a disk tier, hence its claims directory, or only a Redis remote tier
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -18,17 +17,11 @@ from .harness import (
     Engine,
     claimed_by_a_dead_process,
     encoder_output,
+    hold_puts,
     image_hash,
     make_vllm_config,
+    step_until,
 )
-
-
-def _step_until(engine: Engine, done, max_steps: int = 400) -> None:
-    for _ in range(max_steps):
-        if done():
-            return
-        engine.step()
-    raise AssertionError("condition not reached")
 
 
 @pytest.fixture(params=["shared disk", "redis"])
@@ -54,18 +47,10 @@ def test_an_image_reaching_two_instances_is_encoded_once(model_config, two_insta
     second = Engine(make_vllm_config(model_config, "ec_both", second_extra))
     # The first instance's output lands only when the gate opens: the image
     # reaches the second instance while the first still "encodes" it.
-    gate = threading.Event()
-    cache = first.workers[0].worker.cache
-    put = cache.put
-
-    def put_after_gate(*args, **kwargs):
-        gate.wait(60)
-        return put(*args, **kwargs)
-
-    cache.put = put_after_gate
+    gate = hold_puts(first)
     try:
         request_1 = first.add_request([image])
-        _step_until(first, lambda: first.encoded)
+        step_until(first, lambda: first.encoded)
         request_2 = second.add_request([image])
         for _ in range(5):
             second.step()
