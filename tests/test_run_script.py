@@ -368,9 +368,12 @@ def test_an_option_value_that_is_a_path_does_not_skip_the_other_vllm_parts(runs,
     assert len((harness[0] / "pytest.log").read_text().splitlines()) == 1
 
 
-@pytest.mark.parametrize("path", ["tests", "tests/test_key.py::test_x", "./tests/cli"])
+@pytest.mark.parametrize(
+    "path", ["tests", "tests/test_key.py::test_x", "./tests/cli", "{clone}/tests/test_key.py"]
+)
 def test_test_paths_run_in_one_pytest_in_the_serving_venv(runs, path):
     clone = runs.clone("a")
+    path = path.format(clone=clone)  # an absolute path under the clone's tests, too
 
     result = runs.run(clone, "test", "-q", path)
 
@@ -387,11 +390,18 @@ def test_a_build_removes_the_stale_venvs_of_its_kind_that_no_run_uses(runs):
     unused = runs.cache / "lmcache-ec" / "venv-0123456789abcdef"
     (unused / "bin").mkdir(parents=True)
     (unused / ".complete").write_text("0123456789abcdef\n")
+    a_day_ago = time.time() - 2 * 86400
+    os.utime(unused / ".complete", (a_day_ago, a_day_ago))  # built long ago, not used since
+    recent = runs.cache / "lmcache-ec" / "venv-fedcba9876543210"  # another clone's, in use
+    (recent / "bin").mkdir(parents=True)
+    (recent / ".complete").write_text("fedcba9876543210\n")
     harness = runs.cache / "lmcache-ec" / "venv-vllm0.33.0-0123456789abcdef"
     (harness / "bin").mkdir(parents=True)
     other = runs.cache / "lmcache-ec" / "store"
     other.mkdir()
 
+    lock = Path(f"{old_venv}.use.lock")
+    os.utime(lock, (a_day_ago, a_day_ago))  # old enough: only its holder's lock keeps it
     result = runs.run(new, "python", "-c", "pass")
     release.touch()
     assert _finish(holder)[0] == 0
@@ -400,7 +410,9 @@ def test_a_build_removes_the_stale_venvs_of_its_kind_that_no_run_uses(runs):
     assert not unused.exists()
     assert old_venv.is_dir(), "removed a venv another ./run was using"
     assert harness.is_dir() and other.is_dir()
-    # Once unused, the next build removes it.
+    assert recent.is_dir(), "removed a venv used within the day"
+    # Once unused for a day, the next build removes it.
+    os.utime(lock, (a_day_ago, a_day_ago))
     assert runs.run(runs.clone("newer", "\n# newer\n"), "python", "-c", "pass").returncode == 0
     assert not old_venv.exists()
 

@@ -148,10 +148,23 @@ def _page_locked(size: int) -> torch.Tensor:
     if not torch.cuda.is_available():  # another accelerator: its runtime's pinning
         return torch.empty(size, dtype=torch.uint8, pin_memory=True)
     buffer = torch.empty(size, dtype=torch.uint8)
-    error = int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), size, 0))
+    cudart = torch.cuda.cudart()
+    error = int(cudart.cudaHostRegister(buffer.data_ptr(), size, 0))
     if error != 0:
+        clear = getattr(cudart, "cudaGetLastError", None)
+        if clear is not None:  # else a later kernel launch check would report it
+            clear()
         raise RuntimeError(f"cudaHostRegister of {size} bytes failed (cudaError {error})")
     return buffer
+
+
+def _page_unlock(buffer: torch.Tensor) -> None:
+    """Undo ``_page_locked`` (the pool's close): the memory stays valid for the
+    entries still referencing it, as pageable memory."""
+    try:
+        torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr())
+    except Exception as exc:  # closing must not raise
+        logger.debug("cudaHostUnregister failed: %s", exc)
 
 
 def host_buffer(size: int, pinned: bool) -> torch.Tensor:
@@ -201,6 +214,8 @@ class HostPoolAllocator(MixedMemoryAllocator):
         align = self.align_bytes
         buffer = host_buffer(size // align * align, pinned)
         self.buffer = buffer[: buffer.numel() // align * align]  # its halves are too
+        # Locked in place (``_page_locked``): unlocked at close, not left pinned for ever.
+        self._locked = buffer if pinned and torch.cuda.is_available() else None
         self.size = self.buffer.numel()
         self.pin_allocator = TensorMemoryAllocator(self.buffer, align_bytes=self.align_bytes)
         # Page-locked memory comes from the accelerator runtime: its pages are its own.
@@ -230,6 +245,9 @@ class HostPoolAllocator(MixedMemoryAllocator):
         # and it is released with the last of them.
         if self.prefaulter is not None:
             self.prefaulter.close()
+        locked, self._locked = self._locked, None
+        if locked is not None:
+            _page_unlock(locked)
 
     def __str__(self) -> str:
         return "HostPoolAllocator"

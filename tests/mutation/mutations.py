@@ -4259,6 +4259,48 @@ MUTATIONS += [
         "",
         ("tests/test_run_script.py::test_two_runs_without_redis_server_install_it_once",),
     ),
+    Mutation(
+        "run-takes-absolute-test-paths-for-the-suite",
+        "./run test with an absolute path under the clone's tests runs those tests only",
+        "run",
+        '        path=${path#"$ROOT"/}\n',
+        "",
+        (
+            (
+                "tests/test_run_script.py::test_test_paths_run_in_one_pytest_in_the_serving_"
+                "venv[{clone}/tests/test_key.py]"
+            ),
+        ),
+    ),
+    Mutation(
+        "run-removes-venvs-used-within-the-day",
+        "a build removes only venvs ./run built and nobody used for a day (another clone's stays)",
+        "run",
+        '        stale "$dir" || continue\n',
+        "",
+        (
+            (
+                "tests/test_run_script.py::test_a_build_removes_the_stale_venvs_of_its_kind_"
+                "that_no_run_uses"
+            ),
+        ),
+    ),
+    Mutation(
+        "pinned-pool-left-locked-after-close",
+        "the CPU pool locked in place is unlocked when the cache closes",
+        "lmcache_ec/tiers/allocator.py",
+        "            _page_unlock(locked)\n",
+        "            pass\n",
+        ("tests/storage/test_device_copies.py::test_the_pool_locks_exactly_its_size",),
+    ),
+    Mutation(
+        "failed-page-lock-error-left-pending",
+        "a refused page lock leaves no CUDA error pending for a later kernel launch",
+        "lmcache_ec/tiers/allocator.py",
+        "            clear()\n",
+        "            pass\n",
+        ("tests/storage/test_device_copies.py::test_a_pool_the_host_will_not_lock_is_halved",),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

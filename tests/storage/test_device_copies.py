@@ -86,10 +86,22 @@ class FakeCudart:
     def __init__(self, error: int = 0) -> None:
         self.error = error
         self.registered: list[int] = []
+        self.unregistered: list[int] = []
+        self.locked: int | None = None
+        self.cleared = False
 
     def cudaHostRegister(self, pointer: int, size: int, flags: int) -> int:
         self.registered.append(size)
+        self.locked = pointer if self.error == 0 else None
         return self.error
+
+    def cudaGetLastError(self) -> int:
+        self.cleared = True
+        return self.error
+
+    def cudaHostUnregister(self, pointer: int) -> int:
+        self.unregistered.append(pointer)
+        return 0
 
 
 @pytest.fixture
@@ -109,6 +121,7 @@ def test_the_pool_locks_exactly_its_size(cuda_host):
         assert cuda_host.registered == [size] == [pool.size]
     finally:
         pool.close()
+    assert cuda_host.unregistered == [cuda_host.locked]  # not left locked after close
 
 
 def test_a_pool_the_host_will_not_lock_is_halved(cuda_host):
@@ -116,3 +129,4 @@ def test_a_pool_the_host_will_not_lock_is_halved(cuda_host):
     with pytest.raises(RuntimeError, match="cudaHostRegister"):
         HostPoolAllocator(4 * allocator.MIN_POOL)
     assert cuda_host.registered[:2] == [4 * allocator.MIN_POOL, 2 * allocator.MIN_POOL]
+    assert cuda_host.cleared  # no failure left for a later kernel launch to report
