@@ -181,7 +181,7 @@ _REDIS_INT_OPTIONS = (
 
 
 def _check_redis(url: str) -> None:
-    written = url.partition("://")[0]
+    written = url.split(":", 1)[0]  # the scheme as written (unix:/path has no //)
     if written != written.lower():  # redis-py takes only redis://, rediss://, unix://
         raise ValueError(f"scheme {written}:// must be written in lower case")
     parsed = urlparse(url)

@@ -190,6 +190,11 @@ def test_a_redis_scheme_not_in_lower_case_is_refused_at_load(url):
         load_config({"remote_url": url}, environ={})
 
 
+def test_a_unix_socket_url_without_slashes_and_with_capitals_in_its_path_loads():
+    url = "unix:/tmp/Redis.sock"  # redis-py takes it: the scheme is lower case
+    assert load_config({"remote_url": url}, environ={}).remote.url == url
+
+
 @pytest.mark.parametrize(
     "query",
     [

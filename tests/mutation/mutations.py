@@ -4301,6 +4301,19 @@ MUTATIONS += [
         "            pass\n",
         ("tests/storage/test_device_copies.py::test_a_pool_the_host_will_not_lock_is_halved",),
     ),
+    Mutation(
+        "unix-socket-url-taken-as-its-scheme",
+        "unix:/path with capitals in its path loads: only the scheme must be lower case",
+        "lmcache_ec/remote_names.py",
+        '    written = url.split(":", 1)[0]  # the scheme as written (unix:/path has no //)\n',
+        '    written = url.partition("://")[0]\n',
+        (
+            (
+                "tests/test_config_inputs.py::test_a_unix_socket_url_without_slashes_and_wit"
+                "h_capitals_in_its_path_loads"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
