@@ -311,6 +311,11 @@ class ECCache:
                 key,
             )
 
+    def writing_below(self, key: ECKey) -> bool:
+        """Whether a tier below the CPU tier still writes ``key`` (a claim on it
+        is withdrawn only once that write has landed)."""
+        return bool(self._reader.writing(key))
+
     def remove(self, mm_hash: str) -> bool:
         """Delete ``mm_hash`` from every tier; True if any tier held it."""
         self._check_open()

@@ -51,6 +51,8 @@ class Cache(Protocol):
 
     def key(self, mm_hash: str) -> ECKey: ...
 
+    def writing_below(self, key: ECKey) -> bool: ...
+
     def get_many(
         self,
         mm_hashes: Sequence[str],
@@ -342,18 +344,10 @@ class GetOrCompute:
                 # claims it next finds it there instead of computing it again.
                 agent.release(
                     names[mm_hash],
-                    after=(lambda k=key: not self._writing_below(k)) if stored else None,
+                    after=(lambda k=key: not self._cache.writing_below(k)) if stored else None,
                     within_s=wait_s,
                 )
             results[mm_hash] = tensor if tensor.device == device else tensor.to(device)
-
-    def _writing_below(self, key: ECKey) -> bool:
-        """Whether a tier below the CPU tier is still writing ``key``."""
-        for tier in self._storage.every_tier():
-            pending = getattr(tier, "exists_in_put_tasks", None)
-            if tier is not self._storage.cpu and pending is not None and pending(key):
-                return True
-        return False
 
     def _claim_agent(self) -> ClaimAgent | None:
         """This cache's claims (made on first use); None without a tier to share them in."""

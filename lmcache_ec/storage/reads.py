@@ -176,7 +176,7 @@ class TierReader:
         finally:
             self.purge_ends()
 
-    def _writing(self, key: ECKey) -> list[str]:
+    def writing(self, key: ECKey) -> list[str]:
         """The tiers below the CPU tier with a write of ``key`` accepted, not landed."""
         return [
             tier.name
@@ -187,7 +187,7 @@ class TierReader:
     def _wait_for_writes(self, key: ECKey, seconds: float) -> bool:
         """Whether no write of ``key`` is in flight in any tier within ``seconds``."""
         deadline = time.monotonic() + seconds
-        while self._writing(key):
+        while self.writing(key):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.005)
@@ -204,7 +204,7 @@ class TierReader:
                 "remove(%s): a write of it still in flight to %s after close_timeout "
                 "(%.1f s); removed again once it lands",
                 key.to_string(),
-                ", ".join(self._writing(key)) or "a tier",
+                ", ".join(self.writing(key)) or "a tier",
                 self._write_wait_s,
             )
 

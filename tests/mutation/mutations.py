@@ -1366,7 +1366,7 @@ MUTATIONS += [
         "claim-released-before-the-write-lands",
         "a holder withdraws its claim only once its output reached the shared tier",
         GET_OR_COMPUTE,
-        "after=(lambda k=key: not self._writing_below(k)) if stored else None,",
+        "after=(lambda k=key: not self._cache.writing_below(k)) if stored else None,",
         "after=None,",
         (
             f"{T_GET_OR_COMPUTE}::"
@@ -3019,7 +3019,7 @@ MUTATIONS += [
             "reached the shared tier"
         ),
         "lmcache_ec/integration/vllm/worker.py",
-        "        writing = key is not None and self._writing_below(key)\n",
+        "        writing = key is not None and self.cache.writing_below(key)\n",
         "        writing = False\n",
         (
             (
@@ -3032,8 +3032,8 @@ MUTATIONS += [
         "vllm-save-report-held-past-claim-wait",
         "a save whose shared write still runs after claim_wait_s is reported anyway",
         "lmcache_ec/integration/vllm/worker.py",
-        "            if now >= entry[2] or not self._writing_below(entry[1])\n",
-        "            if not self._writing_below(entry[1])\n",
+        "            if now >= entry[2] or not self.cache.writing_below(entry[1])\n",
+        "            if not self.cache.writing_below(entry[1])\n",
         (
             (
                 "tests/vllm/test_claim_release.py::test_a_save_whose_shared_write_hangs_is_r"

@@ -75,19 +75,33 @@ def step_until(engine: Engine, done: Callable[[], bool], max_steps: int = 400) -
     raise AssertionError("condition not reached")
 
 
-def hold_puts(engine: Engine, rank: int = 0) -> threading.Event:
-    """Holds every put of ``rank``'s worker cache until the returned gate opens
-    (at most 60 s): an output that is still being encoded, as others see it."""
+def held_until_gate(owner: object, method: str) -> threading.Event:
+    """Makes ``owner.method`` wait until the returned gate opens (at most 60 s)."""
     gate = threading.Event()
-    cache = engine.workers[rank].worker.cache
-    put = cache.put
+    call = getattr(owner, method)
 
-    def put_after_gate(*args, **kwargs):
+    def after_gate(*args, **kwargs):
         gate.wait(60)
-        return put(*args, **kwargs)
+        return call(*args, **kwargs)
 
-    cache.put = put_after_gate
+    setattr(owner, method, after_gate)
     return gate
+
+
+def hold_puts(engine: Engine, rank: int = 0) -> threading.Event:
+    """Holds every put of ``rank``'s worker cache until the returned gate opens:
+    an output that is still being encoded, as others see it."""
+    return held_until_gate(engine.workers[rank].worker.cache, "put")
+
+
+def stored_by_a_producer(model_config, extra: dict, images: list[str]) -> None:
+    """An ``ec_both`` instance encodes ``images`` and stores them in ``extra``'s tiers."""
+    producer = Engine(make_vllm_config(model_config, "ec_both", extra))
+    try:
+        producer.run_until_finished([producer.add_request([image]) for image in images])
+        producer.flush()
+    finally:
+        producer.shutdown()
 
 
 def lone_request(identifier: str) -> Request:

@@ -20,6 +20,7 @@ from tests.conftest import bit_equal
 from .harness import (
     Engine,
     encoder_output,
+    held_until_gate,
     hold_puts,
     image_hash,
     make_vllm_config,
@@ -38,16 +39,7 @@ def _free_within(claims: DirectoryClaims, name: str, engine: Engine, steps: int 
 
 def _gate_disk_writes(engine: Engine) -> threading.Event:
     """``engine``'s disk writes wait until the returned gate opens (a slow upload)."""
-    gate = threading.Event()
-    disk = engine.workers[0].worker.cache._storage.disk
-    write = disk.write_entry
-
-    def write_after_gate(*args, **kwargs):
-        gate.wait(60)
-        return write(*args, **kwargs)
-
-    disk.write_entry = write_after_gate
-    return gate
+    return held_until_gate(engine.workers[0].worker.cache._storage.disk, "write_entry")
 
 
 def _in_cpu_tier(engine: Engine, image: str) -> Callable[[], bool]:

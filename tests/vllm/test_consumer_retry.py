@@ -8,17 +8,12 @@ import time
 
 from vllm.v1.request import RequestStatus
 
-from tests.vllm.harness import Engine, image_hash, make_vllm_config
+from tests.vllm.harness import Engine, image_hash, make_vllm_config, stored_by_a_producer
 
 
 def test_a_fetch_given_up_after_its_request_ended_is_fetched_by_the_next(model_config, extra):
     image = image_hash("slow-then-aborted.png")
-    producer = Engine(make_vllm_config(model_config, "ec_both", extra))
-    try:
-        producer.run_until_finished([producer.add_request([image])])
-        producer.flush()
-    finally:
-        producer.shutdown()
+    stored_by_a_producer(model_config, extra, [image])
 
     consumer_extra = {**extra, "stage_timeout_s": 0.3, "idle_stage_wait_s": 0.0}
     engine = Engine(make_vllm_config(model_config, "ec_consumer", consumer_extra))

@@ -7,7 +7,14 @@ from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.sampling_params import SamplingParams
 from vllm.v1.request import Request
 
-from tests.vllm.harness import IMAGE_TOKEN, NUM_EMBEDS, Engine, image_hash, make_vllm_config
+from tests.vllm.harness import (
+    IMAGE_TOKEN,
+    NUM_EMBEDS,
+    Engine,
+    image_hash,
+    make_vllm_config,
+    stored_by_a_producer,
+)
 
 
 def _chunk(identifier: str) -> Request:
@@ -30,12 +37,7 @@ def _chunk(identifier: str) -> Request:
 
 def test_an_item_of_a_later_chunk_is_loaded_not_encoded(model_config, extra):
     first, second = image_hash("chunk-1.png"), image_hash("chunk-2.png")
-    producer = Engine(make_vllm_config(model_config, "ec_both", extra))
-    try:
-        producer.run_until_finished([producer.add_request([first]), producer.add_request([second])])
-        producer.flush()
-    finally:
-        producer.shutdown()
+    stored_by_a_producer(model_config, extra, [first, second])
 
     engine = Engine(make_vllm_config(model_config, "ec_consumer", extra))
     try:

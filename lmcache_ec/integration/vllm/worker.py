@@ -431,7 +431,7 @@ class TierWorker:
         self, identifier: str, stored: bool, seconds: float, identity: EncoderIdentity
     ) -> None:
         key = identity.key(identifier) if stored and self._hold_saves else None
-        writing = key is not None and self._writing_below(key)
+        writing = key is not None and self.cache.writing_below(key)
         with self._lock:
             if identity != self.cache.identity:
                 return  # saved under weights since replaced: not news for the scheduler
@@ -442,10 +442,6 @@ class TierWorker:
                 self._saved.add(identifier)
             else:
                 self._counters["save_failures"] = self._counters.get("save_failures", 0) + 1
-
-    def _writing_below(self, key: ECKey) -> bool:
-        # The check ECCache.get_or_compute makes before it withdraws its claims.
-        return self.cache._get_or_compute._writing_below(key)
 
     def _take_landed(self) -> None:
         """Saves whose write below the CPU tier finished become ``saved``: a claim
@@ -460,7 +456,7 @@ class TierWorker:
         landed = [
             (identifier, entry)
             for identifier, entry in landing
-            if now >= entry[2] or not self._writing_below(entry[1])
+            if now >= entry[2] or not self.cache.writing_below(entry[1])
         ]
         with self._lock:
             for identifier, entry in landed:
