@@ -11,13 +11,15 @@ attempt, no retries; a reconnect happens on the next call). ``exists`` and
 ``delete`` return False and ``read_header`` returns None when the store fails
 (``read_header(strict=True)`` raises ``HeaderReadFailed`` then) or the entry
 is absent or unreadable; ``claim`` returns True when the store
-fails; ``list`` raises ``RemoteCatalogError`` (a partial listing must not look
-complete). Thread-safe.
+fails, and for ``retry_interval`` after it failed (no call then: a hung
+server would hold every claim for its timeout); ``list`` raises
+``RemoteCatalogError`` (a partial listing must not look complete). Thread-safe.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -49,9 +51,10 @@ class HeaderReadFailed(OSError):
 class RemoteCatalog:
     """Existence, listing, headers and deletion of entries in the remote tier."""
 
-    def __init__(self, store: RemoteStore) -> None:
+    def __init__(self, store: RemoteStore, retry_interval: float = 0.0) -> None:
         self.store = store
         self.timeout = store.timeout
+        self._claims = _ClaimsBackoff(store.describe(), retry_interval)
         # Logs and headers are read whole within the timeout, not byte by byte.
         self._deadline = Deadline(self.timeout + GRACE, store.abort, READERS, "ec-catalog-read")
         self.last_error = ""  # why the last lookup_many raised, for the caller's log
@@ -108,33 +111,37 @@ class RemoteCatalog:
         """Announce work in flight under ``name`` for ``ttl_s`` seconds
         (``ClaimStore``); False if another holder's claim is live.
 
-        True when the store cannot answer: the caller then does the work
-        itself instead of waiting on an announcement nobody could make.
+        True when the store cannot answer (or failed within ``retry_interval``):
+        the caller then does the work itself instead of waiting on an
+        announcement nobody could make.
         """
-        try:
-            return self.store.claim(name, ttl_s)
-        except Exception as exc:
-            logger.debug("Remote claim(%s) failed: %s", name, exc)
-            return True
+        return self.claim_many([name], ttl_s)[0]
 
     def claim_many(self, names: list[str], ttl_s: float) -> list[bool]:
         """``claim`` for several names: one round trip where the store offers it
         (Redis), else one call each. True for each the store could not answer."""
-        claim_many = getattr(self.store, "claim_many", None)
-        if claim_many is None:
-            return [self.claim(name, ttl_s) for name in names]
-        try:
-            return list(claim_many(names, ttl_s))
-        except Exception as exc:
-            logger.debug("Remote claim of %d names failed: %s", len(names), exc)
+        if self._claims.down():
             return [True] * len(names)
+        try:
+            claim_many = getattr(self.store, "claim_many", None)
+            if claim_many is None or len(names) == 1:
+                won = [self.store.claim(name, ttl_s) for name in names]
+            else:
+                won = list(claim_many(names, ttl_s))
+        except Exception as exc:
+            self._claims.failed(exc)
+            return [True] * len(names)
+        self._claims.answered()
+        return won
 
     def release(self, name: str) -> None:
         """Withdraw the claim ``name``; errors are logged (it expires anyway)."""
+        if self._claims.down():
+            return  # it expires
         try:
             self.store.release(name)
         except Exception as exc:
-            logger.debug("Remote release(%s) failed: %s", name, exc)
+            self._claims.failed(exc)
 
     def read_header(self, storage_name: str, *, strict: bool = False) -> dict[str, Any] | None:
         """The verified frame header (``codec.read_header``), reading only its bytes.
@@ -194,7 +201,40 @@ def open_catalog(config: ECConfig) -> RemoteCatalog | None:
     """
     if config.remote.url is None:
         return None
-    return RemoteCatalog(open_store(config.remote))
+    return RemoteCatalog(open_store(config.remote), config.remote.retry_interval)
+
+
+class _ClaimsBackoff:
+    """Claims skipped for ``retry_interval`` after the store failed one: each
+    claim of an outage would otherwise wait the store's timeout (a hung
+    server), holding back every claim queued behind it. One WARNING per outage."""
+
+    def __init__(self, store: str, retry_interval: float) -> None:
+        self._store = store
+        self._retry_interval = retry_interval
+        self._down_until = 0.0
+        self._outage = False
+
+    def down(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    def failed(self, exc: Exception) -> None:
+        self._down_until = time.monotonic() + self._retry_interval
+        if not self._outage:
+            self._outage = True
+            logger.warning(
+                "Claims on %s failed (%s: %s): instances may encode an item more than "
+                "once until it answers; retried every %.3g s",
+                self._store,
+                type(exc).__name__,
+                exc,
+                self._retry_interval,
+            )
+
+    def answered(self) -> None:
+        if self._outage:
+            self._outage = False
+            logger.info("Claims on %s answered again", self._store)
 
 
 __all__ = ["HeaderReadFailed", "RemoteCatalog", "RemoteCatalogError", "open_catalog"]

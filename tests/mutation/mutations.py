@@ -4314,6 +4314,24 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "claims-wait-a-hung-store-each-time",
+        "after a claim the store failed, claims and releases skip it for remote_retry_interval (one WARNING)",
+        "lmcache_ec/remote/catalog.py",
+        "        return time.monotonic() < self._down_until\n",
+        "        return False\n",
+        (
+            "tests/remote/test_claims.py::test_claims_in_an_outage_skip_the_store_until_its_retry_interval",
+        ),
+    ),
+    Mutation(
+        "claims-never-retried-after-an-outage",
+        "claims ask the store again once remote_retry_interval has passed",
+        "lmcache_ec/remote/catalog.py",
+        "        self._down_until = time.monotonic() + self._retry_interval\n",
+        '        self._down_until = float("inf")\n',
+        ("tests/remote/test_claims.py::test_claims_reach_the_store_again_after_an_outage",),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

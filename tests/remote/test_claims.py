@@ -13,7 +13,7 @@ import time
 
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.catalog import open_catalog
-from tests.remote.conftest import open_stores, outage_config, remote_config
+from tests.remote.conftest import open_stores, outage_config, redis_requests, remote_config
 
 # Long enough for the second client's first call to see the first claim
 # unexpired on a loaded 2-core machine (0.4 s was not, once, with moto).
@@ -138,6 +138,39 @@ def test_catalog_claim_goes_ahead_when_the_store_cannot_answer(black_hole):
     with open_catalog(load_config(config)) as catalog:
         assert catalog.claim("ec-claim.item", 30)  # nobody can announce: do the work
         catalog.release("ec-claim.item")
+
+
+def test_claims_in_an_outage_skip_the_store_until_its_retry_interval(black_hole, caplog):
+    """A hung store holds each claim for its timeout, and every claim queued
+    behind it: after one failure, claims and releases go ahead without the
+    store for ``remote_retry_interval``, with one WARNING for the outage."""
+    config = outage_config(f"redis://127.0.0.1:{black_hole.port}", remote_retry_interval=60)
+    with open_catalog(load_config(config)) as catalog, caplog.at_level("WARNING"):
+        assert catalog.claim("ec-claim.first", 30)  # waits the timeout once
+        with redis_requests() as sent:
+            assert catalog.claim("ec-claim.second", 30)
+            assert catalog.claim_many(["ec-claim.a", "ec-claim.b"], 30) == [True, True]
+            catalog.release("ec-claim.first")
+        assert sent == []
+    warnings = [r for r in caplog.records if r.name == "lmcache_ec.remote.catalog"]
+    assert len(warnings) == 1 and "retried every 60 s" in warnings[0].getMessage()
+
+
+def test_claims_reach_the_store_again_after_an_outage(redis_process, caplog):
+    """Past ``remote_retry_interval`` the next claim asks the store again; its
+    answer is the store's (another's live claim: False)."""
+    config = outage_config(redis_process.url, remote_retry_interval=0.2)
+    with open_catalog(load_config(config)) as catalog, caplog.at_level("INFO"):
+        redis_process.kill()
+        assert catalog.claim("ec-claim.item", 30)  # nobody can answer: do the work
+        redis_process.start()
+        with open_catalog(load_config(remote_config(redis_process.url))) as holder:
+            assert holder.claim("ec-claim.item", 30)
+            deadline = time.monotonic() + 30
+            while catalog.claim("ec-claim.item", 30) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not catalog.claim("ec-claim.item", 30)
+    assert any("answered again" in r.getMessage() for r in caplog.records)
 
 
 def test_a_claim_never_touches_the_entry_it_names(remote, make_cache):
