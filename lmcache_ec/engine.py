@@ -50,7 +50,6 @@ from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
 from .metrics import ECStats
 from .purge.follow import PurgeFollower
 from .storage import ECStorageManager
-from .storage.compute_results import checked_results
 from .storage.copy_out import HitCopier
 from .storage.get_or_compute import DEFAULT_WAIT_S, ComputeMany, GetOrCompute
 from .storage.read_pool import ReadPool
@@ -138,9 +137,9 @@ class ECCache:
         self._get_or_compute = GetOrCompute(
             self,
             config,
-            self._storage,
+            self._read,
             check_open=self._check_open,
-            check_results=self._checked_results,
+            check_fits=self._check_fits,
         )
 
     @classmethod
@@ -239,7 +238,7 @@ class ECCache:
         if identity is not None:
             self._check_namespace(identity)
         key = self.key(mm_hash) if identity is None else identity.key(mm_hash)
-        validate_tensor(tensor, (identity or self.identity).dtype)
+        validate_tensor(tensor, key.identity.dtype)  # the key's: set_identity may run meanwhile
         return self._put(key, tensor)
 
     def put_many(self, items: Items) -> list[bool]:
@@ -248,7 +247,7 @@ class ECCache:
         prepared = []
         for mm_hash, tensor in pairs:
             key = self.key(mm_hash)
-            validate_tensor(tensor, self.identity.dtype)
+            validate_tensor(tensor, key.identity.dtype)
             header = codec.encode_header(key, tensor)
             self._check_fits(codec.frame_size(header, tensor))  # before anything is stored
             prepared.append((key, tensor, header))
@@ -406,10 +405,15 @@ class ECCache:
         CPU hits are copied on the calling thread; the reads below the CPU tier
         run on up to ``read_threads`` threads, the calling one included.
         """
+        return self._read([self.key(h) for h in mm_hashes], _device(device), pin_memory)
+
+    def _read(
+        self, keys: list[ECKey], device: torch.device, pin_memory: bool = False
+    ) -> list[torch.Tensor | None]:
+        """``get_many`` by key (get_or_compute's: under its call's identity)."""
         self._check_open()
         self._watch.poll_disk()
-        keys = [self.key(mm_hash) for mm_hash in mm_hashes]
-        return self._copier.batch(keys, _device(device), pin_memory)
+        return self._copier.batch(keys, device, pin_memory)
 
     # -- get or compute: single flight ---------------------------------------
 
@@ -455,19 +459,6 @@ class ECCache:
         if not (isinstance(wait_s, (int, float)) and math.isfinite(wait_s) and wait_s >= 0):
             raise ValueError(f"wait_s must be a finite number >= 0, got {wait_s!r}")
         return self._get_or_compute.run(mm_hashes, compute, _device(device), float(wait_s))
-
-    def _checked_results(
-        self, hashes: list[str], tensors: Any, identity: EncoderIdentity | None = None
-    ) -> list[torch.Tensor]:
-        """``compute``'s results, every one storable under the call's ``identity``
-        (default: the current one), or a clear error (nothing stored)."""
-        try:
-            identity = self.identity if identity is None else identity
-            return checked_results(hashes, tensors, identity, self._check_fits)
-        except (TypeError, ValueError) as exc:
-            self.stats.add("compute_rejected")
-            logger.warning("get_or_compute: result refused, nothing stored: %s", exc)
-            raise
 
     # -- lifecycle -----------------------------------------------------------
 

@@ -27,12 +27,14 @@ from ..claims import ClaimAgent
 from ..config import ECConfig
 from ..key import ECKey, EncoderIdentity
 from ..metrics import ECStats
-from .manager import ECStorageManager
+from .compute_results import checked_results
 from .single_flight import ClaimWait, Flight, LocalFlights, Turn, claim_store_factory
 
 logger = logging.getLogger(__name__)
 
 ComputeMany = Callable[[list[str]], Sequence[torch.Tensor]]
+# The stored tensors of keys (the cache's get_many, by key rather than by hash).
+ReadKeys = Callable[[list[ECKey], torch.device], list[torch.Tensor | None]]
 
 DEFAULT_WAIT_S = 1.0  # get_or_compute: the most a caller waits for another instance
 
@@ -53,14 +55,6 @@ class Cache(Protocol):
 
     def writing_below(self, key: ECKey) -> bool: ...
 
-    def get_many(
-        self,
-        mm_hashes: Sequence[str],
-        device: str | torch.device = "cpu",
-        *,
-        pin_memory: bool = False,
-    ) -> list[torch.Tensor | None]: ...
-
     def put(
         self, mm_hash: str, tensor: torch.Tensor, *, identity: EncoderIdentity | None = None
     ) -> bool: ...
@@ -73,17 +67,16 @@ class GetOrCompute:
         self,
         cache: Cache,
         config: ECConfig,
-        storage: ECStorageManager,
+        read: ReadKeys,
         *,
         check_open: Callable[[], None],
-        check_results: Callable[[list[str], Any, EncoderIdentity], list[torch.Tensor]],
+        check_fits: Callable[[int], None],
     ) -> None:
         self._cache = cache
         self._config = config
-        self._storage = storage
+        self._read_keys = read
         self._check_open = check_open  # raises once the cache is closed
-        # compute's results, every one storable, or a clear error (nothing stored)
-        self._check_results = check_results
+        self._check_fits = check_fits  # a frame of this size fits the CPU tier, or ValueError
         self._flights = LocalFlights()
         self._claims_lock = threading.Lock()
         self._claims: ClaimAgent | None = None  # made on the first get_or_compute
@@ -96,8 +89,8 @@ class GetOrCompute:
         """``ECCache.get_or_compute_many`` (its documented contract), ``wait_s``
         checked by the caller."""
         wanted = list(dict.fromkeys(mm_hashes))
-        # What this call computes is stored under this identity, and only if it is
-        # still the cache's at the store (see _compute_and_store).
+        # This call reads, claims and checks under this identity, and stores what it
+        # computes only if it is still the cache's at the store (_compute_and_store).
         identity = self._cache.identity
         # Every name before any flight is joined: a bad hash fails the call
         # without leaving a flight (and its followers) behind.
@@ -135,12 +128,23 @@ class GetOrCompute:
             seen.add(mm_hash)
         return answers
 
-    def _name(self, mm_hash: str, identity: EncoderIdentity) -> str:
-        """The storage name of ``mm_hash`` under ``identity`` (the call's)."""
+    def _key(self, mm_hash: str, identity: EncoderIdentity) -> ECKey:
+        """The key of ``mm_hash`` under ``identity`` (the call's)."""
         key = self._cache.key(mm_hash)  # memoised: a hit costs no SHA-256
         if key.identity is not identity:  # set_identity since the call began
             key = identity.key(mm_hash)
-        return key.storage_name
+        return key
+
+    def _name(self, mm_hash: str, identity: EncoderIdentity) -> str:
+        """The storage name of ``mm_hash`` under ``identity`` (the call's)."""
+        return self._key(mm_hash, identity).storage_name
+
+    def _read(
+        self, hashes: list[str], identity: EncoderIdentity, device: torch.device
+    ) -> list[torch.Tensor | None]:
+        """The stored tensors of ``hashes`` under the call's ``identity``, whatever
+        the cache's is now: another identity's output is never this call's."""
+        return self._read_keys([self._key(h, identity) for h in hashes], device)
 
     def _abandon(self, leading: dict[str, tuple[str, Flight]]) -> None:
         """Land the flights joined as leader without a result: their followers ask again."""
@@ -159,7 +163,7 @@ class GetOrCompute:
         results: dict[str, torch.Tensor] = {}
         try:
             hashes = list(leading)
-            for mm_hash, tensor in zip(hashes, self._cache.get_many(hashes, device), strict=True):
+            for mm_hash, tensor in zip(hashes, self._read(hashes, identity, device), strict=True):
                 if tensor is not None:
                     results[mm_hash] = tensor
             missing = {h: leading[h][0] for h in hashes if h not in results}
@@ -207,7 +211,7 @@ class GetOrCompute:
         self._cache.stats.add("compute_waits", len(waiting))
         if won and agent is not None and agent.shared:
             # Stored by a holder that released its claim between our lookup and our claim.
-            self._take_landed(won, names, device, agent, results)
+            self._take_landed(won, names, identity, device, agent, results)
         # What this caller won is computed, stored and its claims withdrawn before
         # it waits: an instance waiting for it may hold what this one waits for.
         if won:
@@ -218,7 +222,7 @@ class GetOrCompute:
                     if agent is not None:
                         agent.release(names[mm_hash])
                 raise
-        late = self._wait_for_others(waiting, names, device, rule, deadline, results)
+        late = self._wait_for_others(waiting, names, identity, device, rule, deadline, results)
         # A claim asked while waiting for an entry that was then loaded may still
         # be answered ours: withdrawn. (The claims of ``won`` are withdrawn by
         # their compute, those of ``late`` by theirs.)
@@ -233,6 +237,7 @@ class GetOrCompute:
         self,
         hashes: list[str],
         names: dict[str, str],
+        identity: EncoderIdentity,
         device: torch.device,
         rule: ClaimWait,
         deadline: float,
@@ -262,7 +267,7 @@ class GetOrCompute:
             time.sleep(rule.pause(looks, time.monotonic(), soonest))
             looks += 1
             frees = agent.ask_many([names[h] for h in waiting], ttl) if agent else []
-            landed = self._cache.get_many(waiting, device)
+            landed = self._read(waiting, identity, device)
             now = time.monotonic()
             still: list[str] = []
             for mm_hash, free, tensor in zip(waiting, frees, landed, strict=True):
@@ -289,12 +294,14 @@ class GetOrCompute:
         self,
         hashes: list[str],
         names: dict[str, str],
+        identity: EncoderIdentity,
         device: torch.device,
         agent: ClaimAgent,
         results: dict[str, torch.Tensor],
     ) -> None:
         """Move the entries of ``hashes`` that a tier now holds into ``results``."""
-        for mm_hash, tensor in zip(list(hashes), self._cache.get_many(hashes, device), strict=True):
+        landed = self._read(hashes, identity, device)
+        for mm_hash, tensor in zip(list(hashes), landed, strict=True):
             if tensor is not None:
                 results[mm_hash] = tensor
                 hashes.remove(mm_hash)
@@ -317,7 +324,7 @@ class GetOrCompute:
         """
         agent = self._claims
         try:
-            tensors = self._check_results(hashes, compute(list(hashes)), identity)
+            tensors = self._checked(hashes, compute(list(hashes)), identity)
         except BaseException:
             if agent is not None:
                 for mm_hash in hashes:
@@ -348,6 +355,18 @@ class GetOrCompute:
                     within_s=wait_s,
                 )
             results[mm_hash] = tensor if tensor.device == device else tensor.to(device)
+
+    def _checked(
+        self, hashes: list[str], tensors: Any, identity: EncoderIdentity
+    ) -> list[torch.Tensor]:
+        """``compute``'s results, every one storable under the call's ``identity``
+        (not the cache's current one), or a clear error (nothing stored)."""
+        try:
+            return checked_results(hashes, tensors, identity, self._check_fits)
+        except (TypeError, ValueError) as exc:
+            self._cache.stats.add("compute_rejected")
+            logger.warning("get_or_compute: result refused, nothing stored: %s", exc)
+            raise
 
     def _claim_agent(self) -> ClaimAgent | None:
         """This cache's claims (made on first use); None without a tier to share them in."""

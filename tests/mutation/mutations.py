@@ -1724,10 +1724,12 @@ MUTATIONS += [
         "                    if agent is not None:\n"
         "                        agent.release(names[mm_hash])\n"
         "                raise\n"
-        "        late = self._wait_for_others(waiting, names, device, rule, deadline, results)\n",
+        "        late = self._wait_for_others("
+        "waiting, names, identity, device, rule, deadline, results)\n",
         (
-            "        late = won + self._wait_for_others(waiting, names, device, rule, "
-            "deadline, results)\n"
+            "        late = won + self._wait_for_others(\n"
+            "            waiting, names, identity, device, rule, deadline, results\n"
+            "        )\n"
         ),
         (
             "tests/test_get_or_compute.py::"
@@ -3230,9 +3232,12 @@ MUTATIONS += [
     Mutation(
         "compute-results-checked-against-the-current-identity",
         "get_or_compute checks compute's results against the identity the call started with",
-        "lmcache_ec/engine.py",
-        "            identity = self.identity if identity is None else identity\n",
-        "            identity = self.identity\n",
+        GET_OR_COMPUTE,
+        "            return checked_results(hashes, tensors, identity, self._check_fits)\n",
+        (
+            "            return checked_results(hashes, tensors, self._cache.identity, "
+            "self._check_fits)\n"
+        ),
         (
             (
                 "tests/storage/test_engine_limits.py::test_a_result_of_the_calls_dtype_is_re"
@@ -4316,12 +4321,18 @@ MUTATIONS += [
     ),
     Mutation(
         "claims-wait-a-hung-store-each-time",
-        "after a claim the store failed, claims and releases skip it for remote_retry_interval (one WARNING)",
+        (
+            "after a claim the store failed, claims and releases skip it for "
+            "remote_retry_interval (one WARNING)"
+        ),
         "lmcache_ec/remote/catalog.py",
         "        return time.monotonic() < self._down_until\n",
         "        return False\n",
         (
-            "tests/remote/test_claims.py::test_claims_in_an_outage_skip_the_store_until_its_retry_interval",
+            (
+                "tests/remote/test_claims.py::test_claims_in_an_outage_skip_the_store_until_"
+                "its_retry_interval"
+            ),
         ),
     ),
     Mutation(
@@ -4331,6 +4342,104 @@ MUTATIONS += [
         "        self._down_until = time.monotonic() + self._retry_interval\n",
         '        self._down_until = float("inf")\n',
         ("tests/remote/test_claims.py::test_claims_reach_the_store_again_after_an_outage",),
+    ),
+    Mutation(
+        "get-or-compute-reads-under-the-current-identity",
+        (
+            "get_or_compute reads under the identity its call started with, not one "
+            "set_identity set meanwhile"
+        ),
+        "lmcache_ec/storage/get_or_compute.py",
+        "        return self._read_keys([self._key(h, identity) for h in hashes], device)\n",
+        "        return self._read_keys([self._cache.key(h) for h in hashes], device)\n",
+        (
+            (
+                "tests/storage/test_get_or_compute_identity.py::test_a_lookup_begun_before_s"
+                "et_identity_never_returns_the_new_identitys_entry"
+            ),
+            (
+                "tests/storage/test_get_or_compute_identity.py::test_a_wait_across_set_ident"
+                "ity_loads_the_holders_output_not_the_new_identitys"
+            ),
+        ),
+    ),
+    Mutation(
+        "put-checks-the-dtype-of-the-current-identity",
+        "put stores a tensor only of its key's dtype, whatever set_identity does meanwhile",
+        "lmcache_ec/engine.py",
+        (
+            "        validate_tensor(tensor, key.identity.dtype)  # the key's: "
+            "set_identity may run meanwhile\n"
+        ),
+        "        validate_tensor(tensor, self.identity.dtype)\n",
+        (
+            (
+                "tests/storage/test_get_or_compute_identity.py::test_a_put_across_set_identi"
+                "ty_never_stores_a_frame_of_another_dtype_than_its_key[put]"
+            ),
+        ),
+    ),
+    Mutation(
+        "put-many-checks-the-dtype-of-the-current-identity",
+        "put_many stores a tensor only of its key's dtype, whatever set_identity does meanwhile",
+        "lmcache_ec/engine.py",
+        "            validate_tensor(tensor, key.identity.dtype)\n",
+        "            validate_tensor(tensor, self.identity.dtype)\n",
+        (
+            (
+                "tests/storage/test_get_or_compute_identity.py::test_a_put_across_set_identi"
+                "ty_never_stores_a_frame_of_another_dtype_than_its_key[put_many]"
+            ),
+        ),
+    ),
+    Mutation(
+        "redis-url-port-error-repeats-the-password",
+        (
+            "a URL whose password holds '/', '?' or '#' is refused without repeating it "
+            "(the parser takes it for the port)"
+        ),
+        "lmcache_ec/remote_names.py",
+        (
+            '        if str(exc).startswith("Port out of range"):  # holds no text of the URL\'s\n'
+            "            raise\n"
+        ),
+        "        raise\n",
+        (
+            (
+                "tests/test_config.py::test_a_config_error_never_shows_a_password[section3-p"
+                "ercent-encoded]"
+            ),
+            (
+                "tests/test_config.py::test_a_config_error_never_shows_a_password[section5-p"
+                "ercent-encoded]"
+            ),
+        ),
+    ),
+    Mutation(
+        "cpu-grant-warning-in-decimal-gb",
+        "the CPU tier's smaller-pool warning gives sizes in the config's GB (1024**3 bytes)",
+        "lmcache_ec/tiers/allocator.py",
+        "                wanted / GB,\n",
+        "                wanted / 1e9,\n",
+        (
+            (
+                "tests/test_engine.py::test_a_cpu_pool_larger_than_the_host_grants_is_a_smal"
+                "ler_pool_not_a_failed_start"
+            ),
+        ),
+    ),
+    Mutation(
+        "max-inflight-items-zero-taken",
+        "max_inflight_items: 0 (no prefetch ever) is refused, not silently taken as 1",
+        "lmcache_ec/integration/vllm/connector_options.py",
+        "    if name in _AT_LEAST_ONE and number < 1:\n",
+        "    if False:\n",
+        (
+            (
+                "tests/test_config.py::test_connector_options_refuse_what_is_not_a_finite_nu"
+                "mber_at_least_zero[max_inflight_items-0]"
+            ),
+        ),
     ),
 ]
 
