@@ -26,7 +26,7 @@ import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import ParseResult, parse_qs, urlparse
 
 REDIS_DATA_SUFFIX = "kv_bytes"
 REDIS_META_SUFFIX = "metadata"
@@ -191,8 +191,21 @@ def _check_redis(url: str) -> None:
     elif not parsed.hostname:
         raise ValueError("expected redis://[user:password@]host:port[/db]")
     else:
-        _ = parsed.port  # ValueError for a bad port
+        _port_of(parsed)
     _check_redis_options(parsed.query)
+
+
+def _port_of(parsed: ParseResult) -> int | None:
+    """The URL's port; a ValueError that never repeats what stood there: with a
+    '/', '?' or '#' in a password, what the parser takes for the port is the password."""
+    try:
+        return parsed.port
+    except ValueError as exc:
+        if str(exc).startswith("Port out of range"):  # holds no text of the URL's
+            raise
+        raise ValueError(
+            "has no valid port (a password holding '/', '?' or '#' must be percent-encoded)"
+        ) from None
 
 
 def _check_redis_options(query: str) -> None:
@@ -257,7 +270,7 @@ def check_s3_endpoint(url: str) -> str | None:
     """Why ``url`` cannot be an S3 endpoint (``s3_endpoint_url``), or None if it can."""
     try:
         parsed = urlparse(url)
-        _ = parsed.port  # ValueError for a bad port
+        _port_of(parsed)
     except ValueError as exc:
         return f"is not a valid URL: {exc}"
     if parsed.scheme not in ("http", "https") or not parsed.hostname:

@@ -215,6 +215,7 @@ def test_node_list_urls_are_checked_at_load(url, says):
         ("stage_timeout_s", float("inf")),
         ("max_pending_saves", float("inf")),
         ("max_pending_saves", -1),
+        ("max_inflight_items", 0),  # not one prefetch at a time: none
     ],
 )
 def test_connector_options_refuse_what_is_not_a_finite_number_at_least_zero(name, value):
@@ -275,6 +276,11 @@ def test_the_largest_values_taken_are_usable():
         ({"remote_url": ["redis://u:s3cret@h:1"]}, "redis://u:***@h:1"),
         ({"s3_endpoint_url": ["http://key:s3cret@minio:9000"]}, "http://key:***@minio:9000"),
         ({"remote_url": "redis://u:s3cret@h:6379x"}, "'remote_url'"),
+        # A '/', '?' or '#' in a password ends the host part: the parser takes
+        # the password for the port, and its error would repeat it.
+        ({"remote_url": "redis://default:s3cret/Kp2+w==@h:6379/0"}, "percent-encoded"),
+        ({"remote_url": "rediss://admin:s3cret#x@h:6380"}, "percent-encoded"),
+        ({"s3_endpoint_url": "http://minio:s3cret/abc@minio:9000"}, "percent-encoded"),
     ],
 )
 def test_a_config_error_never_shows_a_password(tmp_path, section, shown):

@@ -327,7 +327,10 @@ def test_a_cpu_pool_larger_than_the_host_grants_is_a_smaller_pool_not_a_failed_s
     tensor = make_tensor((16, 64), torch.bfloat16)
     assert cache.put("big-pool", tensor) and bit_equal(cache.get("big-pool"), tensor)
     warnings = [r.getMessage() for r in caplog.records if "max_local_cpu_size" in r.getMessage()]
-    assert len(warnings) == 1 and f"{cache.cpu_capacity / 1e9:.1f} GB" in warnings[0]
+    # In the config's GB (1024**3 bytes), as the user wrote max_local_cpu_size.
+    assert len(warnings) == 1
+    assert f"asks for {asked / 1024**3:.1f} GB" in warnings[0]
+    assert f"uses {cache.cpu_capacity / 1024**3:.1f} GB" in warnings[0]
 
 
 def test_a_batch_holding_a_transposed_row_is_stored_whole(cache):

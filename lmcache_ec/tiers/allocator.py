@@ -43,6 +43,8 @@ from lmcache.v1.memory_allocators.mixed_memory_allocator import MixedMemoryAlloc
 from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator
 from lmcache.v1.memory_management import MemoryObj
 
+from ..config_schema import GB
+
 logger = logging.getLogger(__name__)
 
 PREFAULT_AHEAD = 128 * 1024**2  # populated beyond the highest allocation so far
@@ -186,9 +188,9 @@ def host_buffer(size: int, pinned: bool) -> torch.Tensor:
             logger.warning(
                 "CPU tier: max_local_cpu_size asks for %.1f GB, more than this host "
                 "grants (%s); the tier uses %.1f GB",
-                wanted / 1e9,
+                wanted / GB,
                 str(refusal).splitlines()[0],
-                size / 1e9,
+                size / GB,
             )
         return buffer
 

@@ -6,9 +6,10 @@ Keys (all optional)::
                               ``ec:`` section's keys or a full document);
                               default: $LMCACHE_CONFIG_FILE, then the embedded
                               default (CPU + disk under the user cache dir)
-    model                     model name used in keys (default: vLLM's
-                              ``model_config.model``); set it when the same
-                              weights are served from different paths
+    model                     model name used in keys and shown by ``ls``
+                              (default: vLLM's ``model_config.model``); it does
+                              not let two paths of the same weights share
+                              entries (vLLM's ``mm_hash`` includes the path)
     persist_non_content_ids   store items whose identifier is not a content
                               hash (vLLM's ``renderer…-mm-<n>-…`` ids, raw user
                               UUIDs, tower-LoRA ``<adapter name>:<hash>`` ids).
@@ -40,7 +41,7 @@ Keys (all optional)::
     max_staged_mb             bytes of prefetches in flight: ordered and not
                               yet loaded, and the worker memory holding them
                               (MB, 1024)
-    max_inflight_items        prefetches in flight at once; later ones queue in
+    max_inflight_items        prefetches in flight at once (>= 1); later ones queue in
                               arrival order (64)
     claim_encodes             ``ec_both``: before encoding an item no tier holds,
                               claim it in a store the instances share (the
@@ -106,6 +107,9 @@ class ConnectorSettings:
         return cls(**values)
 
 
+_AT_LEAST_ONE = {"max_inflight_items"}
+
+
 def _coerce(name: str, default: Any, value: Any) -> Any:
     where = f"ec_connector_extra_config.{name}"
     if name == "lmcache_config":
@@ -128,4 +132,6 @@ def _coerce(name: str, default: Any, value: Any) -> Any:
         raise ConfigError(f"{where}: expected a number, got {value!r:.80}") from None
     if isinstance(value, bool) or not math.isfinite(number) or number < 0:
         raise ConfigError(f"{where}: expected a finite number >= 0")
+    if name in _AT_LEAST_ONE and number < 1:
+        raise ConfigError(f"{where}: expected a number >= 1 (0 would never prefetch)")
     return number
