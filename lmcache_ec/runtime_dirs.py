@@ -50,6 +50,7 @@ import pwd
 import secrets
 import shutil
 import stat
+import string
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -330,17 +331,34 @@ def socket_dir(node_dir: str = DEFAULT_BASE) -> str:
     return user_dir(state_base(node_dir)).path
 
 
-def socket_path(engine_id: str, dp_rank: int, tp_rank: int, node_dir: str = DEFAULT_BASE) -> str:
-    """The stage channel's socket of one rank of engine ``engine_id`` (a name
-    too long for a socket is shortened to a digest of the engine's; binding a
-    path still too long fails, and the channel is then off)."""
+def socket_path(
+    engine_id: str,
+    dp_rank: int,
+    tp_rank: int,
+    node_dir: str = DEFAULT_BASE,
+    *,
+    instance: str = "",
+) -> str:
+    """The stage channel's socket of one rank of engine ``engine_id`` launched as
+    ``instance`` (vLLM's ``instance_id``: the same in the engine core and its
+    workers, new at each launch), ``<engine id, cut>-<digest>-dp<d>-tp<r>.sock``.
+
+    The digest of both keeps apart what the readable part alone would not: two
+    engines launched with one engine id, ids that differ only in characters a
+    file name cannot hold or past the cut. A base too long for a socket drops
+    the readable part; binding a path still too long fails (the channel is off).
+    """
     directory = socket_dir(node_dir)
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in engine_id)[:64]
-    path = os.path.join(directory, f"{safe}-dp{dp_rank}-tp{tp_rank}.sock")
-    if len(os.fsencode(path)) > SOCKET_PATH_MAX:  # a long base: a digest names the engine
-        digest = hashlib.blake2b(engine_id.encode(), digest_size=8).hexdigest()
-        path = os.path.join(directory, f"{digest}-dp{dp_rank}-tp{tp_rank}.sock")
+    digest = hashlib.blake2b(repr((engine_id, instance)).encode(), digest_size=8).hexdigest()
+    readable = "".join(c if c in _SOCKET_NAME_CHARS else "_" for c in engine_id[:24])
+    suffix = f"{digest}-dp{dp_rank}-tp{tp_rank}.sock"
+    path = os.path.join(directory, f"{readable}-{suffix}" if readable else suffix)
+    if len(os.fsencode(path)) > SOCKET_PATH_MAX:
+        path = os.path.join(directory, suffix)
     return path
+
+
+_SOCKET_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "-_")
 
 
 _process_lock = threading.Lock()

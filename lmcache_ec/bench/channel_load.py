@@ -257,7 +257,7 @@ def _run_phase(settings: ChannelBenchSettings, disk: str, images: list[str], pha
 
     config = _config(settings, disk)
     engine = ChannelEngine(config, settings)
-    path = socket_path(config.ec_transfer_config.engine_id, 0, 0)
+    path = socket_path(config.ec_transfer_config.engine_id, 0, 0, instance=config.instance_id)
     hostile = HostilePeer(path) if settings.hostile else None
     samples: list[tuple[float, float]] = []
     try:

@@ -315,14 +315,17 @@ def test_a_partial_frame_never_blocks_the_scheduler(path, caplog):
         # ... until its deadline: then the channel is dropped and counted.
         assert _until(lambda: client.receive(timeout=0.05) == [] and not client.connected)
         assert client.take_counts() == {"channel_breaks": 1, "channel_bad_frames": 1}
-        assert _until(lambda: len(_warnings(caplog, "partial")) == 1)
+        assert _until(lambda: len(_warnings(caplog, "stalled")) == 1)
         worker.close()
     finally:
         client.close()
         server.close()
 
 
-def test_a_partial_frame_never_stops_the_worker_serving(path, caplog):
+def test_a_partial_frame_never_stops_the_worker_serving(path):
+    """A link stalled mid-frame keeps its place while the worker has room
+    (``test_stage_channel_partial_frames.py``: given up only when full); the
+    others are served meanwhile."""
     limits = ChannelLimits(frame_deadline_s=0.3)
     listener = StageListener(path, _answering, hello=lambda: HELLO, limits=limits)
     stalled = _raw(path)
@@ -333,11 +336,10 @@ def test_a_partial_frame_never_stops_the_worker_serving(path, caplog):
         assert _receive_until(good, 1) == [HELLO]
         assert good.send(["a"], "w1")
         assert _receive_until(good, 1) == [StageAnswer(("a",), (), "w1")]
-        assert _closed_by_peer(stalled), "a link stalled mid-frame stayed open"
-        assert listener.take_counts() == {"channel_bad_frames": 1}
-        assert _until(lambda: len(_warnings(caplog, "partial")) == 1)
+        time.sleep(0.4)  # past the frame deadline: nothing to close while there is room
         assert good.send(["b"], "w1")  # still served
         assert _receive_until(good, 1) == [StageAnswer(("b",), (), "w1")]
+        assert listener.take_counts() == {}
     finally:
         good.close()
         stalled.close()

@@ -928,11 +928,15 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "stage-partial-frame-waits-forever",
-        "a worker closes a link whose frame stays partial past its deadline",
+        "a full worker closes a link whose frame stalled to make room for a new one",
         CHANNEL,
-        "            if link.reader.overdue(now):",
-        "            if False:",
-        (f"{T_CHANNEL}::test_a_partial_frame_never_stops_the_worker_serving",),
+        "        for link in stalled:\n"
+        '            self._bad_frame(link, f"a frame stalled for {link.reader.deadline_s} s")\n',
+        "",
+        (
+            "tests/chaos/test_stage_channel_partial_frames.py::"
+            "test_a_stalled_frame_gives_its_place_up_to_a_new_scheduler_when_the_worker_is_full",
+        ),
     ),
     Mutation(
         "stage-links-unbounded",
@@ -963,10 +967,10 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "stage-socket-path-without-engine-id",
-        "each engine's stage sockets are named by its engine id",
+        "each launched engine's stage sockets are its own",
         RUNTIME_DIRS,
-        'f"{safe}-dp{dp_rank}-tp{tp_rank}.sock"',
-        'f"engine-dp{dp_rank}-tp{tp_rank}.sock"',
+        '    path = os.path.join(directory, f"{readable}-{suffix}" if readable else suffix)\n',
+        '    path = os.path.join(directory, f"engine-dp{dp_rank}-tp{tp_rank}.sock")\n',
         (
             (
                 "tests/vllm/test_stage_channel.py::test_two_engines_on_one_host_each_get_onl"
@@ -4438,6 +4442,142 @@ MUTATIONS += [
             (
                 "tests/test_config.py::test_connector_options_refuse_what_is_not_a_finite_nu"
                 "mber_at_least_zero[max_inflight_items-0]"
+            ),
+        ),
+    ),
+    Mutation(
+        "stage-dispatch-before-reconnect",
+        "items a reconnect's weights change gives up mid-dispatch are computed, never staged",
+        "lmcache_ec/integration/vllm/worker_link.py",
+        (
+            "        self.channel_ready()\n"
+            "        started = self.prefetch.dispatch()  # each with its deadline: "
+            "queueing counts\n"
+        ),
+        (
+            "        started = self.prefetch.dispatch()  # each with its deadline: "
+            "queueing counts\n"
+            "        self.channel_ready()\n"
+        ),
+        (
+            (
+                "tests/vllm/test_stage_channel_reconnect.py::test_weights_heard_on_a_reconne"
+                "ct_mid_dispatch_compute_the_item_not_crash_the_step"
+            ),
+        ),
+    ),
+    Mutation(
+        "stage-socket-without-instance",
+        "two engines launched with one engine id never share a stage socket",
+        "lmcache_ec/integration/vllm/connector.py",
+        "    return socket_path(engine_id, dp_rank, tp_rank, node_dir, instance=instance)\n",
+        "    return socket_path(engine_id, dp_rank, tp_rank, node_dir)\n",
+        (
+            (
+                "tests/vllm/test_stage_channel_naming.py::test_two_engines_launched_with_one"
+                "_engine_id_each_stage_only_their_own_orders"
+            ),
+        ),
+    ),
+    Mutation(
+        "stage-socket-digest-without-engine-id",
+        "engine ids a file name cannot tell apart get stage sockets of their own",
+        "lmcache_ec/runtime_dirs.py",
+        (
+            "    digest = hashlib.blake2b(repr((engine_id, instance)).encode(), "
+            "digest_size=8).hexdigest()\n"
+        ),
+        "    digest = hashlib.blake2b(repr(instance).encode(), digest_size=8).hexdigest()\n",
+        (
+            (
+                "tests/vllm/test_stage_channel_naming.py::test_engine_ids_a_file_name_cannot"
+                "_tell_apart_get_sockets_of_their_own"
+            ),
+        ),
+    ),
+    Mutation(
+        "stage-stalled-frame-closed-at-any-accept",
+        "an order an idle scheduler left half written keeps its link while the worker has room",
+        "lmcache_ec/integration/vllm/channel.py",
+        "            if full and not self._free_stalled(now):\n",
+        "            if not self._free_stalled(now):\n",
+        (
+            (
+                "tests/chaos/test_stage_channel_partial_frames.py::test_an_order_an_idle_sch"
+                "eduler_left_half_written_is_served_when_it_writes_the_rest"
+            ),
+        ),
+    ),
+    Mutation(
+        "stage-frame-deadline-from-its-first-byte",
+        "a worker's large frame read across an idle scheduler step arrives whole",
+        "lmcache_ec/integration/vllm/stage_frames.py",
+        "            self._since = now\n            self._buffer += data\n",
+        (
+            "            if not self._buffer:\n"
+            "                self._since = now\n"
+            "            self._buffer += data\n"
+        ),
+        (
+            (
+                "tests/chaos/test_stage_channel_partial_frames.py::test_a_large_report_read_"
+                "across_an_idle_scheduler_step_arrives_whole"
+            ),
+        ),
+    ),
+    Mutation(
+        "stage-dead-sockets-kept",
+        "a starting worker removes the stage sockets of killed engines",
+        "lmcache_ec/integration/vllm/channel.py",
+        "        _remove_dead_sockets(os.path.dirname(path), path)\n",
+        "",
+        (
+            (
+                "tests/chaos/test_stage_channel_stale_sockets.py::test_a_starting_worker_rem"
+                "oves_dead_stage_sockets_and_nothing_else"
+            ),
+            (
+                "tests/chaos/test_stage_channel_stale_sockets.py::test_a_start_probes_a_boun"
+                "ded_number_of_sockets_and_later_starts_the_rest"
+            ),
+        ),
+    ),
+    Mutation(
+        "stage-sweep-removes-any-file",
+        "the sweep removes only old socket files, never a link, a file or a fresh socket",
+        "lmcache_ec/integration/vllm/channel.py",
+        "                if stat.S_ISSOCK(info.st_mode) and info.st_mtime < old:\n",
+        "                if True:\n",
+        (
+            (
+                "tests/chaos/test_stage_channel_stale_sockets.py::test_a_starting_worker_rem"
+                "oves_dead_stage_sockets_and_nothing_else"
+            ),
+        ),
+    ),
+    Mutation(
+        "stage-sweep-removes-a-busy-listener",
+        "the sweep never removes a live socket whose backlog is full",
+        "lmcache_ec/integration/vllm/channel.py",
+        "        return False  # live (EAGAIN: a full backlog), or not ours to judge\n",
+        "        pass\n",
+        (
+            (
+                "tests/chaos/test_stage_channel_stale_sockets.py::test_a_starting_worker_rem"
+                "oves_dead_stage_sockets_and_nothing_else"
+            ),
+        ),
+    ),
+    Mutation(
+        "stage-sweep-unbounded",
+        "a start probes a bounded number of sockets",
+        "lmcache_ec/integration/vllm/channel.py",
+        "                if probed >= _SWEEP_MAX:\n                    break\n",
+        "",
+        (
+            (
+                "tests/chaos/test_stage_channel_stale_sockets.py::test_a_start_probes_a_boun"
+                "ded_number_of_sockets_and_later_starts_the_rest"
             ),
         ),
     ),

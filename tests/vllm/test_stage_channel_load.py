@@ -39,7 +39,9 @@ def _engine(model_config, extra: dict) -> tuple[Engine, HostilePeer]:
         num_blocks=REQUESTS * 17 + 64,
     )
     engine = Engine(config, runner="v1")
-    return engine, HostilePeer(socket_path(config.ec_transfer_config.engine_id, 0, 0))
+    return engine, HostilePeer(
+        socket_path(config.ec_transfer_config.engine_id, 0, 0, instance=config.instance_id)
+    )
 
 
 def test_thousands_of_items_a_step_through_a_paused_scheduler_and_a_hostile_peer(

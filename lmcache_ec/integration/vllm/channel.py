@@ -7,12 +7,14 @@ a step when the engine is otherwise idle, so an order riding in step metadata
 would never arrive. This channel carries stage orders and staging results over
 one Unix socket per tensor-parallel rank, independent of the runner's steps.
 
-- Worker: ``StageListener`` binds ``<runtime dir>/<engine>-dp<d>-tp<r>.sock``
-  and hands each order to a callback; the callback answers through
-  ``StageLink.answer`` once the items are staged (or not). It also tells the
-  scheduler the weights fingerprint its keys use: on connect and after every
-  change (``broadcast``, queued before the call that changed the weights
-  returns, so it precedes every later message on the link).
+- Worker: ``StageListener`` binds ``<runtime dir>/<engine>-<digest>-dp<d>-tp<r>.sock``
+  (``runtime_dirs.socket_path``: named anew at each launch; a starting worker
+  removes the ones there nobody listens on) and hands each order to a
+  callback; the callback answers through ``StageLink.answer`` once the items
+  are staged (or not). It also tells the scheduler the weights fingerprint
+  its keys use: on connect and after every change (``broadcast``, queued
+  before the call that changed the weights returns, so it precedes every
+  later message on the link).
 - Scheduler: ``StageClient`` connects to every rank, sends orders without
   blocking on the answer, and polls (or briefly waits for) messages.
 
@@ -31,10 +33,14 @@ Neither side ever waits on a peer (``ChannelLimits``):
   (``ec-stage-channel``) writes outboxes, accepts and reads, so the model
   step that sends a report only queues it. A link whose outbox overflows has
   fallen behind: it is closed and counted (``channel_slow_links``).
-- A frame has a size limit and must arrive whole within
-  ``frame_deadline_s``; a bad frame (too large, not JSON, not a known message,
-  a partial frame past its deadline) closes the link it came on, and only
-  that one (``channel_bad_frames``). A closed link is forgotten at once.
+- A frame has a size limit; a bad frame (too large, not JSON, not a known
+  message) closes the link it came on, and only that one
+  (``channel_bad_frames``). A closed link is forgotten at once. A frame in
+  progress may wait for its rest: the scheduler writes what the socket takes
+  of a large order and the rest when its engine next runs, which an idle
+  engine may not do for long. A frame that got no byte for ``frame_deadline_s``
+  has stalled: the scheduler drops the channel then; a worker closes the link
+  only when a new connection finds no room.
 - A worker serves at most ``max_links`` connections (more are refused:
   ``channel_refused_links``); a failed accept (out of file descriptors, say)
   pauses accepting briefly and is retried (``channel_accept_errors``).
@@ -55,8 +61,10 @@ import contextlib
 import enum
 import logging
 import os
+import re
 import selectors
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -187,6 +195,7 @@ class StageListener:
             self._server.close()
             raise
         self._server.setblocking(False)
+        _remove_dead_sockets(os.path.dirname(path), path)
         self._wake_in, self._wake_out = socket.socketpair()
         self._wake_in.setblocking(False)
         self._wake_out.setblocking(False)
@@ -288,7 +297,7 @@ class StageListener:
                 link.watching_writes = link.pending
                 events = selectors.EVENT_READ | (selectors.EVENT_WRITE if link.pending else 0)
                 self._selector.modify(link.sock, events, link)
-        events = self._selector.select(self._select_timeout(links))
+        events = self._selector.select(self._select_timeout())
         now = time.monotonic()
         for key, mask in events:
             if key.data is _WAKE:
@@ -301,17 +310,11 @@ class StageListener:
         if self._accept_paused_until is not None and now >= self._accept_paused_until:
             self._accept_paused_until = None
             self._selector.register(self._server, selectors.EVENT_READ, _ACCEPT)
-        for link in links:
-            if link.reader.overdue(now):
-                self._bad_frame(link, f"a frame still partial after {link.reader.deadline_s} s")
 
-    def _select_timeout(self, links: list[StageLink]) -> float:
-        wake_at = [due for link in links if (due := link.reader.due()) is not None]
-        if self._accept_paused_until is not None:
-            wake_at.append(self._accept_paused_until)
-        if not wake_at:
+    def _select_timeout(self) -> float:
+        if self._accept_paused_until is None:
             return 1.0
-        return min(1.0, max(0.0, min(wake_at) - time.monotonic()) + 0.001)
+        return min(1.0, max(0.0, self._accept_paused_until - time.monotonic()) + 0.001)
 
     def _accept(self, now: float) -> None:
         for _ in range(self.limits.max_links + 1):  # a batch, then others' turn
@@ -334,7 +337,7 @@ class StageListener:
             self._backoff = self.limits.accept_backoff_s
             with self._lock:
                 full = len(self._links) >= self.limits.max_links
-            if full:
+            if full and not self._free_stalled(now):
                 self.faults.count("channel_refused_links")
                 self.faults.warn(
                     "refused",
@@ -351,6 +354,19 @@ class StageListener:
                 hello = self._hello()
                 if hello is not None:
                     link.send(hello)
+
+    def _free_stalled(self, now: float) -> bool:
+        """Close the links whose frame stalled past its deadline; whether a new
+        link fits then. Only when the worker is full: a stalled frame costs
+        nothing until its place is asked for, and the scheduler's own order may
+        rightly wait half written while its engine is idle (nothing runs the
+        hooks that write the rest)."""
+        with self._lock:
+            stalled = [link for link in self._links.values() if link.reader.overdue(now)]
+        for link in stalled:
+            self._bad_frame(link, f"a frame stalled for {link.reader.deadline_s} s")
+        with self._lock:
+            return len(self._links) < self.limits.max_links
 
     def _serve(self, link: StageLink, mask: int, now: float) -> None:
         if mask & selectors.EVENT_WRITE and not link.flush():
@@ -422,3 +438,58 @@ def _remove_stale(path: str) -> None:
     finally:
         probe.close()
     raise OSError(f"{path}: another process listens there")
+
+
+# A stage socket's name: ``runtime_dirs.socket_path``'s, or an older version's
+# ``<engine id>-dp<d>-tp<r>.sock``.
+_SOCKET_NAME = re.compile(r"[A-Za-z0-9_-]+-dp[0-9]+-tp[0-9]+\.sock")
+_SWEEP_MAX = 256  # sockets probed at one start; more wait for later starts
+# Younger sockets are left alone: one may be bound and not listening yet.
+_SWEEP_MIN_AGE_S = 10.0
+
+
+def _remove_dead_sockets(directory: str, own: str) -> None:
+    """Unlink the stage sockets in ``directory`` that refuse connections: each
+    engine's are named anew at each launch, so those of an engine killed are
+    never bound again. Only a socket file (never a link) nobody listens on."""
+    removed = probed = 0
+    old = time.time() - _SWEEP_MIN_AGE_S
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if probed >= _SWEEP_MAX:
+                    break
+                if entry.path == own or not _SOCKET_NAME.fullmatch(entry.name):
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISSOCK(info.st_mode) and info.st_mtime < old:
+                    probed += 1
+                    removed += _unlink_if_refused(entry.path)
+    except OSError as exc:
+        logger.debug("Stage sockets in %s not swept: %s", directory, exc)
+    if removed:
+        logger.info("Removed %d stage sockets nobody listens on from %s", removed, directory)
+
+
+def _unlink_if_refused(path: str) -> bool:
+    """Unlink ``path`` if connecting to it is refused (its listener is gone)."""
+    probe = socket.socket(socket.AF_UNIX)
+    probe.setblocking(False)  # a live listener with a full backlog: EAGAIN
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        pass
+    except OSError:
+        return False  # live (EAGAIN: a full backlog), or not ours to judge
+    else:
+        return False  # live
+    finally:
+        probe.close()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False  # another start removed it first
+    return True

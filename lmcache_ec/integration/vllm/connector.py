@@ -96,10 +96,16 @@ def _parallel_position() -> tuple[int, int, int]:
 
 def _stage_socket(vllm_config: VllmConfig, node_dir: str, tp_rank: int) -> str:
     """The stage channel's socket of one rank of this engine (see ``channel.py``);
-    ``RuntimeDirUnavailable`` where this user can have no directory for it."""
+    ``RuntimeDirUnavailable`` where this user can have no directory for it.
+
+    Named by the engine id and vLLM's ``instance_id``: set anew by each
+    ``VllmConfig`` and pickled with it to the engine core and its workers, so
+    two engines launched with one engine id never share a socket.
+    """
     engine_id = vllm_config.ec_transfer_config.engine_id or "engine"
     dp_rank = getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
-    return socket_path(engine_id, dp_rank, tp_rank, node_dir)
+    instance = str(getattr(vllm_config, "instance_id", "") or "")
+    return socket_path(engine_id, dp_rank, tp_rank, node_dir, instance=instance)
 
 
 def _bytes_per_embed(vllm_config: VllmConfig) -> int:

@@ -174,7 +174,7 @@ class StageClient:
                     return messages
                 if rank.reader.overdue(now):
                     self._break(
-                        "bad frame", f"a frame partial after {self.limits.frame_deadline_s} s"
+                        "bad frame", f"a frame stalled for {self.limits.frame_deadline_s} s"
                     )
                     return messages
             left = deadline - time.monotonic()

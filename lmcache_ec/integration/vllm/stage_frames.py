@@ -1,10 +1,11 @@
 """Frames over a non-blocking Unix socket, for both ends of the stage channel.
 
 ``Outbox`` holds what a sender could not write yet, bounded in bytes;
-``FrameReader`` reassembles frames from whatever bytes have arrived and
-refuses one announced over ``FRAME_MAX_BYTES`` or still partial after its
-deadline; ``ChannelFaults`` counts each end's faults and logs each kind at
-most once a minute. ``ChannelLimits`` holds the bounds (see ``channel.py``).
+``FrameReader`` reassembles frames from whatever bytes have arrived, refuses
+one announced over ``FRAME_MAX_BYTES`` and tells one that stalled (no byte of
+it read for its deadline); ``ChannelFaults`` counts each end's faults and logs
+each kind at most once a minute. ``ChannelLimits`` holds the bounds (see
+``channel.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ logger = logging.getLogger("lmcache_ec.integration.vllm.channel")
 class ChannelLimits:
     max_links: int = 8  # connections one worker serves at once
     outbox_bytes: int = 2 * FRAME_MAX_BYTES  # unsent bytes a link may hold before it is dropped
-    frame_deadline_s: float = 5.0  # a frame must arrive whole within this
+    frame_deadline_s: float = 5.0  # a frame in progress that gets no byte for this long stalled
     backlog: int = 16
     accept_backoff_s: float = 0.05  # the first pause after a failed accept; doubles up to 1 s
 
@@ -110,12 +111,17 @@ class Outbox:
 
 
 class FrameReader:
-    """Frame bodies out of a non-blocking socket; each must arrive whole in time."""
+    """Frame bodies out of a non-blocking socket, and whether the one in progress stalled.
+
+    A stall counts from the last read that brought bytes of the frame, not from
+    its first: a reader that did not read for a while (an idle scheduler) finds
+    the rest waiting, and a large frame arrives over many reads.
+    """
 
     def __init__(self, deadline_s: float) -> None:
         self.deadline_s = deadline_s
         self._buffer = bytearray()
-        self._since: float | None = None  # when the frame in progress began to arrive
+        self._since: float | None = None  # when the frame in progress last grew
 
     def read(
         self,
@@ -141,8 +147,7 @@ class FrameReader:
             if not data:
                 return frames + self._take_frames(now, None), True
             max_bytes -= len(data)
-            if not self._buffer:
-                self._since = now
+            self._since = now
             self._buffer += data
             left = None if max_frames is None else max_frames - len(frames)
             frames.extend(self._take_frames(now, left))
@@ -164,7 +169,7 @@ class FrameReader:
         return frames
 
     def due(self) -> float | None:
-        """When the frame in progress must be whole (None: none in progress)."""
+        """When the frame in progress stalls unless more of it is read (None: none)."""
         return None if self._since is None else self._since + self.deadline_s
 
     def overdue(self, now: float) -> bool:

@@ -156,13 +156,18 @@ class WorkerLink:
 
     def dispatch(self) -> None:
         """Order the stagings the prefetch queue lets start now."""
+        if not self.prefetch.queued():
+            return
+        # Connect before taking items out of the queue: a reconnect hears the
+        # workers' weights, and a change gives up (computes) what is queued.
+        self.channel_ready()
         started = self.prefetch.dispatch()  # each with its deadline: queueing counts
         if not started:
             return
         dispatched = [identifier for identifier, _ in started]
         # Releases first: a worker must drop an old copy before staging it anew.
         order: int = (  # its number; 0 (or False): not sent over the channel
-            self.channel_ready()
+            self.connected
             and self._send_releases()
             and self.channel.send(dispatched, self.weights or "")
         )
