@@ -41,7 +41,16 @@ A directory on a filesystem shared with others (the node tier in
 filesystem's real free space (``capped_by_free_space``): a write must leave
 ``free_reserve`` of the filesystem free (1/16 of it, at most 256 MiB), and
 when it would not, entries are evicted as for the limit until it does (plus
-the same slack the low-water mark gives), or the write is skipped.
+the same slack the low-water mark gives), or the write is skipped. There the
+temp file is allocated its reserved size under the lock (``posix_fallocate``):
+the next writer's look at the free space, in any process, sees the bytes of
+every write still in progress, not the empty files they start as (N writers
+at once would otherwise each take the same free space, and eat the reserve).
+A filesystem filled meanwhile by others fails the allocation (``ENOSPC``),
+before anything is written; the tier then evicts and retries once.
+
+The ledger's lock belongs to its open file description, which a forked child
+shares: a child closes the descriptor it inherited (``flocks.drop_locks_in_child``).
 """
 
 from __future__ import annotations
@@ -53,7 +62,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from ..flocks import flock_within
+from ..flocks import close_inherited, drop_locks_in_child, flock_within
 from ..runtime_dirs import (
     DEFAULT_BASE,
     Feature,
@@ -64,7 +73,7 @@ from ..runtime_dirs import (
     state_base,
     user_dir,
 )
-from .disk_layout import DirectoryLayout, Scan
+from .disk_layout import DirectoryLayout, Scan, file_bytes
 
 LEDGER_LOCK_WAIT_S = 5.0
 LOW_WATER = 15 / 16  # evict down to this share of the limit
@@ -149,6 +158,11 @@ class DirectoryBudget:
         self._fd = -1  # the ledger, while locked
         self._ledger: str | None = None
         self._ledger_of: tuple[int, int] | None = None  # the directory's (dev, inode)
+        drop_locks_in_child(self)
+
+    def drop_inherited_locks(self) -> None:
+        self._fd = close_inherited(self._fd)
+        self._local = threading.Lock()
 
     def _ledger_path(self) -> str:
         """The ledger of the directory now at ``layout.path``. By inode: a
@@ -171,21 +185,25 @@ class DirectoryBudget:
     def _locked(self) -> Iterator[int]:
         with self._local:
             while True:
-                fd = os.open(self._ledger_path(), os.O_RDWR | os.O_CREAT, 0o600)
+                # In ``self._fd`` from its opening on: a child forked meanwhile closes its copy.
+                self._fd = fd = os.open(self._ledger_path(), os.O_RDWR | os.O_CREAT, 0o600)
                 try:
                     flock_within(fd, self.lock_wait_s, "disk size ledger")
                 except OSError:
-                    os.close(fd)
+                    self._release()
                     raise
                 if os.fstat(fd).st_nlink:
                     break
-                os.close(fd)  # pruned while we waited for it: open the new one
+                self._release()  # pruned while we waited for it: open the new one
             try:
-                self._fd = fd
                 yield fd
             finally:
-                self._fd = -1
-                os.close(fd)  # releases the lock
+                self._release()
+
+    def _release(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:  # (in a forked child, closed already)
+            os.close(fd)  # releases the lock
 
     def _read(self) -> int | None:
         try:
@@ -211,7 +229,8 @@ class DirectoryBudget:
                 used = self._make_room(size)
                 if used is None:
                     return None
-            temp = self.layout.create_temp(name, size)
+            # Its blocks taken now where free space counts: the next look sees them.
+            temp = self.layout.create_temp(name, size, allocate=self.capped_by_free_space)
             try:
                 self._write(used + size)
             except OSError:
@@ -255,7 +274,8 @@ class DirectoryBudget:
             except OSError:
                 held = False
             try:
-                freed = os.stat(path).st_size if size is None else size
+                # As a scan counts it (``disk_layout``): a symlink's target is not ours.
+                freed = file_bytes(os.lstat(path)) if size is None else size
                 os.remove(path)
             except FileNotFoundError:
                 return False

@@ -142,7 +142,8 @@ def use_stamp() -> int:
 
 
 def _open_existing(path: str, _flags: int) -> int:
-    return os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+    # No O_TRUNC: that would free the blocks a reservation allocated (``create_temp``).
+    return os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
 class DirectoryModes(NamedTuple):
@@ -184,6 +185,24 @@ def create_file(path: str, mode: int) -> int:
     return fd
 
 
+def file_bytes(stat: os.stat_result) -> int:
+    """What a file (``lstat``) counts in its directory: nothing unless regular."""
+    return stat.st_size if S_ISREG(stat.st_mode) else 0
+
+
+_CANNOT_ALLOCATE = (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Take ``size`` bytes of blocks for ``fd`` now; where the filesystem has
+    no way to (nor glibc's emulation), the write takes them as it lands."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in _CANNOT_ALLOCATE:
+            raise
+
+
 class Stored(NamedTuple):
     name: str  # storage name
     path: str
@@ -218,11 +237,22 @@ class DirectoryLayout:
         filename = f"{TEMP_PREFIX}{os.getpid()}-{next(_seq)}-{reserved}.{name}"
         return os.path.join(self.path, filename)
 
-    def create_temp(self, name: str, reserved: int) -> str:
-        """Make the (empty) temp file of a write of ``reserved`` bytes; from now
-        on every scan counts those bytes. Raises ``OSError``."""
+    def create_temp(self, name: str, reserved: int, *, allocate: bool = False) -> str:
+        """Make the temp file of a write of ``reserved`` bytes; from now on
+        every scan counts those bytes. Empty, or with ``allocate`` its blocks
+        taken now (the filesystem's free space counts them). Raises ``OSError``
+        (``ENOSPC`` where they cannot be had), leaving no file."""
         temp = self.temp_path(name, reserved)
-        os.close(create_file(temp, self.modes.file))
+        fd = create_file(temp, self.modes.file)
+        try:
+            if allocate and reserved > 0:
+                _allocate(fd, reserved)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(temp)
+            raise
+        finally:
+            os.close(fd)
         return temp
 
     def open_new(self, path: str) -> BinaryIO:
@@ -230,7 +260,8 @@ class DirectoryLayout:
         return open(path, "wb", opener=lambda p, _: create_file(p, self.modes.file))
 
     def open_temp(self, temp: str) -> BinaryIO:
-        """The temp file ``create_temp`` made, open for writing (made if gone)."""
+        """The temp file ``create_temp`` made, open for writing from its start
+        (made if gone); ``write`` cuts it to what it wrote."""
         try:
             return open(temp, "wb", opener=_open_existing)
         except FileNotFoundError:
@@ -243,7 +274,10 @@ class DirectoryLayout:
         it reserved); a dead writer's temp files (or any unchanged for
         ``STALE_TEMP_SECONDS``) are removed. A name reserving more than
         ``max_reserved`` (the directory's limit: no write reserves more) is no
-        write's: the file counts at its own size only."""
+        write's: the file counts at its own size only. Only a regular file's
+        bytes count: anything else under an entry's name (a symlink, whose
+        target is outside the directory, a FIFO) is listed at 0 bytes, for a
+        read (as damaged), eviction or purge to remove."""
         entries: list[Stored] = []
         entry_inodes: set[int] = set()
         writes: dict[int, int] = {}  # inode -> bytes
@@ -256,7 +290,7 @@ class DirectoryLayout:
                     if max_reserved is not None and reserved > max_reserved:
                         reserved = 0
                     try:
-                        stat = item.stat()
+                        stat = item.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         # Published (or given up) since it was listed: its entry
                         # may not be in the listing, so the write counts at its
@@ -266,16 +300,16 @@ class DirectoryLayout:
                     if reclaim and _abandoned(name, stat, now):
                         os.remove(item.path)
                     else:
-                        writes[item.inode()] = max(stat.st_size, reserved)
+                        writes[item.inode()] = max(file_bytes(stat), reserved)
                     continue
                 stem = entry_stem(name)
                 if stem is None:
                     continue
-                stat = item.stat()
+                stat = item.stat(follow_symlinks=False)
             except OSError:
                 continue  # vanished while scanning
             entry_inodes.add(item.inode())
-            entries.append(Stored(stem, item.path, stat.st_size, stat.st_mtime_ns))
+            entries.append(Stored(stem, item.path, file_bytes(stat), stat.st_mtime_ns))
         entries.sort(key=lambda e: e.mtime_ns)
         # A write just published by link is its entry too, until its temp name goes.
         temp_bytes = sum(size for inode, size in writes.items() if inode not in entry_inodes)
@@ -331,6 +365,7 @@ class DirectoryLayout:
         try:
             with (opener or self.open_temp)(temp) as stream:
                 stream.write(buffer)
+                stream.truncate()  # a file allocated longer is cut to the frame
             stamp = use_stamp()
             os.utime(temp, ns=(stamp, stamp))
             try:

@@ -22,6 +22,10 @@ every process sees every other's writes, evictions and purges at once
   one; a read never waits on it. A file larger than the tier's limit is no
   entry this process could have written: a miss before anything is allocated
   (``read_skipped_too_large``), left for processes with a larger limit.
+- In a tier whose directory is private (``entries_owned``: the node tier),
+  an entry another user owns is damaged too: after the directory was deleted
+  another local user may have made the path again and put well-formed frames
+  there (the checksums are no secret). ``contains`` says no to it.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 
 from ..codec import PREFIX_SIZE, CorruptEntryError, FrameRead, check_stored_size
 from ..key import ECKey
-from ..runtime_dirs import DEFAULT_BASE, Reason, RuntimeDirUnavailable
+from ..runtime_dirs import DEFAULT_BASE, Reason, RuntimeDirUnavailable, owner_of
 from ..tier_contract import TierDefaults
 from .budget import DirectoryBudget
 from .disk_layout import (
@@ -78,6 +82,7 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
     # read_into_pool serves promotion and LMCache's get_blocking.
     reads_frames = True
     capped_by_free_space = False  # also held to the filesystem's free space (budget.py)
+    entries_owned = False  # only this user's files are entries (not so in a group-shared one)
 
     def __init__(
         self,
@@ -171,7 +176,12 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
     _key_to_path = path_of  # LMCache's name for it
 
     def contains(self, key: ECKey, pin: bool = False) -> bool:
-        return os.path.exists(self.path_of(key))
+        if not self.entries_owned:
+            return os.path.exists(self.path_of(key))
+        try:
+            return os.stat(self.path_of(key)).st_uid == os.getuid()
+        except OSError:
+            return False
 
     def exists_in_put_tasks(self, key: ECKey) -> bool:
         with self._flight_lock:
@@ -213,6 +223,10 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
             return None
         except OSError as exc:
             self._open_failed(key, path, exc)
+            return None
+        if self.entries_owned and info.st_uid != os.getuid():  # of the file read, not the path
+            os.close(fd)
+            self._unservable(key, path, f"owned by {owner_of(info.st_uid)}, not this user")
             return None
         if self._too_large(path, info.st_size):
             os.close(fd)
@@ -431,7 +445,8 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
             except OSError as exc:
                 if exc.errno != errno.ENOSPC or not self.budget.capped_by_free_space:
                     raise
-                # Filled by others since the reservation: this time it evicts for it.
+                # Filled by others since the reservation's check of free space
+                # (its blocks are taken at once, budget.py): this time it evicts.
                 self.counters["full_retries"] += 1
                 written = self._reserve_and_write(name, memory_obj.byte_array, size)
             if written is None:

@@ -50,9 +50,16 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import from_lmcache
-from ..flocks import flock_within
+from ..flocks import close_inherited, drop_locks_in_child, flock_within
 from ..key import ECKey, slug
-from ..runtime_dirs import Reason, RuntimeDirUnavailable, find_user_dir, private_dir, user_dir
+from ..runtime_dirs import (
+    Reason,
+    RuntimeDirUnavailable,
+    find_user_dir,
+    owner_of,
+    private_dir,
+    user_dir,
+)
 from ..tier_contract import TierKind
 from .frame_directory import FrameDirectoryTier
 
@@ -106,25 +113,50 @@ class NodeUsers:
     A directory deleted and made again has a new ``.users`` that nobody
     holds: each user moves its lock there (``rejoin``) when it makes the
     directory again, at its next write if another process did (``current``),
-    and before it decides at ``leave`` whether it is the last.
+    and before it decides at ``leave`` whether it is the last. Only into a
+    directory of this user's: another local user may make the path again
+    first (``/dev/shm`` is everyone's), and its ``.users`` is theirs to hold.
+
+    A child forked from a user is none (``flocks.drop_locks_in_child``): it
+    closes the descriptor it inherited, so the lock is the parent's alone.
     """
 
     def __init__(self, directory: str, clear: Callable[[], int]) -> None:
         self._clear = clear
-        self._pid = os.getpid()  # a forked child shares the lock: it never leaves for us
+        self._pid = os.getpid()  # a forked child never leaves for us
+        self._directory = directory
         self._path = os.path.join(directory, USERS_FILE)
         self._lock = threading.Lock()  # ``rejoin`` swaps the descriptor other threads check
         self._fd = self._open()
+        drop_locks_in_child(self)
         try:
             self.cleared_at_start = self._clear() if self._alone() else 0
             flock_within(self._fd, USERS_LOCK_WAIT_S, self._path, shared=True)
         except BaseException:
             os.close(self._fd)
+            self._fd = -1  # no number a forked child would close again
             raise
         atexit.register(self.leave)
 
+    def drop_inherited_locks(self) -> None:
+        self._fd = close_inherited(self._fd)
+        self._lock = threading.Lock()
+
     def _open(self) -> int:
-        return os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        """``.users`` (made if missing) of the directory, which must be this
+        user's: ``RuntimeDirUnavailable`` (``TAKEN``) before any wait on a lock
+        of another user's. Through the directory's descriptor: the check is of
+        the directory the file is opened in."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        directory = os.open(self._directory, flags)
+        try:
+            owner = os.fstat(directory).st_uid
+            if owner != os.getuid():
+                raise RuntimeDirUnavailable(self._directory, Reason.TAKEN, owner_of(owner))
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            return os.open(USERS_FILE, flags, 0o600, dir_fd=directory)
+        finally:
+            os.close(directory)
 
     def current(self) -> bool:
         """Whether the lock held is on the directory's ``.users`` of now, not on
@@ -163,8 +195,8 @@ class NodeUsers:
         except BaseException:
             os.close(fd)
             raise
-        os.close(self._fd)  # drops the lock on the deleted one
-        self._fd = fd
+        old, self._fd = self._fd, fd
+        os.close(old)  # drops the lock on the deleted one
 
     def _alone(self) -> bool:
         try:
@@ -182,10 +214,26 @@ class NodeUsers:
             try:
                 if not self._on_current():
                     return 0  # whether others use the directory of now is unknown: keep it
+                if not self._reopen():
+                    return 0  # gone, or no longer this user's: nothing of ours to clear
                 return self._clear() if self._alone() else 0
             finally:
-                os.close(self._fd)  # drops the lock
-                self._fd = -1
+                if self._fd >= 0:
+                    os.close(self._fd)  # drops the lock
+                    self._fd = -1
+
+    def _reopen(self) -> bool:
+        """Let our shared lock go and hold a description of our own, unlocked:
+        converting the one held to exclusive would hand that lock to a child
+        forked past ``drop_locks_in_child`` (by C code) that shares it, for as
+        long as the child lives. False if ``.users`` cannot be opened again."""
+        os.close(self._fd)
+        self._fd = -1
+        try:
+            self._fd = self._open()
+        except OSError:
+            return False
+        return True
 
     def _on_current(self) -> bool:
         """Whether the lock is (now) on the directory's ``.users`` of now."""
@@ -201,6 +249,7 @@ class ECNodeBackend(FrameDirectoryTier):
     name = "node"
     backend_name = "NodeBackend"
     capped_by_free_space = True  # /dev/shm is shared with vLLM and everyone else
+    entries_owned = True  # a private directory: an entry of another user's is forged
 
     def __init__(self, config: Any, local_cpu_backend: Any, dst_device: str) -> None:
         settings = from_lmcache(config)
@@ -214,6 +263,8 @@ class ECNodeBackend(FrameDirectoryTier):
         )
         try:
             self._users = NodeUsers(self.path, self._clear)
+        except RuntimeDirUnavailable:
+            raise
         except OSError as exc:  # as a directory that cannot be listed: no node tier
             raise RuntimeDirUnavailable(
                 self.path, Reason.UNUSABLE, detail=exc.strerror or str(exc)
@@ -239,6 +290,8 @@ class ECNodeBackend(FrameDirectoryTier):
     def _reserve(self, name: str, size: int) -> str | None:
         if not self._users.current():  # another process made the directory again
             self.budget.directory_changed()
+            # Another user's (``RuntimeDirUnavailable``): the write fails, counted,
+            # and nothing is written or waited on there.
             self._users.rejoin()
         return super()._reserve(name, size)
 

@@ -91,17 +91,19 @@ def test_a_filesystem_filled_by_others_fails_puts_until_it_has_room(tiny_shm, ca
 def test_a_write_that_finds_the_filesystem_full_evicts_and_retries_once(tiny_shm, cache):
     assert all(cache.put(f"old-{i}", _tensor(i)) for i in range(3))
     node = _node(cache)
-    reserve = node.budget.reserve
+    layout = node.budget.layout
+    create_temp = layout.create_temp
     other = os.path.join(tiny_shm, "filled-meanwhile")
 
-    def fill_after_reserving(name, size):
-        temp = reserve(name, size)
-        if not os.path.exists(other):  # once: someone takes the room just reserved
+    def fill_then_create(name, size, **how):
+        # Once: someone takes the room the reservation saw free, before its
+        # blocks are allocated (the allocation then finds the filesystem full).
+        if not os.path.exists(other):
             with open(other, "wb") as stream:
                 stream.write(b"\1" * (_free(tiny_shm) - 8192))
-        return temp
+        return create_temp(name, size, **how)
 
-    node.budget.reserve = fill_after_reserving
+    layout.create_temp = fill_then_create
     assert cache.put("new", _tensor(9))
     assert bit_equal(cache.get("new"), _tensor(9))
     counters = node.snapshot()

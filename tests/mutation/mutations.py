@@ -4581,6 +4581,183 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "node-entry-of-another-user-served",
+        "a node-tier entry another local user owns is a miss, never a tensor",
+        "lmcache_ec/tiers/frame_directory.py",
+        (
+            "        if self.entries_owned and info.st_uid != os.getuid():  # of the file "
+            "read, not the path\n"
+        ),
+        "        if False:\n",
+        (
+            (
+                "tests/tiers/test_node_ownership.py::test_a_frame_in_a_node_directory_anothe"
+                "r_user_made_again_is_a_miss"
+            ),
+        ),
+    ),
+    Mutation(
+        "node-contains-another-users-entry",
+        "contains says no to a node-tier entry another local user owns",
+        "lmcache_ec/tiers/frame_directory.py",
+        "            return os.stat(self.path_of(key)).st_uid == os.getuid()\n",
+        "            return os.path.exists(self.path_of(key))\n",
+        (
+            (
+                "tests/tiers/test_node_ownership.py::test_a_frame_in_a_node_directory_anothe"
+                "r_user_made_again_is_a_miss"
+            ),
+        ),
+    ),
+    Mutation(
+        "node-directory-of-another-user-joined",
+        "a node directory another user made again is never written, cleared or waited on",
+        "lmcache_ec/tiers/node.py",
+        (
+            "            if owner != os.getuid():\n"
+            "                raise RuntimeDirUnavailable(self._directory, Reason.TAKEN, "
+            "owner_of(owner))\n"
+        ),
+        "",
+        (
+            (
+                "tests/tiers/test_node_ownership.py::test_a_put_into_a_node_directory_anothe"
+                "r_user_made_again_writes_nothing_there"
+            ),
+            (
+                "tests/tiers/test_node_ownership.py::test_a_put_never_waits_on_a_users_lock_"
+                "another_user_holds"
+            ),
+            (
+                "tests/tiers/test_node_ownership.py::test_the_last_user_leaving_clears_nothi"
+                "ng_in_a_directory_another_user_made_again"
+            ),
+        ),
+    ),
+    Mutation(
+        "forked-child-keeps-node-users-lock",
+        "a child forked from a node-tier user holds no lock on .users",
+        "lmcache_ec/tiers/node.py",
+        "        drop_locks_in_child(self)\n",
+        "",
+        (
+            (
+                "tests/tiers/test_fork_locks.py::test_a_user_leaving_last_leaves_users_free_"
+                "whatever_it_forked"
+            ),
+        ),
+    ),
+    Mutation(
+        "leave-converts-a-shared-description",
+        "leaving never turns a lock a forked child shares into an exclusive one",
+        "lmcache_ec/tiers/node.py",
+        (
+            "                if not self._reopen():\n"
+            "                    return 0  # gone, or no longer this user's: nothing of "
+            "ours to clear\n"
+        ),
+        "",
+        (
+            (
+                "tests/tiers/test_fork_locks.py::test_leaving_converts_no_lock_a_child_forke"
+                "d_by_c_code_shares"
+            ),
+        ),
+    ),
+    Mutation(
+        "forked-child-keeps-ledger-lock",
+        "a child forked while the ledger is locked holds none of it",
+        "lmcache_ec/tiers/budget.py",
+        "        drop_locks_in_child(self)\n",
+        "",
+        (
+            (
+                "tests/tiers/test_fork_locks.py::test_a_ledger_locked_while_the_process_fork"
+                "s_is_free_once_it_lets_go"
+            ),
+            (
+                "tests/tiers/test_fork_locks.py::test_a_child_forked_while_another_thread_ho"
+                "lds_the_ledger_can_use_it"
+            ),
+        ),
+    ),
+    Mutation(
+        "forked-child-keeps-ledger-thread-lock",
+        "a forked child can use a ledger another thread of its parent held",
+        "lmcache_ec/tiers/budget.py",
+        "        self._fd = close_inherited(self._fd)\n        self._local = threading.Lock()\n",
+        "        self._fd = close_inherited(self._fd)\n",
+        (
+            (
+                "tests/tiers/test_fork_locks.py::test_a_child_forked_while_another_thread_ho"
+                "lds_the_ledger_can_use_it"
+            ),
+        ),
+    ),
+    Mutation(
+        "reservation-not-allocated",
+        "node-tier writers at once leave the filesystem's reserve free",
+        "lmcache_ec/tiers/budget.py",
+        (
+            "            temp = self.layout.create_temp(name, size, "
+            "allocate=self.capped_by_free_space)\n"
+        ),
+        "            temp = self.layout.create_temp(name, size)\n",
+        (
+            (
+                "tests/tiers/test_reserve_races.py::test_writers_reserving_at_once_leave_the"
+                "_filesystems_reserve_free"
+            ),
+        ),
+    ),
+    Mutation(
+        "reserved-blocks-truncated-at-open",
+        "a reservation's blocks stay taken while its write is in progress",
+        "lmcache_ec/tiers/disk_layout.py",
+        "    return os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)\n",
+        "    return os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)\n",
+        (
+            (
+                "tests/tiers/test_reserve_races.py::test_a_reserved_temp_file_keeps_its_bloc"
+                "ks_when_opened_for_writing"
+            ),
+        ),
+    ),
+    Mutation(
+        "removal-subtracts-a-symlinks-target",
+        "a symlink under an entry's name takes nothing off the size ledger",
+        "lmcache_ec/tiers/budget.py",
+        "                freed = file_bytes(os.lstat(path)) if size is None else size\n",
+        "                freed = os.stat(path).st_size if size is None else size\n",
+        (
+            (
+                "tests/tiers/test_planted_links.py::test_a_symlink_removed_as_damaged_takes_"
+                "none_of_its_targets_bytes_off_the_ledger"
+            ),
+        ),
+    ),
+    Mutation(
+        "scan-follows-a-symlink",
+        "a scan counts a symlink under an entry's name at 0 bytes",
+        "lmcache_ec/tiers/disk_layout.py",
+        (
+            "                stat = item.stat(follow_symlinks=False)\n"
+            "            except OSError:\n"
+            "                continue  # vanished while scanning\n"
+        ),
+        (
+            "                stat = item.stat()\n"
+            "            except OSError:\n"
+            "                continue  # vanished while scanning\n"
+        ),
+        (
+            (
+                "tests/tiers/test_planted_links.py::test_a_scan_counts_a_symlink_under_an_en"
+                "try_name_at_nothing"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
