@@ -371,7 +371,13 @@ MUTATIONS: list[Mutation] = [
         "lmcache_ec/integration/vllm/scheduler.py",
         "doomed = self.items.having(*FETCHING)",
         "doomed: list[str] = []",
-        ("tests/vllm/test_weights.py::test_staged_items_never_cross_an_update",),
+        (
+            "tests/vllm/test_weights.py::test_staged_items_never_cross_an_update",
+            (
+                "tests/vllm/test_weight_seams.py::test_an_item_staged_before_a_weight_transf"
+                "er_is_encoded_after_it"
+            ),
+        ),
     ),
     Mutation(
         "weights-not-fingerprinted",
@@ -4755,6 +4761,141 @@ MUTATIONS += [
             (
                 "tests/tiers/test_planted_links.py::test_a_scan_counts_a_symlink_under_an_en"
                 "try_name_at_nothing"
+            ),
+        ),
+    ),
+    Mutation(
+        "sleep-unwatched",
+        (
+            "weights loaded between sleep and the next step (the RL loop's own sync) are "
+            "fingerprinted before anything is loaded or saved"
+        ),
+        "lmcache_ec/integration/vllm/weight_updates.py",
+        '    ("vllm.v1.worker.gpu_worker", "Worker", "sleep", ASLEEP),\n',
+        "",
+        (
+            (
+                "tests/vllm/test_weight_seams.py::test_a_weight_sync_between_sleep_and_wake_"
+                "up_is_fingerprinted_at_the_next_step"
+            ),
+        ),
+    ),
+    Mutation(
+        "step-after-sleep-unwatched",
+        "the first step after a sleep fingerprints the weights it runs with",
+        "lmcache_ec/integration/vllm/weight_updates.py",
+        '    ("vllm.v1.worker.gpu_worker", "Worker", "execute_model", STEP),\n',
+        "",
+        (
+            (
+                "tests/vllm/test_weight_seams.py::test_a_weight_sync_between_sleep_and_wake_"
+                "up_is_fingerprinted_at_the_next_step"
+            ),
+            (
+                "tests/vllm/test_weight_seams.py::test_while_asleep_no_seam_reads_the_weight"
+                "s_and_the_next_step_reads_them_once"
+            ),
+        ),
+    ),
+    Mutation(
+        "seams-read-a-sleeping-worker",
+        "no seam reads a sleeping worker's weights; the next step reads them once",
+        "lmcache_ec/integration/vllm/weight_updates.py",
+        "    unknown = kind in (REPLACING, ASLEEP) or _Slept.due  # asleep: nothing to read yet\n",
+        "    unknown = kind in (REPLACING, ASLEEP)\n",
+        (
+            (
+                "tests/vllm/test_weight_seams.py::test_while_asleep_no_seam_reads_the_weight"
+                "s_and_the_next_step_reads_them_once"
+            ),
+        ),
+    ),
+    Mutation(
+        "reset-weights-unwatched",
+        "Worker.reset_weights (the /weight_checker reset) is a weight change",
+        "lmcache_ec/integration/vllm/weight_updates.py",
+        '    ("vllm.v1.worker.gpu_worker", "Worker", "reset_weights", "worker"),\n',
+        "",
+        ("tests/vllm/test_weight_seams.py::test_reset_weights_is_a_weight_change",),
+    ),
+    Mutation(
+        "direct-read-while-weights-unknown",
+        "while the weights are unknown nothing is read under the key of no weights",
+        "lmcache_ec/integration/vllm/worker.py",
+        "        if not known:\n",
+        "        if False:\n",
+        (
+            (
+                "tests/vllm/test_weight_seams.py::test_a_load_missing_its_staged_copy_reads_"
+                "nothing_while_the_weights_are_unknown"
+            ),
+        ),
+    ),
+    Mutation(
+        "promised-load-dropped-by-a-weights-change",
+        "a load the scheduler promised before it heard of a weights change never misses",
+        "lmcache_ec/integration/vllm/worker.py",
+        "            self._kept.update(self._staged)\n",
+        "",
+        (
+            (
+                "tests/vllm/test_weight_seams.py::test_a_load_promised_before_the_scheduler_"
+                "hears_of_a_weight_transfer_never_misses"
+            ),
+        ),
+    ),
+    Mutation(
+        "encoder-cache-reset-keeps-staged-items",
+        "nothing staged before vLLM's encoder cache reset is loaded after it",
+        "lmcache_ec/integration/vllm/scheduler.py",
+        (
+            '            self.give_up(identifier, now, "vLLM reset its encoder cache", '
+            "fetch_failed=False)\n"
+        ),
+        "            pass\n",
+        (
+            (
+                "tests/vllm/test_weight_seams.py::test_nothing_staged_before_an_encoder_cach"
+                "e_reset_is_loaded_after_it"
+            ),
+        ),
+    ),
+    Mutation(
+        "fingerprint-failure-skips-the-gather",
+        "a fingerprint failing on one tensor-parallel rank fails on all, none left in the gather",
+        "lmcache_ec/integration/vllm/weights.py",
+        "        digest, error = bytes(8 * _DIGEST_WORDS), exc\n",
+        "        raise\n",
+        (
+            (
+                "tests/vllm/test_weight_seams.py::test_a_fingerprint_failing_on_one_rank_fai"
+                "ls_on_every_rank_and_none_waits"
+            ),
+        ),
+    ),
+    Mutation(
+        "model-reached-outside-the-gather",
+        "a rank whose model cannot be reached still joins its peers' fingerprint gather",
+        "lmcache_ec/integration/vllm/connector.py",
+        "                else self._weights_version(weights_fingerprint(model, tp_gather()))\n",
+        "                else self._weights_version(weights_fingerprint(model(), tp_gather()))\n",
+        (
+            (
+                "tests/vllm/test_weight_seams.py::test_a_rank_whose_model_cannot_be_reached_"
+                "still_joins_the_gather"
+            ),
+        ),
+    ),
+    Mutation(
+        "saves-reported-across-an-update",
+        "a save landed under the old weights is never reported under the new ones",
+        "lmcache_ec/integration/vllm/worker.py",
+        "            self._saved.clear()\n",
+        "",
+        (
+            (
+                "tests/vllm/test_weight_seams.py::test_a_save_landed_under_the_old_weights_i"
+                "s_not_reported_under_the_new"
             ),
         ),
     ),

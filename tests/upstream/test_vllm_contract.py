@@ -123,6 +123,39 @@ def test_worker_load_model_and_weight_transfer_are_methods():
     assert "model_runner" in inspect.getsource(Worker.load_model)
 
 
+def test_reset_weights_zeroes_the_model_through_no_other_seam():
+    """weight_updates.py wraps Worker.reset_weights (collective_rpc("reset_weights"), the
+    /weight_checker reset): it zeroes the model in place and resets no encoder cache."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    assert list(inspect.signature(Worker.reset_weights).parameters) == ["self"]
+    source = inspect.getsource(Worker.reset_weights)
+    assert "zero_weights(self.model_runner.get_model())" in source
+    assert "reset_encoder_cache" not in source
+
+
+def test_the_engine_resets_caches_before_its_workers_sleep_and_steps_only_once_awake():
+    """Why weight_updates.py makes the weights unknown at Worker.sleep and fingerprints
+    them at the next Worker.execute_model: EngineCore.sleep resets the encoder cache
+    (pause_scheduler with clear_cache) before the workers sleep, on the old weights,
+    and a weight sync between the wake-ups passes no other seam; EngineCore.wake_up
+    resumes scheduling only once every allocation is resident, so no step runs on
+    sleeping weights. Worker.execute_model takes the step's scheduler output."""
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.worker.gpu_worker import Worker
+
+    assert list(inspect.signature(Worker.sleep).parameters) == ["self", "level"]
+    assert list(inspect.signature(Worker.wake_up).parameters) == ["self", "tags"]
+    assert list(inspect.signature(Worker.execute_model).parameters) == ["self", "scheduler_output"]
+    sleep = inspect.getsource(EngineCore.sleep)
+    pause = sleep.index("self.pause_scheduler(mode=mode, clear_cache=clear_prefix_cache)")
+    assert pause < sleep.index("model_executor.sleep(level)")
+    assert "self.reset_encoder_cache()" in inspect.getsource(EngineCore._reset_caches)
+    wake = inspect.getsource(EngineCore.wake_up)
+    assert "fully_awake = not self.model_executor.is_sleeping" in wake
+    assert wake.index("if fully_awake:") < wake.index("self.resume_scheduler()")
+
+
 def test_a_draft_model_session_starts_apart_and_ends_in_finish_weight_update():
     """weight_updates.py marks the weights unknown in start_weight_update; a draft-model session
     (start_draft_weight_update, vLLM 0.32 and 0.33) must not pass through it, and ends

@@ -244,7 +244,9 @@ class LMCacheECTierConnector(ECConnectorBase):
         ``model`` None: they are being replaced, and unknown until the next
         call. The new version reaches the scheduler over the stage channel
         before this returns. A failed fingerprint makes the weights unknown:
-        nothing is loaded or saved until the next one succeeds.
+        nothing is loaded or saved until the next one succeeds. ``model`` is
+        called inside the fingerprint: a rank where it raises still joins the
+        tensor-parallel gather its peers wait in.
         """
         if self.worker is None or not self.settings.weights_fingerprint:
             return
@@ -253,7 +255,7 @@ class LMCacheECTierConnector(ECConnectorBase):
             version = (
                 None
                 if model is None
-                else self._weights_version(weights_fingerprint(model(), tp_gather()))
+                else self._weights_version(weights_fingerprint(model, tp_gather()))
             )
         except Exception as exc:
             logger.error("Encoder weights fingerprint failed (%s); loads and saves paused", exc)

@@ -158,9 +158,17 @@ class TierScheduler:
 
     def encoder_cache_reset(self) -> None:
         """vLLM emptied its encoder cache (``Scheduler.reset_encoder_cache``, see
-        ``weight_updates.py``) without listing what it freed: fetch those items again."""
+        ``weight_updates.py``) without listing what it freed: fetch those items again.
+
+        Staged items are given up too: a reset is how vLLM drops outputs of weights
+        being replaced, and the workers' change reaches this side a report later
+        without a stage channel, after a promise of one would load the old output.
+        """
         for identifier in self.items.having(*IN_VLLM):
             self.items.move(identifier, S.UNKNOWN)
+        now = time.monotonic()
+        for identifier in self.items.having(S.READY, S.PROMISED):
+            self.give_up(identifier, now, "vLLM reset its encoder cache", fetch_failed=False)
         self.count("encoder_cache_resets")
 
     # -- before scheduling: which requests wait ------------------------------

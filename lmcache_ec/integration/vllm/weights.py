@@ -29,8 +29,9 @@ so whole chunks cannot trade places either. Integer arithmetic modulo 2**64
 is exact and order-free: the same tensor gives the same sum on any device.
 Tensor-parallel ranks
 hold different shards: each rank's digest is gathered over the group, so
-every rank gets the same answer. Identical weights loaded from different
-paths give the same fingerprint.
+every rank gets the same answer; a rank whose digest failed still joins the
+gather, and then every rank fails alike (none waits in it for ever).
+Identical weights loaded from different paths give the same fingerprint.
 """
 
 from __future__ import annotations
@@ -188,15 +189,42 @@ def local_digest(model: torch.nn.Module) -> bytes:
     return hasher.digest()
 
 
-Gather = Callable[[torch.Tensor], torch.Tensor]  # [4] int64 -> [ranks * 4] int64
+Gather = Callable[[torch.Tensor], torch.Tensor]  # [5] int64 -> [ranks * 5] int64
+_DIGEST_WORDS = 4  # a SHA-256 digest as int64s; a fifth word says whether it failed
 
 
-def weights_fingerprint(model: torch.nn.Module, gather: Gather | None = None) -> str:
-    """32 hex characters naming the encoder weights; equal on every TP rank."""
-    digest = local_digest(model)
-    if gather is not None:
-        local = torch.frombuffer(bytearray(digest), dtype=torch.int64)
-        digest = gather(local).cpu().numpy().tobytes()
+class FingerprintError(RuntimeError):
+    """The fingerprint failed on some tensor-parallel rank (on every rank alike)."""
+
+
+def weights_fingerprint(
+    model: torch.nn.Module | Callable[[], torch.nn.Module], gather: Gather | None = None
+) -> str:
+    """32 hex characters naming the encoder weights; equal on every TP rank.
+
+    ``model``: the model, or a callable returning it. With ``gather``, a rank
+    whose digest fails (a CUDA OOM on the fuller rank) still joins the gather,
+    with a failure flag: its peers would otherwise wait in it for ever. Then
+    every rank raises ``FingerprintError``.
+    """
+    if gather is None:
+        return _name(local_digest(model if isinstance(model, torch.nn.Module) else model()))
+    error: Exception | None = None
+    try:
+        digest = local_digest(model if isinstance(model, torch.nn.Module) else model())
+    except Exception as exc:
+        digest, error = bytes(8 * _DIGEST_WORDS), exc
+    flag = (error is not None).to_bytes(8, "little")
+    local = torch.frombuffer(bytearray(digest + flag), dtype=torch.int64)
+    rows = gather(local).cpu().view(-1, _DIGEST_WORDS + 1)
+    failed = rows[:, _DIGEST_WORDS].nonzero().flatten().tolist()
+    if failed:
+        here = f" (here: {error})" if error is not None else ""
+        raise FingerprintError(f"failed on tensor-parallel ranks {failed}{here}") from error
+    return _name(rows[:, :_DIGEST_WORDS].contiguous().numpy().tobytes())
+
+
+def _name(digest: bytes) -> str:
     return hashlib.sha256(digest).hexdigest()[:32]
 
 

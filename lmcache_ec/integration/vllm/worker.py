@@ -8,10 +8,15 @@ encoder → ``save_caches`` per new output (hand-off, returns at once) →
 
 Weights: with ``weights_fingerprint`` on, keys carry a fingerprint of the
 encoder weights (``set_weights``, called once the model is resident and after
-every update). Until it is known nothing is staged or saved; when it changes,
-staged items are dropped, in-flight stagings answer nothing (the scheduler
-gives every order of the old weights up on hearing the change), and saves
-queued before the change still land under the weights that computed them.
+every update). Until it is known nothing is staged, read or saved; when it
+changes, in-flight stagings answer nothing (the scheduler gives every order
+of the old weights up on hearing the change), saves queued before the change
+still land under the weights that computed them, and saves reported since the
+last report are not reported under the new weights. Staged items are kept
+apart, for loads only, until the scheduler loads or releases them: it may
+have promised one before it heard of the change (one report behind without
+a stage channel), and a promised load must not miss (vLLM's model runner
+raises). On hearing it, the scheduler releases every one of them.
 The step report after a change carries the new version (it counts the
 change, so it is never empty): without a stage channel, that is how the
 scheduler learns it.
@@ -122,7 +127,10 @@ class TierWorker:
         self.shared_tier = cache.config.shared_tier
         self._lock = threading.Lock()
         self._staged: dict[str, torch.Tensor] = {}
-        self._staged_bytes = 0
+        # Staged under weights since replaced: loaded if the scheduler promised them
+        # before it heard of the change, else released (see set_weights).
+        self._kept: dict[str, torch.Tensor] = {}
+        self._staged_bytes = 0  # of both
         self._wanted: set[str] = set()  # ordered and not released
         self._saved: set[str] = set()
         # Saves still being written below the CPU tier: their ``saved`` report
@@ -169,7 +177,8 @@ class TierWorker:
         """Key everything under encoder weights ``weights`` (None: unknown).
 
         Returns True if that changed anything. Staged tensors of the old
-        weights are dropped; stagings in flight answer nothing.
+        weights are kept for loads only (``_kept``); stagings in flight answer
+        nothing; saves not reported yet are not reported under ``weights``.
         """
         with self._lock:
             if weights == self.weights:
@@ -178,16 +187,21 @@ class TierWorker:
             self._generation += 1
             identity = dataclasses.replace(self.base_identity, weights=weights or "")
             self.cache.set_identity(identity)
-            dropped = len(self._staged)
-            self._staged.clear()
-            self._staged_bytes = 0
+            # A scheduler one report behind may have promised one of them this
+            # step: kept until it loads or releases them (it releases every one
+            # on hearing the change); never answered, re-staged or saved.
+            self._kept.update(self._staged)
+            self._staged = {}
             # No "failed" reports for them: the scheduler gives every old-weights
             # item up on hearing the change, and a late report could fail a new
             # order of the same item under the new weights.
             self._wanted.clear()
             self._staged_report.clear()
+            # Saved under the old weights: the next report speaks for the new ones.
+            self._saved.clear()
             self._counters["weights_changes"] = self._counters.get("weights_changes", 0) + 1
-        logger.info("Encoder weights now %s; %d staged outputs dropped", weights, dropped)
+            kept = len(self._kept)
+        logger.info("Encoder weights now %s; %d staged outputs kept for loads only", weights, kept)
         return True
 
     def _put(self, identifier: str, tensor: torch.Tensor, identity: EncoderIdentity) -> bool:
@@ -203,7 +217,7 @@ class TierWorker:
         placed = 0
         missing = []
         for identifier in meta.loads:
-            tensor = self._take_staged(identifier)
+            tensor = self._take_staged(identifier, loading=True)
             if identifier in encoder_cache:
                 continue
             if tensor is None:
@@ -216,21 +230,36 @@ class TierWorker:
             if self.timeline is not None:
                 self.timeline.item(identifier, "loaded")
         if missing:
-            # Unreachable while staging holds its invariant; one batch read as
-            # a last resort, and vLLM reports anything still missing.
-            logger.error("Staged encoder outputs missing; reading %d directly", len(missing))
-            self._count("load_direct_reads", len(missing))
-            for identifier, tensor in zip(
-                missing, self.cache.get_many(missing, self.device), strict=True
-            ):
-                if tensor is not None:
-                    encoder_cache[identifier] = tensor
-                    placed += 1
+            placed += self._read_directly(encoder_cache, missing)
         if meta.loads:
             self._count("loads", placed)
             self._count("load_seconds", time.perf_counter() - started)
         if meta.stage:
             self.stage(list(meta.stage), None, None, meta.stage_order)
+
+    def _read_directly(self, encoder_cache: dict[str, torch.Tensor], missing: list[str]) -> int:
+        """Unreachable while staging holds its invariant: one batch read as a last
+        resort, and vLLM reports anything still missing. How many it placed.
+
+        Never while the weights are unknown: the cache's identity then names no
+        weights (``weights=""``), the key of a deployment without a fingerprint.
+        """
+        with self._lock:
+            known = self.weights is not None
+        if not known:
+            logger.error("Staged encoder outputs missing; none read, weights unknown")
+            self._count("load_misses_weights_unknown", len(missing))
+            return 0
+        logger.error("Staged encoder outputs missing; reading %d directly", len(missing))
+        self._count("load_direct_reads", len(missing))
+        placed = 0
+        for identifier, tensor in zip(
+            missing, self.cache.get_many(missing, self.device), strict=True
+        ):
+            if tensor is not None:
+                encoder_cache[identifier] = tensor
+                placed += 1
+        return placed
 
     def stage(
         self,
@@ -256,6 +285,8 @@ class TierWorker:
             if not stale:
                 self._wanted.update(identifiers)
                 generation = self._generation
+                for identifier in identifiers:  # ordered anew: the old copy is not wanted
+                    self._drop_kept(identifier)
         if stale:  # ordered under other weights, or none known yet: nothing to load
             self._count("stage_refused_weights", len(identifiers))
             self._answer(_Order(identifiers, link, -1, weights, number), [], identifiers)
@@ -286,13 +317,28 @@ class TierWorker:
                         answers.add(identifier)
                         other.discard(identifier)
 
-    def _take_staged(self, identifier: str) -> torch.Tensor | None:
+    def _take_staged(self, identifier: str, *, loading: bool = False) -> torch.Tensor | None:
+        """Take ``identifier``'s staged copy out (None: none), or else its copy
+        staged under replaced weights (``_kept``), promised before the scheduler
+        heard of the change."""
         with self._lock:
             self._wanted.discard(identifier)
             tensor = self._staged.pop(identifier, None)
             if tensor is not None:
                 self._staged_bytes -= tensor.numel() * tensor.element_size()
-            return tensor
+            kept = self._drop_kept(identifier)
+            if tensor is None and kept is not None and loading:
+                self._counters["loads_kept_across_weights"] = (
+                    self._counters.get("loads_kept_across_weights", 0) + 1
+                )
+            return tensor if tensor is not None else kept
+
+    def _drop_kept(self, identifier: str) -> torch.Tensor | None:
+        """Drop ``identifier``'s copy staged under replaced weights (lock held)."""
+        kept = self._kept.pop(identifier, None)
+        if kept is not None:
+            self._staged_bytes -= kept.numel() * kept.element_size()
+        return kept
 
     def release(self, identifiers: Iterable[str]) -> None:
         """Drop the staged copies of ``identifiers`` (no longer wanted)."""
