@@ -26,6 +26,12 @@ Usage::
     ...
     server.shutdown()
 
+or ``register(cache, registry)`` on a registry served already, once per cache:
+each registry gets one collector, which the later calls add their caches to.
+Caches of one ``(model, namespace)`` (two dtypes, two weights versions) make
+one series per label set, summed (``tier_available``: 0 while the tier fails
+in any of them), as Prometheus takes no repeated series.
+
 Inside vLLM the connector reports the same snapshot through vLLM's EC
 connector stats hooks instead.
 """
@@ -33,6 +39,7 @@ connector stats hooks instead.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -60,17 +67,124 @@ _COUNTERS = (
     ("integrity_failures", "integrity_failures", "Entries dropped for failing verification."),
 )
 
+_HISTOGRAMS = (  # (snapshot field, help): metric {PREFIX}_{field}_seconds
+    ("get_latency", "Latency of get (tier walk, verification, copy out)."),
+    ("put_latency", "Latency of put up to the hand-off to the CPU tier."),
+)
+
+Labels = tuple[str, ...]
+
+
+class _Totals:
+    """Every cache's snapshot merged per label set: caches of one ``(model,
+    namespace)`` (two dtypes, two weights versions) make one series each, as
+    Prometheus requires. Counters and histograms are summed; ``tier_available``
+    is the least (0 while the tier fails in any of them); ``feature_off`` is 1
+    while the feature is off in any."""
+
+    def __init__(self) -> None:
+        self.hits: dict[Labels, float] = {}
+        self.errors: dict[Labels, float] = {}
+        self.available: dict[Labels, float] = {}
+        self.features_off: dict[Labels, float] = {}
+        self.counters: dict[str, dict[Labels, float]] = {field: {} for field, _, _ in _COUNTERS}
+        # field -> labels -> ({upper bound: cumulative count}, sum). Every ECStats
+        # histogram has metrics.LATENCY_BUCKETS, so the counts at a bound add up.
+        self.histograms: dict[str, dict[Labels, tuple[dict[float, float], float]]] = {
+            field: {} for field, _ in _HISTOGRAMS
+        }
+
+    def add(self, cache: Any) -> None:
+        labels = (cache.identity.model, cache.identity.namespace)
+        snap = cache.stats.snapshot()
+        for tier in dict.fromkeys((*cache.tiers, *snap["hits"])):  # a 0 before a tier's hit
+            _add(self.hits, (*labels, tier), snap["hits"].get(tier, 0))
+        for tier, count in snap["tier_errors"].items():
+            _add(self.errors, (*labels, tier), count)
+        for tier, state in snap["tiers"].items():
+            up = float(bool(state.get("available")))
+            self.available[(*labels, tier)] = min(up, self.available.get((*labels, tier), up))
+        for feature, reason in snap["features_off"].items():
+            self.features_off[(*labels, feature, reason)] = 1.0
+        for field, series in self.counters.items():
+            _add(series, labels, snap[field])
+        for field, series in self.histograms.items():
+            buckets, total = series.get(labels, ({}, 0.0))
+            for bound, count in snap[field]["buckets"]:
+                buckets[bound] = buckets.get(bound, 0) + count
+            series[labels] = (buckets, total + snap[field]["sum"])
+
+    def families(self) -> Iterator[Metric]:
+        yield _family(
+            CounterMetricFamily(
+                f"{PREFIX}_hits", "Gets answered, by tier.", labels=[*LABELS, "tier"]
+            ),
+            self.hits,
+        )
+        yield _family(
+            CounterMetricFamily(
+                f"{PREFIX}_tier_errors",
+                "Tier operations that failed (disk I/O errors, remote errors), by tier.",
+                labels=[*LABELS, "tier"],
+            ),
+            self.errors,
+        )
+        yield _family(
+            GaugeMetricFamily(
+                f"{PREFIX}_tier_available",
+                "1 while a tier works (remote: answers; disk: its last write succeeded), else 0.",
+                labels=[*LABELS, "tier"],
+            ),
+            self.available,
+        )
+        yield _family(
+            GaugeMetricFamily(
+                f"{PREFIX}_feature_off",
+                "1 while a feature is off: node_tier, shared_ledger (no private runtime "
+                "directory), disk_tier (its directory unusable).",
+                labels=[*LABELS, "feature", "reason"],
+            ),
+            self.features_off,
+        )
+        for field, name, text in _COUNTERS:
+            family = CounterMetricFamily(f"{PREFIX}_{name}", text, labels=list(LABELS))
+            yield _family(family, self.counters[field])
+        for field, text in _HISTOGRAMS:
+            histogram = HistogramMetricFamily(
+                f"{PREFIX}_{field}_seconds", text, labels=list(LABELS)
+            )
+            for labels, (buckets, total) in self.histograms[field].items():
+                histogram.add_metric(
+                    list(labels), [(_le(b), count) for b, count in buckets.items()], total
+                )
+            yield histogram
+
+
+def _add(series: dict[Labels, float], labels: Labels, value: float) -> None:
+    series[labels] = series.get(labels, 0) + value
+
+
+def _family(family: Any, series: dict[Labels, float]) -> Any:
+    for labels, value in series.items():
+        family.add_metric(list(labels), value)
+    return family
+
 
 class ECStatsCollector(Collector):
-    """A Prometheus collector over one or more ``ECCache`` objects."""
+    """A Prometheus collector over one or more ``ECCache`` objects: one series
+    per label set, however many caches share it (``_Totals``)."""
 
     def __init__(self, caches: Iterable[Any] = ()) -> None:
         self._lock = threading.Lock()
-        self._caches: list[Any] = list(caches)
+        self._caches: list[Any] = []
+        for cache in caches:
+            self.add(cache)
 
     def add(self, cache: Any) -> None:
+        """Export ``cache`` too (once: adding it again changes nothing)."""
         with self._lock:
-            self._caches.append(cache)
+            if not any(c is cache for c in self._caches):
+                self._caches.append(cache)
 
     def remove(self, cache: Any) -> None:
         with self._lock:
@@ -79,72 +193,38 @@ class ECStatsCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             caches = list(self._caches)
-        hits = CounterMetricFamily(
-            f"{PREFIX}_hits", "Gets answered, by tier.", labels=[*LABELS, "tier"]
-        )
-        errors = CounterMetricFamily(
-            f"{PREFIX}_tier_errors",
-            "Tier operations that failed (disk I/O errors, remote errors), by tier.",
-            labels=[*LABELS, "tier"],
-        )
-        available = GaugeMetricFamily(
-            f"{PREFIX}_tier_available",
-            "1 while a tier works (remote: answers; disk: its last write succeeded), else 0.",
-            labels=[*LABELS, "tier"],
-        )
-        features_off = GaugeMetricFamily(
-            f"{PREFIX}_feature_off",
-            "1 while a feature is off: node_tier, shared_ledger (no private runtime "
-            "directory), disk_tier (its directory unusable).",
-            labels=[*LABELS, "feature", "reason"],
-        )
-        counters = {
-            field: CounterMetricFamily(f"{PREFIX}_{name}", text, labels=list(LABELS))
-            for field, name, text in _COUNTERS
-        }
-        histograms = {
-            field: HistogramMetricFamily(f"{PREFIX}_{field}_seconds", text, labels=list(LABELS))
-            for field, text in (
-                ("get_latency", "Latency of get (tier walk, verification, copy out)."),
-                ("put_latency", "Latency of put up to the hand-off to the CPU tier."),
-            )
-        }
+        totals = _Totals()
         for cache in caches:
-            labels = [cache.identity.model, cache.identity.namespace]
-            snap = cache.stats.snapshot()
-            for tier in cache.tiers:
-                hits.add_metric([*labels, tier], snap["hits"].get(tier, 0))
-            for tier, count in snap["hits"].items():
-                if tier not in cache.tiers:
-                    hits.add_metric([*labels, tier], count)
-            for tier, count in snap["tier_errors"].items():
-                errors.add_metric([*labels, tier], count)
-            for tier, state in snap["tiers"].items():
-                available.add_metric([*labels, tier], float(bool(state.get("available"))))
-            for feature, reason in snap["features_off"].items():
-                features_off.add_metric([*labels, feature, reason], 1.0)
-            for field, family in counters.items():
-                family.add_metric(labels, snap[field])
-            for field, family in histograms.items():
-                hist = snap[field]
-                buckets = [(_le(bound), count) for bound, count in hist["buckets"]]
-                family.add_metric(labels, buckets, hist["sum"])
-        yield hits
-        yield errors
-        yield available
-        yield features_off
-        yield from counters.values()
-        yield from histograms.values()
+            totals.add(cache)
+        yield from totals.families()
 
 
 def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
 
 
+# The collector registered on each registry: a second one would repeat every
+# family name, which a registry refuses ("Duplicated timeseries") or, without
+# auto_describe, writes twice. Weak: a registry dropped takes its entry along.
+_COLLECTORS: weakref.WeakKeyDictionary[CollectorRegistry, ECStatsCollector] = (
+    weakref.WeakKeyDictionary()
+)
+_COLLECTORS_LOCK = threading.Lock()
+
+
 def register(caches: Any | Iterable[Any], registry: CollectorRegistry) -> ECStatsCollector:
-    """Register a collector for ``caches`` (one cache or several) on ``registry``."""
-    collector = ECStatsCollector(_as_list(caches))
-    registry.register(collector)
+    """Export ``caches`` (one cache or several) on ``registry``: the first call
+    registers lmcache-ec's collector there, later ones add to it (so a process
+    with several caches calls it once per cache). Returns that collector."""
+    with _COLLECTORS_LOCK:
+        collector = _COLLECTORS.get(registry)
+        if collector is None:
+            collector = ECStatsCollector(_as_list(caches))
+            registry.register(collector)
+            _COLLECTORS[registry] = collector
+            return collector
+    for cache in _as_list(caches):
+        collector.add(cache)
     return collector
 
 

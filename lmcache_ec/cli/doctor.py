@@ -21,6 +21,7 @@ from typing import Any
 
 import typer
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from rich.markup import escape
 
@@ -60,23 +61,42 @@ def installed_version(
     return None
 
 
-def check_versions() -> list[Check]:
-    """Installed versions of lmcache-ec's dependencies against its declared ranges."""
-    try:
-        requirements = [Requirement(r) for r in metadata.requires(DIST) or []]
-    except metadata.PackageNotFoundError:
-        return [Check("versions", "warn", f"{DIST} is not installed as a package")]
-    checks = []
-    for req in requirements:
+def _declared() -> list[tuple[Requirement, list[str]]]:
+    """lmcache-ec's requirements, one per distribution (the ranges of every
+    extra naming it merged), with the extras that need it ([]: always needed).
+    Raises PackageNotFoundError where lmcache-ec is no installed package."""
+    merged: dict[str, tuple[Requirement, list[str | None]]] = {}  # None: no extra
+    for req in [Requirement(r) for r in metadata.requires(DIST) or []]:
         marker = str(req.marker or "")
         extra = marker.split("==")[-1].strip(" \"'") if "extra" in marker else None
         if extra in ("test",):
             continue
+        name = canonicalize_name(req.name)
+        if name in merged:  # one row per distribution: matplotlib is in [demo] and [bench]
+            merged[name][0].specifier &= req.specifier
+        else:
+            merged[name] = (req, [])
+        merged[name][1].append(extra)
+    return [
+        (req, [] if None in extras else [e for e in extras if e is not None])
+        for req, extras in merged.values()
+    ]
+
+
+def check_versions() -> list[Check]:
+    """Installed versions of lmcache-ec's dependencies against its declared ranges."""
+    try:
+        requirements = _declared()
+    except metadata.PackageNotFoundError:
+        return [Check("versions", "warn", f"{DIST} is not installed as a package")]
+    checks = []
+    for req, extras in requirements:
         area = f"{req.name}"
         found = installed_version(req.name)
         if found is None:
-            if extra:
-                checks.append(Check(area, "ok", f"not installed (only needed for [{extra}])"))
+            if extras:
+                needed = ", ".join(f"[{extra}]" for extra in extras)
+                checks.append(Check(area, "ok", f"not installed (only needed for {needed})"))
             else:
                 checks.append(Check(area, "fail", f"not installed; required {req.specifier}"))
             continue
@@ -229,11 +249,21 @@ def check_disk(config: ECConfig) -> list[Check]:
             os.fsync(probe.fileno())
     except OSError as exc:
         return [Check(area, "fail", f"{directory} is not writable: {exc.strerror or exc}")]
+    try:  # writable is not enough: the engine lists it to find (and evict) its entries
+        entries = inventory.scan_disk(directory)
+        free = shutil.disk_usage(directory).free
+    except OSError as exc:
+        return [
+            Check(
+                area,
+                "fail",
+                f"{directory} is writable but cannot be listed ({_reason(exc)}): "
+                "engines run without the disk tier",
+            )
+        ]
     checks = [Check(area, "ok", f"{directory} is writable")]
     wanted = config.disk_bytes
-    entries = inventory.scan_disk(directory)
     used = sum(e.size for e in entries)
-    free = shutil.disk_usage(directory).free
     message = (
         f"{len(entries)} entries ({human_bytes(used)}) of {human_bytes(wanted)}; "
         f"{human_bytes(free)} free on the file system"
@@ -243,6 +273,11 @@ def check_disk(config: ECConfig) -> list[Check]:
     else:
         checks.append(Check("disk space", "ok", message))
     return checks
+
+
+def _reason(exc: OSError) -> str:
+    """``exc``'s reason, with the file it names (an entry, or the directory)."""
+    return f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
 
 
 def _runtime_dir(area: str, find: Callable[[], UserDir], off: tuple[str, str]) -> Check:

@@ -7,6 +7,7 @@ every process's entries, whichever process wrote them.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import Counter, defaultdict
 from typing import Annotated, Any
@@ -179,7 +180,7 @@ def ls(
     tier: TierOption = "all",
     older_than: AgeOption = None,
     weights: WeightsOption = None,
-    limit: Annotated[int, typer.Option(help="Show at most this many entries (0: all).")] = 0,
+    limit: Annotated[int, typer.Option(min=0, help="Show at most this many entries (0: all).")] = 0,
     as_json: JsonOption = False,
 ) -> None:
     """List cached entries of the disk and remote tiers (from their frame headers)."""
@@ -414,7 +415,9 @@ def stats(
             # Writes in progress, any process's: reserved under the limit too.
             "writing_bytes": session.usage("disk", config.local_disk),
         }
-    if session.catalog is not None:  # opened only for a remote_url store
+    # Opened only for a remote_url store; one that could not be listed is left
+    # out (with its warning), never shown as empty.
+    if session.catalog is not None and "remote" not in session.skipped:
         tiers["remote"] = {
             "entries": 0,
             "bytes": 0,
@@ -488,6 +491,37 @@ def _print_stats(tiers: dict[str, Any], groups: dict, counters: Any, url: str | 
 # Metric name prefixes: standalone export (metrics_export) and vLLM's /metrics,
 # where the connector's counters are ``vllm:lmcache_ec_*`` (integration/vllm/stats).
 METRIC_PREFIXES = ("vllm:lmcache_ec_", "lmcache_ec_")
+SCRAPE_DEADLINE_S = 5.0  # the whole answer, headers and body, from connecting on
+SCRAPE_MAX_BYTES = 16 << 20  # a metrics page past this is no engine's (vLLM's: < 1 MiB)
+
+
+def _fetch(url: str) -> bytes:
+    """The body at ``url``: whole within SCRAPE_DEADLINE_S, and at most
+    SCRAPE_MAX_BYTES, else OSError. ``urlopen``'s timeout bounds each read only,
+    so a server trickling its answer would hold it forever: the read runs in a
+    daemon thread, left behind at the deadline."""
+    from urllib.request import urlopen
+
+    outcome: list[bytes | BaseException] = []
+
+    def read() -> None:
+        try:
+            with urlopen(url, timeout=SCRAPE_DEADLINE_S) as response:
+                outcome.append(response.read(SCRAPE_MAX_BYTES + 1))
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, name="lmcache-ec-scrape", daemon=True)
+    reader.start()
+    reader.join(SCRAPE_DEADLINE_S)
+    if not outcome:
+        raise TimeoutError(f"no whole answer within {SCRAPE_DEADLINE_S:g}s")
+    body = outcome[0]
+    if isinstance(body, BaseException):
+        raise body
+    if len(body) > SCRAPE_MAX_BYTES:
+        raise OSError(f"the answer is larger than {human_bytes(SCRAPE_MAX_BYTES)}")
+    return body
 
 
 def _scrape(url: str, session: _Session) -> dict[str, Any] | None:
@@ -499,13 +533,11 @@ def _scrape(url: str, session: _Session) -> dict[str, Any] | None:
     (exit 1), never a silent ``hit_rate 0``.
     """
     from http.client import HTTPException, InvalidURL
-    from urllib.request import urlopen
 
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        with urlopen(url, timeout=5) as response:
-            body = response.read()
+        body = _fetch(url)
     except (ValueError, InvalidURL) as exc:  # not a URL: the user's to fix
         fail(f"invalid --metrics-url {url!r}: {exc}", 2)
     except OSError as exc:

@@ -59,15 +59,25 @@ def test_doctor_redacts_the_password(tmp_path, disk_dir, invoke):
     assert "hunter2secret" not in result.output
 
 
-def test_stats_shows_the_remote_url_without_its_password(tmp_path, disk_dir, invoke):
-    from tests.servers import free_port
+def test_stats_shows_the_remote_url_without_its_password(
+    tmp_path, disk_dir, redis_server_auth, invoke
+):
+    from tests.servers import REDIS_PASSWORD, free_port
 
-    port = free_port()  # nothing listens: the remote row is shown, its listing fails
-    config = remote_config_file(tmp_path, disk_dir, f"redis://:s3cret@127.0.0.1:{port}/0")
-    table = invoke("stats", "--config", config, expect=1)
-    shown = invoke("stats", "--config", config, "--json", expect=1)
-    for result in (table, shown):
-        assert "s3cret" not in result.stdout and "s3cret" not in result.stderr
-    assert f"redis://:***@127.0.0.1:{port}/0" in table.stdout
-    remote = json.loads(shown.stdout)["tiers"]["remote"]
-    assert remote["location"] == f"redis://:***@127.0.0.1:{port}/0"
+    # Reachable (the remote row is shown), and unreachable (its listing fails: a warning).
+    url = f"{redis_server_auth.url}/0"
+    config = remote_config_file(tmp_path, disk_dir, url)
+    (tmp_path / "dead").mkdir()
+    dead = remote_config_file(
+        tmp_path / "dead", disk_dir, f"redis://:{REDIS_PASSWORD}@127.0.0.1:{free_port()}/0"
+    )
+    results = [
+        invoke("stats", "--config", config),
+        invoke("stats", "--config", config, "--json"),
+        invoke("stats", "--config", dead, expect=1),
+    ]
+    for result in results:
+        assert REDIS_PASSWORD not in result.stdout and REDIS_PASSWORD not in result.stderr
+    location = f"redis://:***@127.0.0.1:{redis_server_auth.port}/0"
+    assert location in results[0].stdout
+    assert json.loads(results[1].stdout)["tiers"]["remote"]["location"] == location

@@ -4899,6 +4899,229 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "timeline-open-waits-for-a-fifo-reader",
+        "a timeline_path that is a FIFO without a reader never blocks the scheduler's step",
+        "lmcache_ec/integration/vllm/timeline.py",
+        "_OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK\n",
+        "_OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT\n",
+        (
+            (
+                "tests/vllm/test_timeline_sinks.py::test_a_fifo_without_a_reader_turns_the_t"
+                "imeline_off_without_blocking_the_scheduler"
+            ),
+        ),
+    ),
+    Mutation(
+        "timeline-writes-to-any-file-type",
+        "a timeline_path that is no regular file (a FIFO, a device) is off with one warning",
+        "lmcache_ec/integration/vllm/timeline.py",
+        (
+            "            if not stat.S_ISREG(mode):  # a write to it could block the engine step\n"
+            '                raise OSError(f"not a regular file ({_kind(mode)})")\n'
+        ),
+        "",
+        (
+            (
+                "tests/vllm/test_timeline_sinks.py::test_a_fifo_whose_reader_stopped_reading"
+                "_never_blocks_a_worker_step"
+            ),
+            (
+                "tests/vllm/test_timeline_sinks.py::test_a_character_device_is_refused_with_"
+                "one_warning"
+            ),
+        ),
+    ),
+    Mutation(
+        "timeline-open-unlocked",
+        "threads writing their first timeline lines at once open the file once",
+        "lmcache_ec/integration/vllm/timeline.py",
+        "        self._lock = threading.Lock()\n",
+        '        self._lock = __import__("contextlib").nullcontext()\n',
+        (
+            (
+                "tests/vllm/test_timeline_sinks.py::test_threads_writing_their_first_lines_a"
+                "t_once_open_the_file_once"
+            ),
+        ),
+    ),
+    Mutation(
+        "timeline-never-reopens-after-rotation",
+        "a timeline renamed away or removed goes on in a new file at its path",
+        "lmcache_ec/integration/vllm/timeline.py",
+        (
+            "                if self._fd is not None and self._rotated():\n"
+            "                    self._close()\n"
+        ),
+        "",
+        (
+            (
+                "tests/vllm/test_timeline_sinks.py::test_a_rotated_timeline_goes_on_in_a_new"
+                "_file_at_the_path[rename-and-create]"
+            ),
+            (
+                "tests/vllm/test_timeline_sinks.py::test_a_rotated_timeline_goes_on_in_a_new"
+                "_file_at_the_path[rename]"
+            ),
+            (
+                "tests/vllm/test_timeline_sinks.py::test_a_rotated_timeline_goes_on_in_a_new"
+                "_file_at_the_path[remove]"
+            ),
+        ),
+    ),
+    Mutation(
+        "doctor-unlistable-disk-traceback",
+        "doctor on a disk directory it can write but not list: a fail row, no traceback",
+        "lmcache_ec/cli/doctor.py",
+        "        free = shutil.disk_usage(directory).free\n    except OSError as exc:\n",
+        "        free = shutil.disk_usage(directory).free\n    except ImportError as exc:\n",
+        (
+            (
+                "tests/cli/test_doctor_inputs.py::test_doctor_reports_a_disk_directory_it_ca"
+                "n_write_but_not_list"
+            ),
+        ),
+    ),
+    Mutation(
+        "doctor-lists-a-dependency-per-extra",
+        "doctor's version check names a dependency several extras need once",
+        "lmcache_ec/cli/doctor.py",
+        "        name = canonicalize_name(req.name)\n",
+        "        name = canonicalize_name(req.name) + str(extra)\n",
+        (
+            (
+                "tests/cli/test_doctor_inputs.py::test_doctor_lists_a_dependency_several_ext"
+                "ras_name_once"
+            ),
+        ),
+    ),
+    Mutation(
+        "metrics-register-a-collector-per-call",
+        "register() once per cache on one registry: no Duplicated timeseries, each family once",
+        "lmcache_ec/metrics_export.py",
+        "        collector = _COLLECTORS.get(registry)\n",
+        "        collector = None\n",
+        (
+            (
+                "tests/test_metrics_export_registry.py::test_caches_of_several_models_regist"
+                "er_one_by_one_on_one_registry[checks-names]"
+            ),
+            (
+                "tests/test_metrics_export_registry.py::test_caches_of_several_models_regist"
+                "er_one_by_one_on_one_registry[plain]"
+            ),
+        ),
+    ),
+    Mutation(
+        "metrics-series-of-one-label-set-not-summed",
+        "caches of one model and namespace make one series, their counters summed",
+        "lmcache_ec/metrics_export.py",
+        "    series[labels] = series.get(labels, 0) + value\n",
+        "    series[labels] = value\n",
+        (
+            (
+                "tests/test_metrics_export_registry.py::test_caches_of_one_model_and_namespa"
+                "ce_make_one_series_summed"
+            ),
+        ),
+    ),
+    Mutation(
+        "metrics-histograms-of-one-label-set-not-summed",
+        "caches of one model and namespace make one histogram, their buckets summed",
+        "lmcache_ec/metrics_export.py",
+        "                buckets[bound] = buckets.get(bound, 0) + count\n",
+        "                buckets[bound] = count\n",
+        (
+            (
+                "tests/test_metrics_export_registry.py::test_caches_of_one_model_and_namespa"
+                "ce_make_one_series_summed"
+            ),
+        ),
+    ),
+    Mutation(
+        "metrics-tier-available-if-any-cache-has-it",
+        "a tier failing in one cache of a label set is exported unavailable",
+        "lmcache_ec/metrics_export.py",
+        (
+            "            self.available[(*labels, tier)] = min(up, "
+            "self.available.get((*labels, tier), up))\n"
+        ),
+        "            self.available[(*labels, tier)] = up\n",
+        (
+            (
+                "tests/test_metrics_export_registry.py::test_a_tier_failing_in_one_cache_of_"
+                "a_label_set_is_unavailable"
+            ),
+        ),
+    ),
+    Mutation(
+        "metrics-cache-added-twice",
+        "a cache registered twice is counted once",
+        "lmcache_ec/metrics_export.py",
+        (
+            "            if not any(c is cache for c in self._caches):\n"
+            "                self._caches.append(cache)\n"
+        ),
+        "            self._caches.append(cache)\n",
+        ("tests/test_metrics_export_registry.py::test_a_cache_registered_twice_is_counted_once",),
+    ),
+    Mutation(
+        "stats-metrics-url-read-unbounded",
+        "stats --metrics-url at a server trickling its answer gives up at its deadline, exit 1",
+        "lmcache_ec/cli/entries.py",
+        "    reader.join(SCRAPE_DEADLINE_S)\n",
+        "    reader.join()\n",
+        (
+            (
+                "tests/cli/test_entries_inputs.py::test_stats_gives_up_on_a_metrics_endpoint"
+                "_that_trickles_its_answer"
+            ),
+        ),
+    ),
+    Mutation(
+        "stats-metrics-page-size-unchecked",
+        "stats --metrics-url reads no page past its size limit, exit 1",
+        "lmcache_ec/cli/entries.py",
+        (
+            "    if len(body) > SCRAPE_MAX_BYTES:\n"
+            '        raise OSError(f"the answer is larger than '
+            '{human_bytes(SCRAPE_MAX_BYTES)}")\n'
+        ),
+        "",
+        (
+            (
+                "tests/cli/test_entries_inputs.py::test_stats_reads_no_metrics_page_past_its"
+                "_size_limit"
+            ),
+        ),
+    ),
+    Mutation(
+        "stats-unlisted-remote-shown-empty",
+        "stats leaves out a remote tier it could not list, never 0 entries",
+        "lmcache_ec/cli/entries.py",
+        '    if session.catalog is not None and "remote" not in session.skipped:\n',
+        "    if session.catalog is not None:\n",
+        (
+            (
+                "tests/cli/test_entries_inputs.py::test_stats_leaves_out_a_remote_tier_it_co"
+                "uld_not_list"
+            ),
+        ),
+    ),
+    Mutation(
+        "ls-negative-limit-taken",
+        "ls --limit below 0 is a usage error (exit 2)",
+        "lmcache_ec/cli/entries.py",
+        (
+            '    limit: Annotated[int, typer.Option(min=0, help="Show at most this many '
+            'entries (0: all).")] = 0,\n'
+        ),
+        (
+            '    limit: Annotated[int, typer.Option(help="Show at most this many entries '
+            '(0: all).")] = 0,\n'
+        ),
+        ("tests/cli/test_entries_inputs.py::test_ls_refuses_a_negative_limit",),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

@@ -22,13 +22,21 @@ Scheduler line: ``{"request": id, "arrival": t, "seen": t, "items": {id:
 An item's events restart at each lookup; only those at or after ``seen``
 are written for a request. Cost: a dict write per event; one ``write`` per
 finished request and per worker read or load; nothing when unset.
+
+The file must be a regular file: a FIFO, a device or anything else that could
+block the engine step writing to it turns the timeline off with one warning,
+as does any failed write. A file renamed away (logrotate's ``create`` mode) is
+noticed within ``REOPEN_CHECK_S`` and the path opened afresh.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import stat
+import threading
 import time
 from collections import OrderedDict
 from typing import Any
@@ -37,32 +45,97 @@ logger = logging.getLogger(__name__)
 
 _ITEMS_KEPT = 4096  # item records kept for requests still running (oldest dropped)
 _REQUESTS_KEPT = 4096
+REOPEN_CHECK_S = 1.0  # how often the path is compared with the open file (rotation)
+# O_NONBLOCK: opening a FIFO without a reader fails at once (ENXIO) instead of waiting.
+_OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
 
 
 class TimelineWriter:
-    """Appends one JSON object per line to ``path``; a failed write is logged once."""
+    """Appends one JSON object per line to ``path`` (a regular file); a failed
+    write, or a path that is no regular file, turns it off with one warning.
 
-    def __init__(self, path: str) -> None:
+    Called from the engine's step threads: it never waits on a reader, and a
+    lock keeps two threads from opening the file twice."""
+
+    def __init__(self, path: str, reopen_check_s: float = REOPEN_CHECK_S) -> None:
         self.path = path
+        self.reopen_check_s = reopen_check_s
         self._fd: int | None = None
         self._failed = False
+        self._lock = threading.Lock()
+        self._checked_at = 0.0  # time.monotonic() of the last rotation check
 
     def write(self, record: dict[str, Any]) -> None:
         if self._failed:
             return
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-        try:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            os.write(self._fd, line)
-        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
-            self._failed = True
-            logger.warning("Timeline off: cannot write %s (%s)", self.path, exc)
+        with self._lock:
+            if self._failed:
+                return
+            try:
+                if self._fd is not None and self._rotated():
+                    self._close()
+                if self._fd is None:
+                    self._fd = self._open()
+                os.write(self._fd, line)
+            except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+                self._failed = True
+                self._close()
+                logger.warning("Timeline off: cannot write %s (%s)", self.path, exc)
 
-    def close(self) -> None:
+    def _open(self) -> int:
+        """The file, opened for appending; OSError if it is no regular file."""
+        try:
+            fd = os.open(self.path, _OPEN_FLAGS, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # O_NONBLOCK's answer for a FIFO without a reader
+                raise OSError("not a regular file (a FIFO with no reader)") from exc
+            raise
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):  # a write to it could block the engine step
+                raise OSError(f"not a regular file ({_kind(mode)})")
+        except BaseException:
+            os.close(fd)
+            raise
+        self._checked_at = time.monotonic()
+        return fd
+
+    def _rotated(self) -> bool:
+        """Whether ``path`` names another file than the open one (checked every
+        ``reopen_check_s``): renamed away, or removed."""
+        now = time.monotonic()
+        if now - self._checked_at < self.reopen_check_s:
+            return False
+        self._checked_at = now
+        assert self._fd is not None
+        try:
+            named = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        opened = os.fstat(self._fd)
+        return (named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino)
+
+    def _close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return f"mode {stat.S_IFMT(mode):o}"
 
 
 class SchedulerTimeline:
