@@ -7,7 +7,10 @@ vLLM scheduler (existence checks before scheduling a load), the CLI (``ls``,
 allocates no LMCache memory pool.
 
 Contract: every call is bounded by the config's ``remote_timeout`` (one
-attempt, no retries; a reconnect happens on the next call). ``exists`` and
+attempt, no retries; a reconnect happens on the next call), and each store
+call is also waited for as a whole at most ``remote_timeout`` + 0.5 s
+(``Deadline``: a server that answers a byte at a time is cut off then); a
+listing, one step of about a page at a time. ``exists`` and
 ``delete`` return False and ``read_header`` returns None when the store fails
 (``read_header(strict=True)`` raises ``HeaderReadFailed`` then) or the entry
 is absent or unreadable; ``claim`` returns True when the store
@@ -18,11 +21,12 @@ server would hold every claim for its timeout); ``list`` raises
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -36,8 +40,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 HEADER_READ_AHEAD = 4096  # one ranged read covers the prefix and a typical header
-READERS = 4  # threads running reads whose answer has no small bound (``Deadline``)
+READERS = 4  # threads running store calls, each bounded as a whole (``Deadline``)
+# Entries taken from the store's listing per bounded step: one Redis SCAN batch
+# (and its STRLEN pipeline), half an S3 page; one thread hand-off per step.
+LIST_STEP = 500
 
 
 class RemoteCatalogError(OSError):
@@ -55,7 +63,7 @@ class RemoteCatalog:
         self.store = store
         self.timeout = store.timeout
         self._claims = _ClaimsBackoff(store.describe(), retry_interval)
-        # Logs and headers are read whole within the timeout, not byte by byte.
+        # Every answer is read whole within the timeout, not byte by byte.
         self._deadline = Deadline(self.timeout + GRACE, store.abort, READERS, "ec-catalog-read")
         self.last_error = ""  # why the last lookup_many raised, for the caller's log
 
@@ -69,7 +77,7 @@ class RemoteCatalog:
     def lookup(self, storage_name: str) -> bool | None:
         """True if stored, False if absent, None if the store could not answer."""
         try:
-            return self.store.exists(storage_name)
+            return self._deadline.run(self.store.exists, storage_name)
         except Exception as exc:
             logger.debug("Remote exists(%s) failed: %s", storage_name, exc)
             return None
@@ -78,23 +86,32 @@ class RemoteCatalog:
         """``lookup`` of each name in as few round trips as the store allows."""
         self.last_error = ""
         try:
-            return self.store.exists_many(storage_names)
+            return self._deadline.run(self.store.exists_many, storage_names)
         except Exception as exc:
             logger.debug("Remote exists of %d entries failed: %s", len(storage_names), exc)
             self.last_error = f"{type(exc).__name__}: {exc}"
             return [None] * len(storage_names)
 
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
-        """(storage name, frame bytes) of entries whose name starts with ``prefix``."""
+        """(storage name, frame bytes) of entries whose name starts with ``prefix``.
+
+        Taken ``LIST_STEP`` at a time, each step bounded (``Deadline``): a
+        server that drips a page of the listing fails it, it never hangs.
+        """
+        entries = self._listing_step(lambda: iter(self.store.list(prefix)))
+        while step := self._listing_step(_take, entries, LIST_STEP):
+            yield from step
+
+    def _listing_step(self, call: Callable[..., T], *args: Any) -> T:
         try:
-            yield from self.store.list(prefix)
+            return self._deadline.run(call, *args)
         except Exception as exc:
             raise RemoteCatalogError(f"listing the remote tier failed: {exc}") from exc
 
     def delete(self, storage_name: str) -> bool:
         """Remove the entry; True if it existed, False if absent or on error."""
         try:
-            return self.store.delete(storage_name)
+            return self._deadline.run(self.store.delete, storage_name)
         except Exception as exc:
             logger.warning("Remote delete(%s) failed: %s", storage_name, exc)
             return False
@@ -105,7 +122,7 @@ class RemoteCatalog:
 
     def append_log(self, name: str, line: bytes, limit: int) -> None:
         """Append one line to a log, keeping its newest ``limit`` bytes; raises on failure."""
-        self.store.append_log(name, line, limit)
+        self._deadline.run(self.store.append_log, name, line, limit)
 
     def claim(self, name: str, ttl_s: float) -> bool:
         """Announce work in flight under ``name`` for ``ttl_s`` seconds
@@ -125,9 +142,9 @@ class RemoteCatalog:
         try:
             claim_many = getattr(self.store, "claim_many", None)
             if claim_many is None or len(names) == 1:
-                won = [self.store.claim(name, ttl_s) for name in names]
+                won = [self._deadline.run(self.store.claim, name, ttl_s) for name in names]
             else:
-                won = list(claim_many(names, ttl_s))
+                won = list(self._deadline.run(claim_many, names, ttl_s))
         except Exception as exc:
             self._claims.failed(exc)
             return [True] * len(names)
@@ -139,7 +156,7 @@ class RemoteCatalog:
         if self._claims.down():
             return  # it expires
         try:
-            self.store.release(name)
+            self._deadline.run(self.store.release, name)
         except Exception as exc:
             self._claims.failed(exc)
 
@@ -202,6 +219,10 @@ def open_catalog(config: ECConfig) -> RemoteCatalog | None:
     if config.remote.url is None:
         return None
     return RemoteCatalog(open_store(config.remote), config.remote.retry_interval)
+
+
+def _take(entries: Iterator[T], count: int) -> list[T]:
+    return list(itertools.islice(entries, count))
 
 
 class _ClaimsBackoff:

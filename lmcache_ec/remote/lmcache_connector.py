@@ -13,7 +13,12 @@ LMCache's key type and CPU buffers.
 - the async ones (upstream's interface: ``put``, probes) run on the same
   pool. Bytes cross that thread boundary as private copies: a call abandoned
   after a timeout can neither leak a CPU buffer nor read one that has been
-  reused.
+  reused;
+- every job of that pool is bounded as a whole (``Deadline``:
+  ``remote_timeout`` + 0.5 s, then the store's connections are cut), not only
+  per socket read: a server that drips its reply to a write holds no upload
+  past the bound. The pool's threads are daemon threads, so a call that
+  cannot be cut (S3) never keeps the process from exiting.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import torch
@@ -31,6 +36,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
 from .buffers import byte_view, fill_frame_buffer, frame_buffer_size
+from .deadline import GRACE, DaemonPool, Deadline, LateAnswer
 from .store import RemoteStore
 
 logger = logging.getLogger(__name__)
@@ -50,10 +56,13 @@ class ECStoreConnector(RemoteConnector):
         self.store = store
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
-        self._executor = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="ec-remote")
+        self._executor = DaemonPool(WORKERS, "ec-remote")
+        # Twice the pool: a call given up on may hold its thread until the cut ends it.
+        self._bound = Deadline(store.timeout + GRACE, store.abort, 2 * WORKERS, "ec-remote-call")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.wrap_future(self._executor.submit(fn, *args), loop=self.loop)
+        future = self._executor.submit(self._bound.run, fn, *args)
+        return await asyncio.wrap_future(future, loop=self.loop)
 
     # -- reads ---------------------------------------------------------------
 
@@ -107,10 +116,28 @@ class ECStoreConnector(RemoteConnector):
     def send_frame(self, key: CacheEngineKey, memory_obj: MemoryObj) -> bool:
         """Send the frame unless the store has it; False if it was there.
 
-        Blocking, bounded by the store's timeouts. The caller holds a reference
-        to ``memory_obj`` until this returns: its bytes are sent in place.
+        Blocking; the existence check and the write are waited for at most
+        ``remote_timeout`` + 0.5 s together (``LateAnswer`` past it), on one
+        thread hand-off (two cost the caller's concurrent puts ~30% in GIL
+        switches). The caller holds a reference to ``memory_obj`` until this
+        returns: its bytes are sent in place.
         """
-        name = key.to_string()
+        # The upload's own reference: one given up on may still be sending
+        # from the buffer, which must not be reused until it ends (``late``).
+        memory_obj.ref_count_up()
+        try:
+            sent = self._bound.run(
+                self._send_unless_stored, key.to_string(), memory_obj, late=_release(memory_obj)
+            )
+        except LateAnswer:
+            raise  # released by ``late`` once the abandoned upload ends
+        except BaseException:
+            memory_obj.ref_count_down()
+            raise
+        memory_obj.ref_count_down()
+        return sent
+
+    def _send_unless_stored(self, name: str, memory_obj: MemoryObj) -> bool:
         if self.store.exists(name):
             return False
         self.store.put(name, byte_view(memory_obj))
@@ -136,8 +163,13 @@ class ECStoreConnector(RemoteConnector):
         self.store.abort()
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self.store.close()
+        self._executor.shutdown()
+        self._bound.close()
+        self.store.close()  # cuts the connections (Redis): calls in flight end now
 
     def __repr__(self) -> str:
         return f"<ECStoreConnector {self.store.describe()}>"
+
+
+def _release(memory_obj: MemoryObj) -> Callable[[Future[Any]], None]:
+    return lambda _: memory_obj.ref_count_down()

@@ -24,7 +24,6 @@ import logging
 import random
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..codec import PREFIX_SIZE
@@ -32,6 +31,7 @@ from ..config import RemoteSettings
 from ..key import ECKey
 from ..remote_names import S3Location, claim_key, parse_s3_url, redact
 from .bounded import declared_or_none, too_large
+from .deadline import DaemonPool
 from .store import RemoteStore, StoreError, appended
 
 logger = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class S3Store(RemoteStore):
         self.timeout = settings.timeout
         self.location: S3Location = parse_s3_url(settings.url)
         self._client = make_client(settings)
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonPool | None = None  # daemon: a call left dripping never holds the exit
 
     def _object(self, name: str) -> dict[str, str]:
         return {"Bucket": self.location.bucket, "Key": self.location.object_key(name)}
@@ -116,8 +116,9 @@ class S3Store(RemoteStore):
         if len(names) < 2:
             return [call(name) for name in names]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(_LOOKUP_THREADS, thread_name_prefix="ec-s3-many")
-        return list(self._pool.map(call, names))
+            self._pool = DaemonPool(_LOOKUP_THREADS, "ec-s3-many")
+        futures = [self._pool.submit(call, name) for name in names]
+        return [future.result() for future in futures]
 
     # -- entries ---------------------------------------------------------------
 
@@ -316,7 +317,7 @@ class S3Store(RemoteStore):
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
         self._client.close()
 
     def describe(self) -> str:

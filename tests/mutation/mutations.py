@@ -5122,6 +5122,145 @@ MUTATIONS += [
         ),
         ("tests/cli/test_entries_inputs.py::test_ls_refuses_a_negative_limit",),
     ),
+    Mutation(
+        "upload-not-bounded-as-a-whole",
+        "a write whose reply drips is given up within remote_timeout + 0.5 s and cut",
+        "lmcache_ec/remote/lmcache_connector.py",
+        (
+            "            sent = self._bound.run(\n"
+            "                self._send_unless_stored, key.to_string(), memory_obj, "
+            "late=_release(memory_obj)\n"
+            "            )\n"
+        ),
+        "            sent = self._send_unless_stored(key.to_string(), memory_obj)\n",
+        (
+            (
+                "tests/remote/test_dripping_servers.py::test_a_write_whose_reply_drips_is_gi"
+                "ven_up_and_cut_within_the_bound"
+            ),
+        ),
+    ),
+    Mutation(
+        "remote-threads-hold-the-exit",
+        "a call nobody can cut (S3) never keeps the process from exiting",
+        "lmcache_ec/remote/deadline.py",
+        "                threading.Thread(target=self._work, name=name, daemon=True).start()\n",
+        "                threading.Thread(target=self._work, name=name).start()\n",
+        (
+            (
+                "tests/remote/test_dripping_servers.py::test_a_process_whose_upload_drips_wh"
+                "en_it_closes_exits[s3]"
+            ),
+        ),
+    ),
+    Mutation(
+        "closed-pool-runs-queued-uploads",
+        "uploads not started when the tier closes are cancelled (their buffers released)",
+        "lmcache_ec/remote/deadline.py",
+        "                job[0].cancel()\n",
+        "                pass\n",
+        (
+            (
+                "tests/remote/test_dripping_servers.py::test_a_closed_pool_cancels_the_uploa"
+                "ds_it_had_not_started"
+            ),
+        ),
+    ),
+    Mutation(
+        "catalog-listing-unbounded",
+        "a listing whose page drips fails within the bound (ls/stats/purge: warning, exit 1)",
+        "lmcache_ec/remote/catalog.py",
+        (
+            "        while step := self._listing_step(_take, entries, LIST_STEP):\n"
+            "            yield from step\n"
+        ),
+        "        yield from entries\n",
+        (
+            (
+                "tests/remote/test_dripping_servers.py::test_a_listing_whose_page_drips_fail"
+                "s_within_the_bound[redis]"
+            ),
+            (
+                "tests/remote/test_dripping_servers.py::test_a_listing_whose_page_drips_fail"
+                "s_within_the_bound[s3]"
+            ),
+            (
+                "tests/remote/test_dripping_servers.py::test_ls_of_a_tier_whose_listing_drip"
+                "s_warns_and_exits_1"
+            ),
+        ),
+    ),
+    Mutation(
+        "catalog-lookups-unbounded",
+        "the scheduler's batched remote lookup answers None within the bound, never parks",
+        "lmcache_ec/remote/catalog.py",
+        "            return self._deadline.run(self.store.exists_many, storage_names)\n",
+        "            return self.store.exists_many(storage_names)\n",
+        (
+            (
+                "tests/remote/test_dripping_servers.py::test_lookups_whose_answer_drips_are_"
+                "unanswered_within_the_bound"
+            ),
+        ),
+    ),
+    Mutation(
+        "catalog-lookup-unbounded",
+        "a remote lookup answers None within the bound when the store drips",
+        "lmcache_ec/remote/catalog.py",
+        "            return self._deadline.run(self.store.exists, storage_name)\n",
+        "            return self.store.exists(storage_name)\n",
+        (
+            (
+                "tests/remote/test_dripping_servers.py::test_lookups_whose_answer_drips_are_"
+                "unanswered_within_the_bound"
+            ),
+        ),
+    ),
+    Mutation(
+        "catalog-claim-unbounded",
+        "a claim whose answer drips goes ahead (True) within the bound",
+        "lmcache_ec/remote/catalog.py",
+        (
+            "                won = [self._deadline.run(self.store.claim, name, ttl_s) for "
+            "name in names]\n"
+        ),
+        "                won = [self.store.claim(name, ttl_s) for name in names]\n",
+        (
+            (
+                "tests/remote/test_dripping_servers.py::test_a_claim_and_a_delete_whose_answ"
+                "er_drips_are_given_up_within_the_bound"
+            ),
+        ),
+    ),
+    Mutation(
+        "catalog-delete-unbounded",
+        "a delete whose answer drips is False within the bound (purge never hangs)",
+        "lmcache_ec/remote/catalog.py",
+        "            return self._deadline.run(self.store.delete, storage_name)\n",
+        "            return self.store.delete(storage_name)\n",
+        (
+            (
+                "tests/remote/test_dripping_servers.py::test_a_claim_and_a_delete_whose_answ"
+                "er_drips_are_given_up_within_the_bound"
+            ),
+        ),
+    ),
+    Mutation(
+        "s3-batch-threads-hold-the-exit",
+        "an S3 batched lookup left dripping never keeps the process from exiting",
+        "lmcache_ec/remote/s3_store.py",
+        '            self._pool = DaemonPool(_LOOKUP_THREADS, "ec-s3-many")\n',
+        (
+            "            self._pool = "
+            '__import__("concurrent.futures").futures.ThreadPoolExecutor(_LOOKUP_THREADS)\n'
+        ),
+        (
+            (
+                "tests/remote/test_dripping_servers.py::test_a_process_whose_batched_s3_look"
+                "up_drips_exits"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
