@@ -9,14 +9,13 @@ memory among them) fill too, and whose size is often far below
 from __future__ import annotations
 
 import os
-import subprocess
-import tempfile
 
 import pytest
 import torch
 
 from lmcache_ec import ECCache
 from tests.conftest import bit_equal, make_tensor
+from tests.faults.fs import node_tier_on, tiny_tmpfs
 
 SHAPE = (256, 768)  # bfloat16: 384 KiB payload, 97 pages on tmpfs
 SIZE_MB = 3
@@ -24,31 +23,14 @@ SIZE_MB = 3
 
 @pytest.fixture
 def tiny_shm():
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    point = tempfile.mkdtemp(prefix="ec-tiny-shm-")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE_MB}m", "tmpfs", point], check=True)
-    try:
+    with tiny_tmpfs(SIZE_MB) as point:
         yield point
-    finally:
-        subprocess.run(["umount", point], check=True)
-        os.rmdir(point)
 
 
 @pytest.fixture
 def cache(tiny_shm, make_cache) -> ECCache:
     """A CPU + node tier whose node directory is the tiny tmpfs."""
-    config = {
-        "local_cpu": True,
-        "max_local_cpu_size": 0.05,
-        "local_disk": None,
-        "node_tier": True,
-        "node_dir": tiny_shm,
-        "max_node_size": 4,  # far beyond the filesystem: its free space is the limit
-        "min_residency_s": 0,
-        "namespace": "tiny-shm",
-    }
-    return make_cache(config, dtype=torch.bfloat16)
+    return make_cache(node_tier_on(tiny_shm), dtype=torch.bfloat16)
 
 
 def _tensor(i: int) -> torch.Tensor:

@@ -35,6 +35,7 @@ from lmcache_ec.integration.vllm.stage_messages import (
     encode,
 )
 from lmcache_ec.runtime_dirs import socket_path
+from tests.chaos.test_stage_channel_faults import _answering, _closed_by_peer, _receive_until
 
 HELLO = WeightsAnnouncement("w1")
 DEADLINE_S = 0.3
@@ -51,10 +52,6 @@ def path() -> Iterator[str]:
     yield path
     if os.path.exists(path):
         os.unlink(path)
-
-
-def _answering(identifiers, weights, link) -> None:
-    link.answer(staged=identifiers, failed=[], weights=weights)
 
 
 def _exactly(peer: socket.socket, size: int) -> bytes | None:
@@ -76,28 +73,6 @@ def _next_message(peer: socket.socket, within: float = 5.0):
     except (TimeoutError, ConnectionResetError):
         return None
     return None if body is None else decode(body, TO_SCHEDULER)
-
-
-def _receive_until(client: StageClient, count: int, within: float = 5.0) -> list:
-    messages: list = []
-    deadline = time.monotonic() + within
-    while len(messages) < count and time.monotonic() < deadline:
-        messages += client.receive(timeout=0.1)
-    return messages
-
-
-def _closed_by_peer(peer: socket.socket, within: float = 5.0) -> bool:
-    peer.settimeout(0.1)
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            if not peer.recv(1 << 16):
-                return True
-        except TimeoutError:
-            continue
-        except OSError:
-            return True
-    return False
 
 
 def test_an_order_an_idle_scheduler_left_half_written_is_served_when_it_writes_the_rest(path):

@@ -24,7 +24,11 @@ import os
 import resource
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 RLIMIT_BYTES = 1 << 20  # frames in the disk-full cases are larger than this
 
@@ -120,3 +124,31 @@ class ReadOnlyDir:
         if self.method is not None:
             self._undo()
             self.method = None
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(size_mb: int) -> Iterator[str]:
+    """A new directory with a tmpfs of ``size_mb`` MiB mounted on it (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    point = tempfile.mkdtemp(prefix="ec-tiny-shm-")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", point], check=True)
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", point], check=True)
+        os.rmdir(point)
+
+
+def node_tier_on(directory: str) -> dict:
+    """A CPU + node tier whose node directory is ``directory``, its free space the limit."""
+    return {
+        "local_cpu": True,
+        "max_local_cpu_size": 0.05,
+        "local_disk": None,
+        "node_tier": True,
+        "node_dir": directory,
+        "max_node_size": 4,  # far beyond the filesystem: its free space is the limit
+        "min_residency_s": 0,
+        "namespace": "tiny-shm",
+    }

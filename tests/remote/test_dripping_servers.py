@@ -137,6 +137,23 @@ def test_a_closed_pool_cancels_the_uploads_it_had_not_started():
         pool.submit(lambda: "after close")
 
 
+def _exited(script: str, config: dict) -> list[str]:
+    """The lines ``script`` printed, run in a process that must exit by itself."""
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", script, json.dumps(config)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "LMCACHE_LOG_LEVEL": "WARNING"},
+            timeout=EXIT_BOUND,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the process did not exit; its output: {exc.stdout!r}")
+    assert child.returncode == 0, child.stderr[-3000:]
+    return child.stdout.splitlines()
+
+
 _CHILD = """
 import json, sys, time, torch
 from lmcache_ec import ECCache
@@ -154,19 +171,7 @@ def test_a_process_whose_upload_drips_when_it_closes_exits(kind, drip, aws_env):
     # close_timeout); S3 cannot cut it: its thread must not hold the exit.
     server = drip("redis", b"EXEC", WRITES_DRIP) if kind == "redis" else drip("http")
     config = _config(kind, server, remote_timeout=30, close_timeout=0.5)
-    try:
-        child = subprocess.run(
-            [sys.executable, "-c", _CHILD, json.dumps(config)],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env={**os.environ, "LMCACHE_LOG_LEVEL": "WARNING"},
-            timeout=EXIT_BOUND,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the process did not exit; its output: {exc.stdout!r}")
-    assert child.returncode == 0, child.stderr[-3000:]
-    assert child.stdout.splitlines() == ["closed"]
+    assert _exited(_CHILD, config) == ["closed"]
     assert server.dripping.is_set()  # it closed while the answer was dripping
 
 
@@ -182,20 +187,7 @@ catalog.close()
 
 def test_a_process_whose_batched_s3_lookup_drips_exits(drip, aws_env):
     server = drip("http")
-    config = _config("s3", server, remote_timeout=TIMEOUT)
-    try:
-        child = subprocess.run(
-            [sys.executable, "-c", _LOOKUP_CHILD, json.dumps(config)],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env={**os.environ, "LMCACHE_LOG_LEVEL": "WARNING"},
-            timeout=EXIT_BOUND,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the process did not exit; its output: {exc.stdout!r}")
-    assert child.returncode == 0, child.stderr[-3000:]
-    assert child.stdout.splitlines() == ["[None, None]"]
+    assert _exited(_LOOKUP_CHILD, _config("s3", server)) == ["[None, None]"]
 
 
 # -- listings -----------------------------------------------------------------

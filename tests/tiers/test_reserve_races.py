@@ -13,8 +13,6 @@ On a real small tmpfs (mounted as root, as CI runs).
 from __future__ import annotations
 
 import os
-import subprocess
-import tempfile
 
 import pytest
 import torch
@@ -23,6 +21,7 @@ from lmcache_ec.key import EncoderIdentity
 from lmcache_ec.tiers.budget import DirectoryBudget, free_reserve, on_disk
 from lmcache_ec.tiers.disk_layout import DirectoryLayout
 from tests.conftest import bit_equal, make_tensor
+from tests.faults.fs import node_tier_on, tiny_tmpfs
 
 SIZE_MB = 4  # its reserve: 256 KiB
 WRITE = 1536 * 1024  # two fit beside the reserve, four would fill it half again
@@ -30,15 +29,8 @@ WRITE = 1536 * 1024  # two fit beside the reserve, four would fill it half again
 
 @pytest.fixture
 def tiny_shm():
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    point = tempfile.mkdtemp(prefix="ec-tiny-shm-")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE_MB}m", "tmpfs", point], check=True)
-    try:
+    with tiny_tmpfs(SIZE_MB) as point:
         yield point
-    finally:
-        subprocess.run(["umount", point], check=True)
-        os.rmdir(point)
 
 
 def _fs(path: str) -> tuple[int, int]:
@@ -84,17 +76,8 @@ def test_a_reserved_temp_file_keeps_its_blocks_when_opened_for_writing(tiny_shm)
 
 @pytest.fixture
 def cache(tiny_shm, make_cache):
-    config = {
-        "local_cpu": True,
-        "max_local_cpu_size": 0.05,
-        "local_disk": None,
-        "node_tier": True,
-        "node_dir": tiny_shm,
-        "max_node_size": 4,  # far beyond the filesystem: its free space is the limit
-        "min_residency_s": 0,
-        "namespace": "tiny-shm",
-    }
-    return make_cache(config, dtype=torch.bfloat16)
+    """A CPU + node tier whose node directory is the tiny tmpfs."""
+    return make_cache(node_tier_on(tiny_shm), dtype=torch.bfloat16)
 
 
 def _tensor(i: int) -> torch.Tensor:
