@@ -203,6 +203,8 @@ def _port_of(parsed: ParseResult) -> int | None:
     except ValueError as exc:
         if str(exc).startswith("Port out of range"):  # holds no text of the URL's
             raise
+        if "@" not in parsed.geturl():  # no password anywhere: the parser's words are clear
+            raise
         raise ValueError(
             "has no valid port (a password holding '/', '?' or '#' must be percent-encoded)"
         ) from None
