@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -253,3 +254,18 @@ def test_a_claim_and_a_delete_whose_answer_drips_are_given_up_within_the_bound(d
     with open_catalog(load_config(_config("redis", delete_drips))) as catalog:
         assert _answer_within(BOUND, catalog.delete, NAME) is False
         assert delete_drips.dripping.is_set()
+
+
+def test_an_abandoned_s3_call_frees_its_thread_within_the_timeout(black_hole, aws_env):
+    """S3 calls cannot be cut: one given up at its bound ends at botocore's read
+    timeout, which is remote_timeout, so the catalog's threads come back and the
+    next call reaches the server (not "every thread busy" for a minute)."""
+    endpoint = f"http://127.0.0.1:{black_hole.port}"
+    with open_catalog(load_config(outage_config("s3://bucket/p", endpoint=endpoint))) as catalog:
+        for n in range(catalog_module.READERS):  # each thread left in a silent call
+            assert catalog.lookup(f"silent-{n}") is None
+        reached = len(black_hole.accepted)
+        deadline = time.monotonic() + 10 * TIMEOUT
+        while len(black_hole.accepted) == reached and time.monotonic() < deadline:
+            assert catalog.lookup("again") is None
+        assert len(black_hole.accepted) > reached, "the abandoned calls still hold every thread"
