@@ -212,8 +212,8 @@ class NodeUsers:
         atexit.unregister(self.leave)
         with self._lock:
             try:
-                if not self._on_current():
-                    return 0  # whether others use the directory of now is unknown: keep it
+                # Decided on the directory of now (made again since, maybe): its
+                # .users, opened afresh, tells whether anyone else still uses it.
                 if not self._reopen():
                     return 0  # gone, or no longer this user's: nothing of ours to clear
                 return self._clear() if self._alone() else 0
@@ -234,14 +234,6 @@ class NodeUsers:
         except OSError:
             return False
         return True
-
-    def _on_current(self) -> bool:
-        """Whether the lock is (now) on the directory's ``.users`` of now."""
-        try:
-            self._rejoin()
-            return self._current()
-        except OSError:
-            return False
 
 
 class ECNodeBackend(FrameDirectoryTier):

@@ -198,7 +198,6 @@ MUTATIONS: list[Mutation] = [
         "read_timeout=settings.timeout,",
         "read_timeout=60,",
         (
-            f"{T_OUTAGES}::test_silent_server_calls_return_within_the_timeout[s3]",
             "tests/remote/test_dripping_servers.py::"
             "test_an_abandoned_s3_call_frees_its_thread_within_the_timeout",
         ),
@@ -2483,19 +2482,6 @@ MUTATIONS += [
         ),
     ),
     Mutation(
-        "stale-node-user-clears-on-leave",
-        "a user still locking a deleted .users never takes itself for the last user",
-        "lmcache_ec/tiers/node.py",
-        "                if not self._on_current():\n",
-        "                if False:\n",
-        (
-            (
-                "tests/tiers/test_node_tier.py::test_a_user_leaving_a_directory_another_made"
-                "_again_clears_nothing"
-            ),
-        ),
-    ),
-    Mutation(
         "node-users-lock-unbounded",
         "an engine starts (without the node tier) while a stopped process holds .users",
         "lmcache_ec/tiers/node.py",
@@ -4672,6 +4658,10 @@ MUTATIONS += [
             (
                 "tests/tiers/test_fork_locks.py::test_leaving_converts_no_lock_a_child_forke"
                 "d_by_c_code_shares"
+            ),
+            (
+                "tests/tiers/test_node_tier.py::test_a_user_leaving_a_directory_another_made"
+                "_again_clears_nothing"
             ),
         ),
     ),
