@@ -15,13 +15,11 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 from lmcache_ec.key import EncoderIdentity
 from lmcache_ec.tiers.budget import DirectoryBudget, free_reserve, on_disk
 from lmcache_ec.tiers.disk_layout import DirectoryLayout
-from tests.conftest import bit_equal, make_tensor
-from tests.faults.fs import node_tier_on, tiny_tmpfs
+from tests.faults.fs import tiny_tmpfs
 
 SIZE_MB = 4  # its reserve: 256 KiB
 WRITE = 1536 * 1024  # two fit beside the reserve, four would fill it half again
@@ -72,36 +70,3 @@ def test_a_reserved_temp_file_keeps_its_blocks_when_opened_for_writing(tiny_shm)
     assert temp is not None
     with budget.layout.open_temp(temp):
         assert os.stat(temp).st_blocks * 512 >= WRITE
-
-
-@pytest.fixture
-def cache(tiny_shm, make_cache):
-    """A CPU + node tier whose node directory is the tiny tmpfs."""
-    return make_cache(node_tier_on(tiny_shm), dtype=torch.bfloat16)
-
-
-def _tensor(i: int) -> torch.Tensor:
-    return make_tensor((256, 768), torch.bfloat16, seed=i)  # 384 KiB
-
-
-def test_a_filesystem_filled_between_the_look_and_the_allocation_evicts_and_retries_once(
-    tiny_shm, cache
-):
-    assert all(cache.put(f"old-{i}", _tensor(i)) for i in range(3))
-    node = cache._storage.node
-    create_temp = node.layout.create_temp
-    other = os.path.join(tiny_shm, "filled-meanwhile")
-
-    def fill_then_create(name: str, size: int, **how) -> str:
-        if not os.path.exists(other):  # once: someone takes the room just seen free
-            with open(other, "wb") as stream:
-                stream.write(b"\1" * (_fs(tiny_shm)[1] - 8192))
-        return create_temp(name, size, **how)
-
-    node.layout.create_temp = fill_then_create
-    assert cache.put("new", _tensor(9))
-    assert bit_equal(cache.get("new"), _tensor(9))
-    counters = node.snapshot()
-    assert counters["full_retries"] == 1
-    assert counters.get("write_errors", 0) == 0
-    assert cache.get("old-0") is None  # evicted for it
