@@ -638,8 +638,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "restaged-item-counted-twice",
         "an item staged again while staged counts its worker memory once",
-        "lmcache_ec/integration/vllm/worker.py",
-        "replaced = self._staged.get(identifier)  # ordered again before its release",
+        "lmcache_ec/integration/vllm/staged_copies.py",
+        "replaced = self.current.get(identifier)  # ordered again before its release",
         "replaced = None",
         (f"{T_LIFECYCLE}::test_an_item_staged_twice_counts_its_memory_once",),
     ),
@@ -4828,8 +4828,8 @@ MUTATIONS += [
     Mutation(
         "promised-load-dropped-by-a-weights-change",
         "a load the scheduler promised before it heard of a weights change never misses",
-        "lmcache_ec/integration/vllm/worker.py",
-        "            self._kept.update(self._staged)\n",
+        "lmcache_ec/integration/vllm/staged_copies.py",
+        "        self._kept.update(self.current)\n",
         "",
         (
             (

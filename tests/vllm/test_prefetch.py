@@ -61,7 +61,7 @@ def _watch_loads(engine: Engine, staged_before_load: list[bool]) -> None:
 
     def start_load_caches(encoder_cache, **kwargs):
         meta = connector._get_connector_metadata()
-        staged = connector.worker._staged
+        staged = connector.worker.staged.current
         staged_before_load.extend(identifier in staged for identifier in meta.loads)
         return original(encoder_cache, **kwargs)
 

@@ -101,7 +101,7 @@ def test_staged_items_never_cross_an_update(model_config, extra):
         engine.step()  # the stage order goes out; the request is deferred
         assert request not in engine.scheduled[-1]
         deadline = 100
-        while not engine.workers[0].worker._staged and deadline:  # staged under W1
+        while not engine.workers[0].worker.staged.current and deadline:  # staged under W1
             engine.step()
             deadline -= 1
         changes = engine.ec_stats.get("scheduler_weights_changes", 0)

@@ -12,11 +12,8 @@ every update). Until it is known nothing is staged, read or saved; when it
 changes, in-flight stagings answer nothing (the scheduler gives every order
 of the old weights up on hearing the change), saves queued before the change
 still land under the weights that computed them, and saves reported since the
-last report are not reported under the new weights. Staged items are kept
-apart, for loads only, until the scheduler loads or releases them: it may
-have promised one before it heard of the change (one report behind without
-a stage channel), and a promised load must not miss (vLLM's model runner
-raises). On hearing it, the scheduler releases every one of them.
+last report are not reported under the new weights. Staged copies are kept
+for loads only until the scheduler loads or releases them (``staged_copies.py``).
 The step report after a change carries the new version (it counts the
 change, so it is never empty): without a stage channel, that is how the
 scheduler learns it.
@@ -55,6 +52,7 @@ from .features_off import OffChanges
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .saver import SaveQueue
 from .stage_messages import StageAnswer
+from .staged_copies import StagedCopies
 from .timeline import WorkerTimeline
 
 logger = logging.getLogger(__name__)
@@ -125,13 +123,8 @@ class TierWorker:
         self.tp_size = max(1, tp_size)
         self.device = torch.device(device)
         self.shared_tier = cache.config.shared_tier
-        self._lock = threading.Lock()
-        self._staged: dict[str, torch.Tensor] = {}
-        # Staged under weights since replaced: loaded if the scheduler promised them
-        # before it heard of the change, else released (see set_weights).
-        self._kept: dict[str, torch.Tensor] = {}
-        self._staged_bytes = 0  # of both
-        self._wanted: set[str] = set()  # ordered and not released
+        self._lock = threading.Lock()  # guards everything below, the staged copies too
+        self.staged = StagedCopies(int(settings.max_staged_mb * 1024 * 1024))
         self._saved: set[str] = set()
         # Saves still being written below the CPU tier: their ``saved`` report
         # withdraws their claims, so it waits for the write (see _take_landed).
@@ -163,7 +156,7 @@ class TierWorker:
     def staged_bytes(self) -> int:
         """Bytes of staged tensors held for loads."""
         with self._lock:
-            return self._staged_bytes
+            return self.staged.nbytes
 
     def record(self, name: str, amount: float) -> None:
         """Add ``amount`` to counter ``name`` (reported with the next step)."""
@@ -176,9 +169,9 @@ class TierWorker:
     def set_weights(self, weights: str | None) -> bool:
         """Key everything under encoder weights ``weights`` (None: unknown).
 
-        Returns True if that changed anything. Staged tensors of the old
-        weights are kept for loads only (``_kept``); stagings in flight answer
-        nothing; saves not reported yet are not reported under ``weights``.
+        Returns True if that changed anything. Staged copies of the old
+        weights are kept for loads only; stagings in flight answer nothing;
+        saves not reported yet are not reported under ``weights``.
         """
         with self._lock:
             if weights == self.weights:
@@ -188,19 +181,15 @@ class TierWorker:
             identity = dataclasses.replace(self.base_identity, weights=weights or "")
             self.cache.set_identity(identity)
             # A scheduler one report behind may have promised one of them this
-            # step: kept until it loads or releases them (it releases every one
-            # on hearing the change); never answered, re-staged or saved.
-            self._kept.update(self._staged)
-            self._staged = {}
-            # No "failed" reports for them: the scheduler gives every old-weights
-            # item up on hearing the change, and a late report could fail a new
-            # order of the same item under the new weights.
-            self._wanted.clear()
+            # step; never answered, re-staged or saved. No "failed" reports for
+            # them: the scheduler gives every old-weights item up on hearing the
+            # change, and a late report could fail a new order of the same item
+            # under the new weights.
+            kept = self.staged.keep_for_loads()
             self._staged_report.clear()
             # Saved under the old weights: the next report speaks for the new ones.
             self._saved.clear()
             self._counters["weights_changes"] = self._counters.get("weights_changes", 0) + 1
-            kept = len(self._kept)
         logger.info("Encoder weights now %s; %d staged outputs kept for loads only", weights, kept)
         return True
 
@@ -217,7 +206,7 @@ class TierWorker:
         placed = 0
         missing = []
         for identifier in meta.loads:
-            tensor = self._take_staged(identifier, loading=True)
+            tensor = self._take_staged(identifier)
             if identifier in encoder_cache:
                 continue
             if tensor is None:
@@ -283,10 +272,8 @@ class TierWorker:
             current = self.weights
             stale = current is None or (weights is not None and weights != current)
             if not stale:
-                self._wanted.update(identifiers)
+                self.staged.order(identifiers)
                 generation = self._generation
-                for identifier in identifiers:  # ordered anew: the old copy is not wanted
-                    self._drop_kept(identifier)
         if stale:  # ordered under other weights, or none known yet: nothing to load
             self._count("stage_refused_weights", len(identifiers))
             self._answer(_Order(identifiers, link, -1, weights, number), [], identifiers)
@@ -317,33 +304,21 @@ class TierWorker:
                         answers.add(identifier)
                         other.discard(identifier)
 
-    def _take_staged(self, identifier: str, *, loading: bool = False) -> torch.Tensor | None:
-        """Take ``identifier``'s staged copy out (None: none), or else its copy
-        staged under replaced weights (``_kept``), promised before the scheduler
-        heard of the change."""
+    def _take_staged(self, identifier: str) -> torch.Tensor | None:
+        """Take ``identifier``'s staged copy out for a load (None: none)."""
         with self._lock:
-            self._wanted.discard(identifier)
-            tensor = self._staged.pop(identifier, None)
-            if tensor is not None:
-                self._staged_bytes -= tensor.numel() * tensor.element_size()
-            kept = self._drop_kept(identifier)
-            if tensor is None and kept is not None and loading:
+            tensor, kept = self.staged.take(identifier)
+            if kept:  # promised before the scheduler heard of a weights change
                 self._counters["loads_kept_across_weights"] = (
                     self._counters.get("loads_kept_across_weights", 0) + 1
                 )
-            return tensor if tensor is not None else kept
-
-    def _drop_kept(self, identifier: str) -> torch.Tensor | None:
-        """Drop ``identifier``'s copy staged under replaced weights (lock held)."""
-        kept = self._kept.pop(identifier, None)
-        if kept is not None:
-            self._staged_bytes -= kept.numel() * kept.element_size()
-        return kept
+            return tensor
 
     def release(self, identifiers: Iterable[str]) -> None:
         """Drop the staged copies of ``identifiers`` (no longer wanted)."""
-        for identifier in identifiers:
-            self._take_staged(identifier)
+        with self._lock:
+            for identifier in identifiers:
+                self.staged.take(identifier)
 
     def _next_orders(self) -> list[list[_Order]] | None:
         """The orders queued now (waiting for the first), in batches; None once closed.
@@ -396,7 +371,6 @@ class TierWorker:
     def _stage_one(self, batch: list[_Order]) -> None:
         """Read the items of ``batch`` (orders answered alike) at once; answer each order."""
         identifiers = list(dict.fromkeys(i for order in batch for i in order.ids))
-        limit = int(self.settings.max_staged_mb * 1024 * 1024)
         started = time.perf_counter()
         try:
             tensors = self.cache.get_many(identifiers, "cpu", pin_memory=self.device.type == "cuda")
@@ -414,19 +388,9 @@ class TierWorker:
                 # same item under the new weights) is not theirs to answer.
                 return
             for identifier, tensor in zip(identifiers, tensors, strict=True):
-                if identifier not in self._wanted:
+                if not self.staged.is_wanted(identifier):
                     continue  # released while in flight
-                nbytes = 0 if tensor is None else tensor.numel() * tensor.element_size()
-                if tensor is None or self._staged_bytes + nbytes > limit:
-                    self._wanted.discard(identifier)
-                    failed.add(identifier)
-                    continue
-                replaced = self._staged.get(identifier)  # ordered again before its release
-                if replaced is not None:
-                    self._staged_bytes -= replaced.numel() * replaced.element_size()
-                self._staged[identifier] = tensor
-                self._staged_bytes += nbytes
-                staged.add(identifier)
+                (staged if self.staged.hold(identifier, tensor) else failed).add(identifier)
         read_at = time.time()
         for order in batch:
             self._answer(
