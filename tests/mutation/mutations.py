@@ -31,6 +31,7 @@ T_DISK = "tests/tiers/test_disk_tier.py"
 T_CORRUPTION = "tests/faults/test_corruption.py"
 T_OUTAGES = "tests/faults/test_remote_outages.py"
 SCHEDULER = "lmcache_ec/integration/vllm/scheduler.py"
+DECISIONS = "lmcache_ec/integration/vllm/item_decisions.py"
 WORKER_LINK = "lmcache_ec/integration/vllm/worker_link.py"
 KNOWN_WEIGHTS = "lmcache_ec/integration/vllm/known_weights.py"
 RUNTIME_DIRS = "lmcache_ec/runtime_dirs.py"
@@ -350,7 +351,7 @@ MUTATIONS: list[Mutation] = [
         "an order an idle step dropped holds its image off the tiers for no failed_retry_s",
         SCHEDULER,
         "self.items.move(identifier, S.UNKNOWN)\n        self.prefetch.done",
-        "self._fail(identifier, now)\n        self.prefetch.done",
+        "self.fail(identifier, now)\n        self.prefetch.done",
         (
             "tests/vllm/test_stage_channel.py::"
             "test_an_idle_step_give_up_does_not_hold_the_image_off_a_busy_engine",
@@ -359,9 +360,9 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "order-after-idle-step-given-up",
         "an order made after an idle step rides the next step, not given up for the idle one",
-        SCHEDULER,
-        "            if identifier in self._held_back:\n",
-        "            if not item.direct and self._held_back is not None:\n",
+        DECISIONS,
+        "            if identifier in self.held_back:\n",
+        "            if not item.direct and self.held_back is not None:\n",
         (
             "tests/vllm/test_stage_channel.py::"
             "test_an_order_made_after_an_idle_step_waits_for_its_own_step",
@@ -1644,8 +1645,8 @@ MUTATIONS += [
     Mutation(
         "request-waits-beyond-its-room",
         "a request needing more items than the bounds loads what fits and computes the rest",
-        "lmcache_ec/integration/vllm/scheduler.py",
-        "        if self._room is not None and not self._room.fits(nbytes):\n",
+        DECISIONS,
+        "        if not room.fits(nbytes):\n",
         "        if False:\n",
         (
             (

@@ -2,10 +2,10 @@
 
 The flow, states, bounds and options are described once, in docs/vllm.md
 ("Flow per engine step": what each of vLLM's hooks below does); each item's
-state, and the transitions allowed, in ``items.py``. Prefetches are ordered
-by ``prefetch.py``, carried by the stage channel (``channel.py``), waited
-for within a step's budget (``step_wait.py``); claims are
-``encode_claims.py``'s.
+state, and the transitions allowed, in ``items.py``; each item's answer for a
+request in ``item_decisions.py``. Prefetches are ordered by ``prefetch.py``,
+carried by the stage channel (``channel.py``), waited for within a step's
+budget (``step_wait.py``); claims are ``encode_claims.py``'s.
 
 A deferred request costs nothing per step until something it waits on
 changes (``request_waits.py`` keeps the books and says how). Orders reach the
@@ -32,21 +32,13 @@ from typing import Any
 from ...claims import ClaimAgent
 from ...runtime_dirs import RuntimeDirUnavailable
 from .connector_options import ConnectorSettings
-from .encode_claims import CLAIM_STATES, ClaimDecision, EncodeClaims
+from .encode_claims import CLAIM_STATES, EncodeClaims
 from .index import PENDING, TierIndex
-from .items import (
-    ASKED_ABOUT,
-    FETCHING,
-    HELD_STATES,
-    IN_VLLM,
-    Item,
-    ItemAnswer,
-    ItemState,
-    ItemTable,
-)
+from .item_decisions import ItemDecisions
+from .items import ASKED_ABOUT, FETCHING, IN_VLLM, Item, ItemAnswer, ItemState, ItemTable
 from .known_weights import KnownWeights
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
-from .prefetch import PrefetchQueue, Room
+from .prefetch import PrefetchQueue
 from .request_waits import RequestWaits, Wait
 from .stage_client import StageClient
 from .step_wait import StepWait
@@ -114,7 +106,16 @@ class TierScheduler:
         # workers (V1 without a channel): their requests give them up. An order
         # made since waits for the step it was made in.
         self._held_back: set[str] = set()
-        self._room: Room | None = None  # the request being looked at's (``_look``)
+        self.decisions = ItemDecisions(
+            self,
+            settings,
+            self.items,
+            index,
+            self.prefetch,
+            self.step,
+            self.claims,
+            held_back=self._held_back,
+        )
         self._polled = False  # the channel was read this step
         self.known = KnownWeights(
             index, from_workers=weights_from_workers, reports_arrive=self._reports_arrive
@@ -216,128 +217,24 @@ class TierScheduler:
         request_id = wait.request_id
         identifiers = list(identifiers)
         others = wait.pending.difference(identifiers)
-        self._room = self.prefetch.room([wait.needed[other] for other in others])
+        room = self.prefetch.room([wait.needed[other] for other in others])
         # The record each decision left: every write makes a new one, so a record
         # still identical after the dispatch below was moved by nothing else.
         decided: dict[str, Item | None] = {}
-        try:
-            for identifier in identifiers:
-                nbytes = wait.needed[identifier]
-                answer = self._item_ready(identifier, now, nbytes, request_id)
-                decided[identifier] = self.items.get(identifier)
-                waits = answer is ItemAnswer.WAIT
-                if waits:
-                    self.prefetch.wait(identifier, request_id)
-                    self._room.take(nbytes)
-                wait.record(identifier, waits=waits, direct=self.link.staging_direct(identifier))
-        finally:
-            self._room = None
+        for identifier in identifiers:
+            nbytes = wait.needed[identifier]
+            answer = self.decisions.decide(identifier, now, nbytes, request_id, room)
+            decided[identifier] = self.items.get(identifier)
+            waits = answer is ItemAnswer.WAIT
+            if waits:
+                self.prefetch.wait(identifier, request_id)
+                room.take(nbytes)
+            wait.record(identifier, waits=waits, direct=self.link.staging_direct(identifier))
         self.link.dispatch()
         self.waits.wake()
         for identifier, record in decided.items():  # moved by its own decision: not news
             if self.items.get(identifier) is record:
                 wait.changed.discard(identifier)
-
-    # -- one item's decision --------------------------------------------------
-
-    def _item_ready(self, identifier: str, now: float, nbytes: int, request_id: str) -> ItemAnswer:
-        state = self.items.state(identifier)
-        if state in HELD_STATES:
-            return ItemAnswer.HELD
-        if self.settings.in_step_reads:
-            return self._approve_at_once(identifier, now)
-        if state is S.QUEUED:
-            if now < self.items.get(identifier).deadline:
-                return ItemAnswer.WAIT
-            self.give_up(identifier, now, "no room to prefetch it in time")
-            return ItemAnswer.COMPUTE
-        if state is S.STAGING:
-            item = self.items.get(identifier)
-            if identifier in self._held_back:
-                # An idle V1 step: the orders never reached the workers.
-                self.give_up(identifier, now, "idle step", fetch_failed=False)
-                return ItemAnswer.COMPUTE
-            if now < item.deadline:
-                return ItemAnswer.WAIT
-            self.give_up(identifier, now, "staging timed out")
-            return ItemAnswer.COMPUTE
-        return self._start_prefetch(identifier, now, nbytes, request_id)
-
-    def _approve_at_once(self, identifier: str, now: float) -> ItemAnswer:
-        """``in_step_reads``: a tier hit is approved now and read inside the step."""
-        if self.weights is None or not self.settings.persistable(identifier):
-            return ItemAnswer.COMPUTE
-        tier = self._lookup(identifier, now)
-        if tier == PENDING:  # the same existence check as with prefetch
-            expired = now >= self.items.get(identifier).deadline
-            return ItemAnswer.COMPUTE if expired else ItemAnswer.WAIT
-        if tier is None:
-            return ItemAnswer.COMPUTE
-        self.items.move(identifier, S.READY, now + self.settings.stage_timeout_s)
-        return ItemAnswer.HELD
-
-    def _lookup(self, identifier: str, now: float) -> str | None:
-        """The index's answer; PENDING (state LOOKING_UP) while the remote check runs."""
-        tier = self.index.lookup(identifier)
-        looking = self.items.state(identifier) is S.LOOKING_UP
-        if tier == PENDING and not looking:
-            self.items.move(identifier, S.LOOKING_UP, now + self.settings.remote_lookup_timeout_s)
-        elif tier != PENDING and looking:
-            self.items.move(identifier, S.UNKNOWN)
-        if tier != PENDING:
-            self.mark(identifier, "lookup")
-        return tier
-
-    def _start_prefetch(
-        self, identifier: str, now: float, nbytes: int, request_id: str
-    ) -> ItemAnswer:
-        """Queue a prefetch of ``identifier`` if the tiers hold it (WAIT once queued)."""
-        if now < self.items.retry_at(identifier):
-            return ItemAnswer.COMPUTE  # a fetch of it failed a moment ago
-        self.items.allow_retry(identifier)
-        if self.weights is None or not self.settings.persistable(identifier):
-            return ItemAnswer.COMPUTE
-        if self.items.state(identifier) in CLAIM_STATES:
-            return self._encode_or_wait(identifier, now, nbytes, request_id)
-        tier = self._lookup(identifier, now)
-        if tier == PENDING:
-            deadline = self.items.get(identifier).deadline
-            # Within this step's budget: the answer is a round trip away.
-            if self.step.wait(
-                lambda seconds: self.index.wait_answer(identifier, seconds), deadline - now
-            ):
-                tier = self._lookup(identifier, now)
-            if tier == PENDING:
-                return ItemAnswer.COMPUTE if now >= deadline else ItemAnswer.WAIT
-        if tier is None:
-            return self._encode_or_wait(identifier, now, nbytes, request_id)
-        return self._enqueue(identifier, now, nbytes)
-
-    def _encode_or_wait(
-        self, identifier: str, now: float, nbytes: int, request_id: str
-    ) -> ItemAnswer:
-        """No tier holds ``identifier``: encode it here, or wait for the instance
-        that claimed it (``encode_claims.py``) and prefetch its output."""
-        if self.claims is None:
-            return ItemAnswer.COMPUTE
-        decision = self.claims.decide(identifier, now, request_id)
-        if decision is ClaimDecision.FETCH:
-            return self._enqueue(identifier, now, nbytes)
-        return ItemAnswer.COMPUTE if decision is ClaimDecision.ENCODE_HERE else ItemAnswer.WAIT
-
-    def _enqueue(self, identifier: str, now: float, nbytes: int) -> ItemAnswer:
-        if not self.prefetch.fits_at_all(nbytes):
-            self.count("prefetch_too_large")
-            self._fail(identifier, now)
-            return ItemAnswer.COMPUTE
-        if self._room is not None and not self._room.fits(nbytes):
-            self.count("prefetch_beyond_request_room")  # see prefetch.Room
-            return ItemAnswer.COMPUTE
-        deadline = now + self.settings.stage_timeout_s
-        self.items.move(identifier, S.QUEUED, deadline)
-        self.prefetch.enqueue(identifier, deadline, nbytes)
-        self.count("prefetch_queued")
-        return ItemAnswer.WAIT
 
     def set_weights(self, weights: str | None, now: float) -> None:
         """The workers' encoder weights are now ``weights`` (None: unknown): every
@@ -355,7 +252,7 @@ class TierScheduler:
             self.items.move(identifier, S.UNKNOWN)
         self.count("weights_changes")
 
-    def _fail(self, identifier: str, now: float) -> None:
+    def fail(self, identifier: str, now: float) -> None:
         """Compute ``identifier`` and fetch it again at the earliest after ``failed_retry_s``."""
         self.items.fail(identifier, now + self.settings.failed_retry_s)
 
@@ -380,7 +277,7 @@ class TierScheduler:
         else:
             logger.info("Encoder output %.24s will be computed: %s", identifier, why)
             if fetch_failed and self.is_producer:
-                self._fail(identifier, now)
+                self.fail(identifier, now)
             else:  # nothing failed, or a consumer: the next request fetches it again
                 self.items.move(identifier, S.UNKNOWN)
         self.prefetch.done(identifier)

@@ -1,0 +1,174 @@
+"""One item's answer for a request the scheduler looks at (``ItemAnswer``).
+
+HELD: staged on every rank, or in vLLM's encoder cache. WAIT: on its way (a
+lookup answered within the step's budget, a prefetch queued or staging, the
+output of another instance's claim). COMPUTE: the encoder runs for it.
+
+An item no state holds yet goes through, in order: a fetch of it that failed
+a moment ago (compute); no weights known, or an identifier never stored
+(compute); a claim on it (``encode_claims.py``); the tiers' answer
+(``index.py``), and a hit is queued for prefetch within the bounds and the
+request's room (``prefetch.py``). With ``in_step_reads`` a hit is approved at
+once and read inside the step.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .connector_options import ConnectorSettings
+from .encode_claims import CLAIM_STATES, ClaimDecision, EncodeClaims
+from .index import PENDING, TierIndex
+from .items import HELD_STATES, ItemAnswer, ItemState, ItemTable
+from .prefetch import PrefetchQueue, Room
+from .step_wait import StepWait
+
+S = ItemState
+
+
+class DecisionOwner(Protocol):
+    """What the decisions ask of their scheduler (``scheduler.py``)."""
+
+    @property
+    def weights(self) -> str | None:
+        """The weights items are keyed under (None: not announced yet)."""
+
+    def give_up(self, identifier: str, now: float, why: str, *, fetch_failed: bool = True) -> None:
+        """Stop waiting for ``identifier``: compute it, or fail its requests."""
+
+    def fail(self, identifier: str, now: float) -> None:
+        """Compute ``identifier`` and hold it off the tiers for a while."""
+
+    def count(self, name: str, amount: float = 1) -> None:
+        """Add to one of the scheduler's counters."""
+
+    def mark(self, identifier: str, event: str) -> None:
+        """Record ``event`` in ``identifier``'s timeline."""
+
+
+class ItemDecisions:
+    """Decide one item at a time; every move goes through the item table."""
+
+    def __init__(
+        self,
+        owner: DecisionOwner,
+        settings: ConnectorSettings,
+        items: ItemTable,
+        index: TierIndex,
+        prefetch: PrefetchQueue,
+        step: StepWait,
+        claims: EncodeClaims | None,
+        *,
+        held_back: set[str],
+    ) -> None:
+        self.owner = owner
+        self.settings = settings
+        self.items = items
+        self.index = index
+        self.prefetch = prefetch
+        self.step = step
+        self.claims = claims
+        # The scheduler's: stagings an idle V1 step kept from the workers.
+        self.held_back = held_back
+
+    def decide(
+        self, identifier: str, now: float, nbytes: int, request_id: str, room: Room
+    ) -> ItemAnswer:
+        """``identifier``'s answer for ``request_id``, which has ``room`` left."""
+        state = self.items.state(identifier)
+        if state in HELD_STATES:
+            return ItemAnswer.HELD
+        if self.settings.in_step_reads:
+            return self._approve_at_once(identifier, now)
+        if state is S.QUEUED:
+            if now < self.items.get(identifier).deadline:
+                return ItemAnswer.WAIT
+            self.owner.give_up(identifier, now, "no room to prefetch it in time")
+            return ItemAnswer.COMPUTE
+        if state is S.STAGING:
+            item = self.items.get(identifier)
+            if identifier in self.held_back:
+                # An idle V1 step: the orders never reached the workers.
+                self.owner.give_up(identifier, now, "idle step", fetch_failed=False)
+                return ItemAnswer.COMPUTE
+            if now < item.deadline:
+                return ItemAnswer.WAIT
+            self.owner.give_up(identifier, now, "staging timed out")
+            return ItemAnswer.COMPUTE
+        return self._start_prefetch(identifier, now, nbytes, request_id, room)
+
+    def _approve_at_once(self, identifier: str, now: float) -> ItemAnswer:
+        """``in_step_reads``: a tier hit is approved now and read inside the step."""
+        if self.owner.weights is None or not self.settings.persistable(identifier):
+            return ItemAnswer.COMPUTE
+        tier = self._lookup(identifier, now)
+        if tier == PENDING:  # the same existence check as with prefetch
+            expired = now >= self.items.get(identifier).deadline
+            return ItemAnswer.COMPUTE if expired else ItemAnswer.WAIT
+        if tier is None:
+            return ItemAnswer.COMPUTE
+        self.items.move(identifier, S.READY, now + self.settings.stage_timeout_s)
+        return ItemAnswer.HELD
+
+    def _lookup(self, identifier: str, now: float) -> str | None:
+        """The index's answer; PENDING (state LOOKING_UP) while the remote check runs."""
+        tier = self.index.lookup(identifier)
+        looking = self.items.state(identifier) is S.LOOKING_UP
+        if tier == PENDING and not looking:
+            self.items.move(identifier, S.LOOKING_UP, now + self.settings.remote_lookup_timeout_s)
+        elif tier != PENDING and looking:
+            self.items.move(identifier, S.UNKNOWN)
+        if tier != PENDING:
+            self.owner.mark(identifier, "lookup")
+        return tier
+
+    def _start_prefetch(
+        self, identifier: str, now: float, nbytes: int, request_id: str, room: Room
+    ) -> ItemAnswer:
+        """Queue a prefetch of ``identifier`` if the tiers hold it (WAIT once queued)."""
+        if now < self.items.retry_at(identifier):
+            return ItemAnswer.COMPUTE  # a fetch of it failed a moment ago
+        self.items.allow_retry(identifier)
+        if self.owner.weights is None or not self.settings.persistable(identifier):
+            return ItemAnswer.COMPUTE
+        if self.items.state(identifier) in CLAIM_STATES:
+            return self._encode_or_wait(identifier, now, nbytes, request_id, room)
+        tier = self._lookup(identifier, now)
+        if tier == PENDING:
+            deadline = self.items.get(identifier).deadline
+            # Within this step's budget: the answer is a round trip away.
+            if self.step.wait(
+                lambda seconds: self.index.wait_answer(identifier, seconds), deadline - now
+            ):
+                tier = self._lookup(identifier, now)
+            if tier == PENDING:
+                return ItemAnswer.COMPUTE if now >= deadline else ItemAnswer.WAIT
+        if tier is None:
+            return self._encode_or_wait(identifier, now, nbytes, request_id, room)
+        return self._enqueue(identifier, now, nbytes, room)
+
+    def _encode_or_wait(
+        self, identifier: str, now: float, nbytes: int, request_id: str, room: Room
+    ) -> ItemAnswer:
+        """No tier holds ``identifier``: encode it here, or wait for the instance
+        that claimed it (``encode_claims.py``) and prefetch its output."""
+        if self.claims is None:
+            return ItemAnswer.COMPUTE
+        decision = self.claims.decide(identifier, now, request_id)
+        if decision is ClaimDecision.FETCH:
+            return self._enqueue(identifier, now, nbytes, room)
+        return ItemAnswer.COMPUTE if decision is ClaimDecision.ENCODE_HERE else ItemAnswer.WAIT
+
+    def _enqueue(self, identifier: str, now: float, nbytes: int, room: Room) -> ItemAnswer:
+        if not self.prefetch.fits_at_all(nbytes):
+            self.owner.count("prefetch_too_large")
+            self.owner.fail(identifier, now)
+            return ItemAnswer.COMPUTE
+        if not room.fits(nbytes):
+            self.owner.count("prefetch_beyond_request_room")  # see prefetch.Room
+            return ItemAnswer.COMPUTE
+        deadline = now + self.settings.stage_timeout_s
+        self.items.move(identifier, S.QUEUED, deadline)
+        self.prefetch.enqueue(identifier, deadline, nbytes)
+        self.owner.count("prefetch_queued")
+        return ItemAnswer.WAIT
