@@ -22,28 +22,19 @@ from .index import PENDING, TierIndex
 from .items import HELD_STATES, ItemAnswer, ItemState, ItemTable
 from .prefetch import PrefetchQueue, Room
 from .step_wait import StepWait
+from .worker_link import LinkOwner
 
 S = ItemState
 
 
-class DecisionOwner(Protocol):
-    """What the decisions ask of their scheduler (``scheduler.py``)."""
-
-    @property
-    def weights(self) -> str | None:
-        """The weights items are keyed under (None: not announced yet)."""
+class DecisionOwner(LinkOwner, Protocol):
+    """What the decisions ask of their scheduler (``scheduler.py``), beyond the link's."""
 
     def give_up(self, identifier: str, now: float, why: str, *, fetch_failed: bool = True) -> None:
         """Stop waiting for ``identifier``: compute it, or fail its requests."""
 
     def fail(self, identifier: str, now: float) -> None:
         """Compute ``identifier`` and hold it off the tiers for a while."""
-
-    def count(self, name: str, amount: float = 1) -> None:
-        """Add to one of the scheduler's counters."""
-
-    def mark(self, identifier: str, event: str) -> None:
-        """Record ``event`` in ``identifier``'s timeline."""
 
 
 class ItemDecisions:
