@@ -181,7 +181,9 @@ SCHEMA: dict[str, Option] = {
             default=False,
             help="Share the disk tier with the members of its directory's group: a directory "
             "this process makes is 2770 (new files keep its group) and entries are 0660. "
-            "Off, it is 0700 and entries 0600: stored embeddings can reveal image content.",
+            "Its size ledger is then kept in it (.ledger, 0660), so the limit holds across "
+            "the group's users. Off, it is 0700 and entries 0600: stored embeddings can "
+            "reveal image content.",
             lmcache=False,
         ),
         # -- sharing a directory, and the node tier (tiers/budget.py, tiers/node.py)
@@ -227,8 +229,9 @@ SCHEMA: dict[str, Option] = {
             default="/dev/shm",
             help="Node-local directory (shared memory) under which this user's private runtime "
             "directory is made (mode 0700): the node tier's entries, the size ledgers of the "
-            "disk and node tiers, and the vLLM stage channel's sockets when $XDG_RUNTIME_DIR "
-            "is unset. Give every process on the node the same.",
+            "disk and node tiers (but a group-shared disk directory's, kept in it), and the "
+            "vLLM stage channel's sockets when $XDG_RUNTIME_DIR is unset. Give every process "
+            "on the node the same.",
             lmcache=False,
             check=_non_empty_path,
         ),

@@ -4,7 +4,7 @@ Three features keep state that every process of one user on a node must
 find, and that no other user may enter:
 
 - the size ledgers of the disk and node tiers (``tiers/budget.py``):
-  ``<user dir>/ledgers``;
+  ``<user dir>/ledgers`` (a group-shared disk directory's is in it);
 - the node tier (``tiers/node.py``): ``<user dir of node_dir>/node/<namespace>``;
 - the stage channel's sockets (``integration/vllm/channel.py``):
   ``$XDG_RUNTIME_DIR/lmcache-ec-<uid>``, else the user dir.

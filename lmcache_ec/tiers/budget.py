@@ -8,15 +8,25 @@ so a directory made again moves every process to its new ledger), so the
 directory holds nothing but entries and every process on the node finds the
 same ledger. Where no private runtime directory can be had, the ledger is
 this process's own (``ledger_dir``): each process then keeps the limit for
-itself, and writes still land. A writer *reserves* its entry's size and,
-still under the lock, makes its temp file, whose name carries that size (a
-temp file is removed again where the ledger cannot be written); so the
-directory (entries plus writes in progress, each at its reserved size) never
-holds more than the limit, and a scan by another process counts a write in
-progress in full from the start. A removal, and a
-reservation given back, deletes its file and subtracts its bytes under one
-hold of the lock: a scan by another process between the two would count the
-file gone already, and the subtraction would then take its bytes twice.
+itself, and writes still land.
+
+A group-shared directory (``local_disk_group_shared``) is written by several
+users, whose runtime directories are each their own: its ledger is in it
+(``GROUP_LEDGER``, mode 0660, never a symlink followed), used only while it
+is a regular file of this user's or of the directory's group in a directory
+others cannot write. Where it cannot be opened or is no such file, the ledger
+is this user's, as for a private directory (one ``shared_ledger off``
+warning): each user then keeps the limit for itself.
+
+A writer *reserves* its entry's size and, still under the lock, makes its
+temp file, whose name carries that size (a temp file is removed again where
+the ledger cannot be written); so the directory (entries plus writes in
+progress, each at its reserved size) never holds more than the limit, and a
+scan by another process counts a write in progress in full from the start.
+A removal, and a reservation given back, deletes its file and subtracts its
+bytes under one hold of the lock: a scan by another process between the two
+would count the file gone already, and the subtraction would then take its
+bytes twice.
 
 The ledger can only over-count (a writer killed after reserving, an entry
 deleted by ``purge`` or by hand, a removal that could not have the lock in
@@ -56,8 +66,10 @@ shares: a child closes the descriptor it inherited (``flocks.drop_locks_in_child
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import stat as stat_mode
 import threading
 import time
 from collections.abc import Iterator
@@ -66,8 +78,10 @@ from ..flocks import close_inherited, drop_locks_in_child, flock_within
 from ..runtime_dirs import (
     DEFAULT_BASE,
     Feature,
+    Reason,
     RuntimeDirUnavailable,
     feature_off,
+    owner_of,
     private_dir,
     process_dir,
     state_base,
@@ -82,6 +96,9 @@ FREE_RESERVE_MAX = 256 * 1024**2  # what a capped directory leaves its filesyste
 # A ledger nobody wrote for this long belongs to a directory no longer in use
 # (or gone); it is removed, and rebuilt by a scan if the directory comes back.
 IDLE_LEDGER_S = 24 * 3600
+GROUP_LEDGER = ".ledger"  # a group-shared directory's ledger, in it (never an entry's name)
+# O_NOFOLLOW: a symlink planted there leads nowhere; O_NONBLOCK: nor does a FIFO wait.
+_GROUP_LEDGER_OPEN = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def prune_ledgers(ledgers: str, idle_s: float = IDLE_LEDGER_S) -> int:
@@ -122,6 +139,43 @@ def ledger_dir(node_dir: str = DEFAULT_BASE) -> tuple[str, RuntimeDirUnavailable
     return ledgers, None
 
 
+def _untrusted(info: os.stat_result, directory: os.stat_result) -> str | None:
+    """Why the file ``info`` is no ledger of the group-shared ``directory``'s
+    (None: it is). Only members (or the directory's owner) can make a file of
+    the directory's group in it, unless others may write into it too."""
+    if not stat_mode.S_ISREG(info.st_mode):
+        return "not a regular file"
+    if info.st_uid == os.getuid():
+        return None
+    if info.st_gid != directory.st_gid or (info.st_mode | directory.st_mode) & 0o002:
+        return "not a file of the directory's group that only the group may write"
+    return None
+
+
+def open_group_ledger(path: str, directory: os.stat_result) -> int:
+    """The ledger ``path`` of the group-shared ``directory`` (made 0660 if
+    missing), open for reading and writing. Raises ``RuntimeDirUnavailable``
+    for a file that is no ledger of the group's (a symlink, a FIFO, an
+    outsider's file), ``OSError``."""
+    try:
+        fd = os.open(path, _GROUP_LEDGER_OPEN, 0o660)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise RuntimeDirUnavailable(path, Reason.TAKEN, detail="a symbolic link") from None
+    try:
+        info = os.fstat(fd)
+        why = _untrusted(info, directory)
+        if why is not None:
+            raise RuntimeDirUnavailable(path, Reason.TAKEN, owner_of(info.st_uid), why)
+        if info.st_uid == os.getuid() and stat_mode.S_IMODE(info.st_mode) != 0o660:
+            os.fchmod(fd, 0o660)  # made now: the umask may have taken the group's bits
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def free_reserve(total: int) -> int:
     """Bytes of a ``total``-byte filesystem a capped directory leaves free."""
     return min(total // 16, FREE_RESERVE_MAX)
@@ -146,7 +200,8 @@ class DirectoryBudget:
         self.limit = limit
         self.min_residency = min_residency
         self.node_dir = node_dir  # whose runtime directory holds the ledger
-        # Why the ledger is this process's own (None: shared, or not opened yet).
+        # Why the ledger is not every sharer's: this process's own, or this
+        # user's for a group-shared directory (None: shared, or not opened yet).
         self.unshared: RuntimeDirUnavailable | None = None
         self.capped_by_free_space = capped_by_free_space
         self._own: set[str] = set()  # entries this process wrote
@@ -158,6 +213,7 @@ class DirectoryBudget:
         self._fd = -1  # the ledger, while locked
         self._ledger: str | None = None
         self._ledger_of: tuple[int, int] | None = None  # the directory's (dev, inode)
+        self._group_of: os.stat_result | None = None  # the directory, if the ledger is in it
         drop_locks_in_child(self)
 
     def drop_inherited_locks(self) -> None:
@@ -172,10 +228,53 @@ class DirectoryBudget:
         stat = os.stat(self.layout.path)
         directory = (stat.st_dev, stat.st_ino)
         if self._ledger is None or directory != self._ledger_of:
-            ledgers, self.unshared = ledger_dir(self.node_dir)
-            self._ledger = os.path.join(ledgers, f"{stat.st_dev}-{stat.st_ino}")
+            self._ledger = self._find_ledger(stat)
             self._ledger_of = directory
         return self._ledger
+
+    def _find_ledger(self, directory: os.stat_result) -> str:
+        """Where the ledger of ``directory`` is: in it if it is group-shared (every
+        user of the group finds it there), else in this user's ledgers."""
+        self._group_of = None
+        refused = None
+        if self.layout.modes.group_shared:
+            path = os.path.join(self.layout.path, GROUP_LEDGER)
+            refused = self._group_refusal(path, directory)
+            if refused is None:
+                self._group_of = directory
+                self.unshared = None
+                return path
+        ledgers, self.unshared = ledger_dir(self.node_dir)
+        self.unshared = refused or self.unshared
+        return os.path.join(ledgers, f"{directory.st_dev}-{directory.st_ino}")
+
+    def _group_refusal(self, path: str, directory: os.stat_result) -> RuntimeDirUnavailable | None:
+        """Why the group's ledger ``path`` cannot serve (said once; this user's
+        ledger serves instead), None if it can. Raises ``OSError`` (no directory)."""
+        try:
+            os.close(open_group_ledger(path, directory))
+        except OSError as exc:  # RuntimeDirUnavailable among them
+            if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
+                raise  # no directory (made again by the caller), or a passing fault
+            refused = exc if isinstance(exc, RuntimeDirUnavailable) else None
+            refused = refused or RuntimeDirUnavailable(
+                path, Reason.UNUSABLE, detail=exc.strerror or str(exc)
+            )
+            feature_off(
+                Feature.SHARED_LEDGER,
+                refused,
+                "Each user keeps this group-shared directory's size limit by itself: "
+                "shared by N users, it may hold up to N times its limit",
+            )
+            return refused
+        return None
+
+    def _open_ledger(self) -> int:
+        """The ledger of the directory, open (made if missing). Raises ``OSError``."""
+        path = self._ledger_path()
+        if self._group_of is not None:
+            return open_group_ledger(path, self._group_of)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
 
     def directory_changed(self) -> None:
         """The directory was made again: find its ledger anew."""
@@ -186,7 +285,7 @@ class DirectoryBudget:
         with self._local:
             while True:
                 # In ``self._fd`` from its opening on: a child forked meanwhile closes its copy.
-                self._fd = fd = os.open(self._ledger_path(), os.O_RDWR | os.O_CREAT, 0o600)
+                self._fd = fd = self._open_ledger()
                 try:
                     flock_within(fd, self.lock_wait_s, "disk size ledger")
                 except OSError:

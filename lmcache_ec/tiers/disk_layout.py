@@ -20,6 +20,8 @@ CLI. A directory holds:
 A directory's size ledger (``budget.py``) lives outside it, in this user's
 node-local runtime directory (``runtime_dirs.py``), keyed by the directory's
 device and inode: every process on the node that shares the directory finds it.
+A group-shared directory's ledger is in it (``.ledger``), where every user of
+the group finds it; like the purge logs, it is no entry.
 
 Modes: entries, temp files and the purge log are made ``0600`` in a
 directory made ``0700`` (stored embeddings can reveal image content); a
@@ -34,7 +36,9 @@ Guarantees: a reader sees a whole frame or none (written to a temp name, then
 published by ``link`` — never replacing an entry another process wrote — or
 by ``rename`` where links are unsupported). A crash leaves at most a temp file,
 reclaimed by the next scan. Recency is the file's mtime, set explicitly at
-write and on every hit (``touch``), so LRU order is shared by every process.
+write and on every hit (``touch``), so LRU order is shared by every process;
+a hit on another user's entry of a group-shared directory sets it to the
+kernel's "now" (setting a given time is for the file's owner alone).
 """
 
 from __future__ import annotations
@@ -151,6 +155,11 @@ class DirectoryModes(NamedTuple):
 
     directory: int
     file: int
+
+    @property
+    def group_shared(self) -> bool:
+        """Whether the members of the directory's group use it too."""
+        return bool(self.directory & 0o070)
 
     @classmethod
     def of(cls, group_shared: bool) -> DirectoryModes:
@@ -341,8 +350,15 @@ class DirectoryLayout:
         """Mark an entry (its path, or a descriptor open on it) used now, for
         the shared LRU order; a vanished file is ignored."""
         stamp = use_stamp()
-        with contextlib.suppress(OSError):
+        try:
             os.utime(entry, ns=(stamp, stamp))
+        except PermissionError:
+            # Another user's entry (group-shared): only its owner may set a given
+            # time, any user who may write it "now" (the kernel's clock, coarser).
+            with contextlib.suppress(OSError):
+                os.utime(entry, None)
+        except OSError:
+            pass  # vanished
 
     def write(
         self,

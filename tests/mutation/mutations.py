@@ -5256,6 +5256,61 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "group-shared-ledger-per-user",
+        "users of a group sharing a disk directory never take it past its limit",
+        "lmcache_ec/tiers/budget.py",
+        "        if self.layout.modes.group_shared:\n",
+        "        if False:\n",
+        (
+            (
+                "tests/tiers/test_group_shared_disk.py::test_users_of_a_group_writing_in_tur"
+                "n_never_take_the_directory_past_its_limit"
+            ),
+        ),
+    ),
+    Mutation(
+        "group-ledger-symlink-followed",
+        "a symlink planted at a group-shared directory's ledger is never followed",
+        "lmcache_ec/tiers/budget.py",
+        (
+            "_GROUP_LEDGER_OPEN = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | "
+            "os.O_CLOEXEC\n"
+        ),
+        "_GROUP_LEDGER_OPEN = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC\n",
+        (
+            (
+                "tests/tiers/test_group_shared_disk.py::test_a_ledger_that_is_no_file_of_the"
+                "_group_is_never_used[symlink]"
+            ),
+        ),
+    ),
+    Mutation(
+        "group-ledger-of-an-outsider-used",
+        "a group-shared directory's ledger made by a user outside the group is never used",
+        "lmcache_ec/tiers/budget.py",
+        "    if info.st_gid != directory.st_gid or (info.st_mode | directory.st_mode) & 0o002:\n",
+        "    if False:\n",
+        (
+            (
+                "tests/tiers/test_group_shared_disk.py::test_a_ledger_that_is_no_file_of_the"
+                "_group_is_never_used[outsiders-file]"
+            ),
+        ),
+    ),
+    Mutation(
+        "group-member-hit-not-recorded",
+        "a hit by another user of the group keeps the entry from LRU eviction",
+        "lmcache_ec/tiers/disk_layout.py",
+        "            with contextlib.suppress(OSError):\n                os.utime(entry, None)\n",
+        "            pass\n",
+        (
+            (
+                "tests/tiers/test_group_shared_disk.py::test_a_hit_by_another_user_of_the_gr"
+                "oup_keeps_the_entry_from_lru_eviction"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
