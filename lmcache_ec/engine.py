@@ -451,8 +451,9 @@ class ECCache:
     ) -> list[torch.Tensor]:
         """``get_or_compute`` for several entries, in order: one lookup, one batch
         of claims and one look per pause for all of them; ``compute(hashes)``
-        is called with the hashes this caller computes (at most once per round),
-        and returns their tensors in that order."""
+        is called with the hashes this caller computes (once for what it claimed,
+        once more for what its waits gave up on), and returns their tensors in
+        that order."""
         self._check_open()
         if isinstance(mm_hashes, (str, bytes)):  # would be read as one hash per character
             raise TypeError("mm_hashes must be a sequence of hashes, not one string")

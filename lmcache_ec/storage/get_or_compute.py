@@ -11,6 +11,13 @@ holds (``ClaimWait``): an instance never holds a claim it is not computing
 while it waits for another's, so two instances that each won what the other
 waits for never wait on each other. What the wait gives up on is computed in
 a second call.
+
+A leader lands each flight as soon as its entry's result is known (a hit at
+once, an entry of another instance once loaded): its followers, and its own
+``compute`` asking for them, never wait for the rest of its batch. A follower
+waits without limit for a ``compute`` running in this process, but for
+another instance's output only up to its own ``wait_s``; then it computes the
+entry itself (a duplicate computation, never a wrong tensor).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ ComputeMany = Callable[[list[str]], Sequence[torch.Tensor]]
 ReadKeys = Callable[[list[ECKey], torch.device], list[torch.Tensor | None]]
 
 DEFAULT_WAIT_S = 1.0  # get_or_compute: the most a caller waits for another instance
+_FOLLOW_POLL_S = ClaimWait(0.0).max_pause_s  # how often a follower looks at its leader's state
 
 
 def _detached_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -78,6 +86,9 @@ class GetOrCompute:
         self._check_open = check_open  # raises once the cache is closed
         self._check_fits = check_fits  # a frame of this size fits the CPU tier, or ValueError
         self._flights = LocalFlights()
+        # The flights whose leader waits for another instance's output (not computing).
+        self._on_others: set[Flight] = set()
+        self._on_others_lock = threading.Lock()
         self._claims_lock = threading.Lock()
         self._claims: ClaimAgent | None = None  # made on the first get_or_compute
         self._no_claims = claim_store_factory(config) is None  # no tier to share one in
@@ -97,8 +108,12 @@ class GetOrCompute:
         names = {mm_hash: self._name(mm_hash, identity) for mm_hash in wanted}
         found: dict[str, torch.Tensor] = {}
         while len(found) < len(wanted):
+            # The most this round waits for another instance's output, through a
+            # leader of this process too.
+            deadline = time.monotonic() + wait_s
             leading: dict[str, tuple[str, Flight]] = {}
             following: dict[str, Flight] = {}
+            own: list[str] = []  # the outer call of this thread waits for them from another
             for mm_hash in wanted:
                 if mm_hash in found:
                     continue
@@ -106,21 +121,29 @@ class GetOrCompute:
                 flight, leads = self._flights.join(name)
                 if leads:
                     leading[mm_hash] = (name, flight)
-                elif flight.leader == threading.get_ident():
+                elif flight.leader != threading.get_ident():
+                    following[mm_hash] = flight
+                elif self._waits_on_another(flight):
+                    own.append(mm_hash)  # its flight cannot land while this thread is here
+                else:
                     # Asked from inside this thread's own compute of that entry.
                     self._abandon(leading)
                     raise RuntimeError(
                         f"compute for {mm_hash!r:.80} asked get_or_compute for the same key: "
                         "it would wait for itself"
                     )
-                else:
-                    following[mm_hash] = flight
             if leading:
                 found.update(self._lead(leading, compute, target, float(wait_s), identity))
+            late = self._read_until(own, deadline, identity, target, found)
             for mm_hash, flight in following.items():
-                flight.done.wait()
-                if flight.result is not None:  # else its leader failed: ask again
+                if not self._landed_by(flight, deadline):
+                    late.append(mm_hash)
+                elif flight.result is not None:  # else its leader failed: ask again
                     found[mm_hash] = flight.result.to(target, copy=True)
+            if late:  # waited out: computed here too, without claims (the leader's)
+                self._compute_and_store(
+                    late, names, compute, target, float(wait_s), identity, found, claimed=False
+                )
         # A hash asked twice gets two tensors, as from get_many.
         answers, seen = [], set()
         for mm_hash in mm_hashes:
@@ -151,6 +174,67 @@ class GetOrCompute:
         for name, flight in leading.values():
             self._flights.land(name, flight, None)
 
+    def _waits_on_another(self, flight: Flight) -> bool:
+        """Whether the leader of ``flight`` waits for another instance's output."""
+        with self._on_others_lock:
+            return flight in self._on_others
+
+    def _mark_on_others(
+        self, flights: dict[str, tuple[str, Flight]], hashes: list[str], waits: bool
+    ) -> None:
+        """Say whether the leader of these flights waits for another instance
+        (True) or computes them (False)."""
+        with self._on_others_lock:
+            for mm_hash in hashes:
+                if waits:
+                    self._on_others.add(flights[mm_hash][1])
+                else:
+                    self._on_others.discard(flights[mm_hash][1])
+
+    def _land(
+        self,
+        flights: dict[str, tuple[str, Flight]],
+        hashes: list[str],
+        results: dict[str, torch.Tensor],
+    ) -> None:
+        """Land the flights of ``hashes`` (taken out of ``flights``) with their
+        results, None for those without one; land never raises."""
+        self._mark_on_others(flights, hashes, False)
+        for mm_hash in hashes:
+            name, flight = flights.pop(mm_hash)
+            self._flights.land(name, flight, results.get(mm_hash), share=_detached_copy)
+
+    def _landed_by(self, flight: Flight, deadline: float) -> bool:
+        """Wait for ``flight`` to land: without limit while its leader computes,
+        until ``deadline`` while it waits for another instance. Whether it landed."""
+        while not flight.done.wait(_FOLLOW_POLL_S):
+            if self._waits_on_another(flight) and time.monotonic() >= deadline:
+                return False
+        return True
+
+    def _read_until(
+        self,
+        hashes: list[str],
+        deadline: float,
+        identity: EncoderIdentity,
+        device: torch.device,
+        found: dict[str, torch.Tensor],
+    ) -> list[str]:
+        """Look for ``hashes`` in the tiers after growing pauses until
+        ``deadline``, moving those that land into ``found``; those that did not."""
+        rule = ClaimWait(0.0)  # its pauses only
+        waiting, looks = list(hashes), 0
+        while waiting:
+            landed = self._read(waiting, identity, device)
+            found.update((h, t) for h, t in zip(waiting, landed, strict=True) if t is not None)
+            waiting = [h for h in waiting if h not in found]
+            now = time.monotonic()
+            if not waiting or now >= deadline:
+                break
+            time.sleep(rule.pause(looks, now, deadline))
+            looks += 1
+        return waiting
+
     def _lead(
         self,
         leading: dict[str, tuple[str, Flight]],
@@ -159,19 +243,24 @@ class GetOrCompute:
         wait_s: float,
         identity: EncoderIdentity,
     ) -> dict[str, torch.Tensor]:
-        """Get or compute the entries this caller leads; their followers get the results."""
+        """Get or compute the entries this caller leads; their followers get the
+        results, each as soon as it is known (a ``compute`` asking for a hit of
+        its own batch finds it landed)."""
         results: dict[str, torch.Tensor] = {}
+        flights = dict(leading)  # those not landed yet
         try:
             hashes = list(leading)
             for mm_hash, tensor in zip(hashes, self._read(hashes, identity, device), strict=True):
                 if tensor is not None:
                     results[mm_hash] = tensor
+            self._land(flights, [h for h in hashes if h in results], results)
             missing = {h: leading[h][0] for h in hashes if h not in results}
             if missing:
-                self._claim_and_compute(missing, compute, device, wait_s, identity, results)
+                self._claim_and_compute(
+                    missing, compute, device, wait_s, identity, results, flights
+                )
         finally:
-            for mm_hash, (name, flight) in leading.items():  # land never raises
-                self._flights.land(name, flight, results.get(mm_hash), share=_detached_copy)
+            self._land(flights, list(flights), results)
         return results
 
     def _claim_and_compute(
@@ -182,10 +271,12 @@ class GetOrCompute:
         wait_s: float,
         identity: EncoderIdentity,
         results: dict[str, torch.Tensor],
+        flights: dict[str, tuple[str, Flight]],
     ) -> None:
         """Entries no tier held: claim them; compute and store those won, then
         wait for those others hold (the ``ClaimWait`` rule) and compute those
-        the wait gives up on; fill ``results``."""
+        the wait gives up on; fill ``results``, landing each of ``flights`` once
+        its result is known."""
         agent = self._claim_agent()
         rule = ClaimWait(wait_s)
         ttl = max(wait_s, 0.001)
@@ -209,9 +300,11 @@ class GetOrCompute:
             else:
                 waiting.append(mm_hash)
         self._cache.stats.add("compute_waits", len(waiting))
+        self._mark_on_others(flights, waiting, True)
         if won and agent is not None and agent.shared:
             # Stored by a holder that released its claim between our lookup and our claim.
             self._take_landed(won, names, identity, device, agent, results)
+            self._land(flights, [h for h in names if h in results], results)
         # What this caller won is computed, stored and its claims withdrawn before
         # it waits: an instance waiting for it may hold what this one waits for.
         if won:
@@ -222,7 +315,10 @@ class GetOrCompute:
                     if agent is not None:
                         agent.release(names[mm_hash])
                 raise
-        late = self._wait_for_others(waiting, names, identity, device, rule, deadline, results)
+            self._land(flights, won, results)  # its followers need not wait for the others
+        late = self._wait_for_others(
+            waiting, names, identity, device, rule, deadline, results, flights
+        )
         # A claim asked while waiting for an entry that was then loaded may still
         # be answered ours: withdrawn. (The claims of ``won`` are withdrawn by
         # their compute, those of ``late`` by theirs.)
@@ -242,10 +338,12 @@ class GetOrCompute:
         rule: ClaimWait,
         deadline: float,
         results: dict[str, torch.Tensor],
+        flights: dict[str, tuple[str, Flight]],
     ) -> list[str]:
         """Wait for the outputs of ``hashes``, which other instances hold (the
-        ``ClaimWait`` rule), moving those that land into ``results``; the
-        hashes the wait gave up on, for this caller to compute.
+        ``ClaimWait`` rule), moving those that land into ``results`` and
+        landing their ``flights``; the hashes the wait gave up on, for this
+        caller to compute.
 
         One change to the rule: an entry whose claim is still held when its
         deadline passes has most likely changed hands — the first holder's
@@ -282,9 +380,11 @@ class GetOrCompute:
                     turn = Turn.WAIT
                 if turn is Turn.LOAD:
                     results[mm_hash] = tensor
+                    self._land(flights, [mm_hash], results)
                     self._cache.stats.add("compute_waits_loaded")
                 elif turn is Turn.COMPUTE:
                     late.append(mm_hash)
+                    self._mark_on_others(flights, [mm_hash], False)  # computed here now
                 else:
                     still.append(mm_hash)
             waiting = still
@@ -316,13 +416,16 @@ class GetOrCompute:
         wait_s: float,
         identity: EncoderIdentity,
         results: dict[str, torch.Tensor],
+        *,
+        claimed: bool = True,
     ) -> None:
-        """Compute ``hashes``, store them under ``identity``, withdraw their claims.
+        """Compute ``hashes``, store them under ``identity``, withdraw their
+        claims (``claimed``: else the claims are another caller's of this process).
 
         ``set_identity`` during the call (new encoder weights): which weights
         computed the results is unknown, so they are returned, never stored.
         """
-        agent = self._claims
+        agent = self._claims if claimed else None
         try:
             tensors = self._checked(hashes, compute(list(hashes)), identity)
         except BaseException:

@@ -1356,8 +1356,8 @@ MUTATIONS += [
         "compute-waits-for-itself",
         "a compute asking for its own entry in its own thread is a clear error, never a stall",
         GET_OR_COMPUTE,
-        "                elif flight.leader == threading.get_ident():\n",
-        "                elif False:\n",
+        "                elif flight.leader != threading.get_ident():\n",
+        "                elif True:\n",
         (
             f"{T_GET_OR_COMPUTE}::test_a_compute_asking_for_its_own_key_is_a_clear_error_not_a_stall",
             f"{T_GET_OR_COMPUTE}::test_a_compute_may_ask_for_other_keys_but_not_its_own_in_a_batch",
@@ -1738,11 +1738,14 @@ MUTATIONS += [
         "                    if agent is not None:\n"
         "                        agent.release(names[mm_hash])\n"
         "                raise\n"
-        "        late = self._wait_for_others("
-        "waiting, names, identity, device, rule, deadline, results)\n",
+        "            self._land(flights, won, results)  "
+        "# its followers need not wait for the others\n"
+        "        late = self._wait_for_others(\n"
+        "            waiting, names, identity, device, rule, deadline, results, flights\n"
+        "        )\n",
         (
             "        late = won + self._wait_for_others(\n"
-            "            waiting, names, identity, device, rule, deadline, results\n"
+            "            waiting, names, identity, device, rule, deadline, results, flights\n"
             "        )\n"
         ),
         (
@@ -3268,13 +3271,10 @@ MUTATIONS += [
         "followers of a get_or_compute get tensors outside the leader's autograd graph",
         "lmcache_ec/storage/get_or_compute.py",
         (
-            "                self._flights.land(name, flight, results.get(mm_hash), "
+            "            self._flights.land(name, flight, results.get(mm_hash), "
             "share=_detached_copy)\n"
         ),
-        (
-            "                self._flights.land(name, flight, results.get(mm_hash), "
-            "share=torch.clone)\n"
-        ),
+        ("            self._flights.land(name, flight, results.get(mm_hash), share=torch.clone)\n"),
         (
             (
                 "tests/test_get_or_compute.py::test_followers_get_tensors_outside_the_leader"
@@ -5308,6 +5308,88 @@ MUTATIONS += [
             (
                 "tests/tiers/test_group_shared_disk.py::test_a_hit_by_another_user_of_the_gr"
                 "oup_keeps_the_entry_from_lru_eviction"
+            ),
+        ),
+    ),
+    Mutation(
+        "follower-ignores-its-own-bound",
+        (
+            "a caller waits for another instance at most twice its own wait_s, also behind "
+            "a leader of its process"
+        ),
+        "lmcache_ec/storage/get_or_compute.py",
+        (
+            "        while not flight.done.wait(_FOLLOW_POLL_S):\n"
+            "            if self._waits_on_another(flight) and time.monotonic() >= deadline:\n"
+            "                return False\n"
+        ),
+        "        flight.done.wait()\n",
+        (
+            (
+                "tests/storage/test_get_or_compute_flights.py::test_a_follower_waits_for_ano"
+                "ther_instance_no_longer_than_its_own_bound"
+            ),
+        ),
+    ),
+    Mutation(
+        "follower-gives-up-on-a-compute-of-its-process",
+        "threads asking for one entry share one compute, however short their wait_s",
+        "lmcache_ec/storage/get_or_compute.py",
+        "            if self._waits_on_another(flight) and time.monotonic() >= deadline:\n",
+        "            if time.monotonic() >= deadline:\n",
+        (
+            (
+                "tests/storage/test_get_or_compute_flights.py::test_a_follower_waits_for_a_c"
+                "ompute_of_its_process_past_its_own_bound"
+            ),
+        ),
+    ),
+    Mutation(
+        "computed-entries-land-after-the-batchs-wait",
+        (
+            "an entry computed in a batch reaches its followers before the batch waits for "
+            "another instance"
+        ),
+        "lmcache_ec/storage/get_or_compute.py",
+        (
+            "            self._land(flights, won, results)  # its followers need not wait "
+            "for the others\n"
+        ),
+        "",
+        (
+            (
+                "tests/storage/test_get_or_compute_flights.py::test_an_entry_computed_in_a_b"
+                "atch_reaches_its_followers_before_the_batchs_wait"
+            ),
+        ),
+    ),
+    Mutation(
+        "hits-land-after-the-batchs-compute",
+        "a compute may ask for a stored entry of its own batch",
+        "lmcache_ec/storage/get_or_compute.py",
+        "            self._land(flights, [h for h in hashes if h in results], results)\n",
+        "",
+        (
+            (
+                "tests/storage/test_get_or_compute_flights.py::test_a_compute_may_ask_for_a_"
+                "stored_entry_of_its_own_batch"
+            ),
+        ),
+    ),
+    Mutation(
+        "compute-asking-for-an-awaited-entry-waits-for-itself",
+        "a compute may ask for an entry its batch waits for from another instance",
+        "lmcache_ec/storage/get_or_compute.py",
+        (
+            "                elif self._waits_on_another(flight):\n"
+            "                    own.append(mm_hash)  # its flight cannot land while this "
+            "thread is here\n"
+        ),
+        "",
+        (
+            (
+                "tests/storage/test_get_or_compute_flights.py::test_a_compute_may_ask_for_an"
+                "_entry_its_batch_waits_for_from_another_instance"
             ),
         ),
     ),
