@@ -82,7 +82,8 @@ def image_stream(settings: FleetSettings) -> list[str]:
     import hashlib
 
     rng = random.Random(settings.seed)
-    weights = [1.0 / (rank + 1) ** settings.zipf for rank in range(settings.images)]
+    # A negative power underflows to 0.0 where 1 / rank ** zipf would overflow (zipf 2000).
+    weights = [float(rank + 1) ** -settings.zipf for rank in range(settings.images)]
     ranks = rng.choices(range(settings.images), weights=weights, k=settings.requests)
     return [hashlib.sha256(f"fleet-{settings.seed}-{r}".encode()).hexdigest() for r in ranks]
 

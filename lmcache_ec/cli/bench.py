@@ -16,6 +16,9 @@ from .common import (
     fail,
     human_bytes,
     new_table,
+    non_negative_float,
+    output_file,
+    positive_float,
     run_with_status,
     write_json,
     write_report,
@@ -79,15 +82,19 @@ def bench_all(
         bool, typer.Option("--quick", help="One shape, fewer iterations: a few minutes.")
     ] = False,
     json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write the full result (JSON) here.")
+        Path | None,
+        typer.Option("--json", parser=output_file, help="Write the full result (JSON) here."),
     ] = None,
     chart: Annotated[
         Path | None,
-        typer.Option(help="PNG chart path (default: next to --json, else ./bench.png)."),
+        typer.Option(
+            parser=output_file, help="PNG chart path (default: next to --json, else ./bench.png)."
+        ),
     ] = None,
     no_chart: Annotated[bool, typer.Option("--no-chart", help="Do not draw the chart.")] = False,
     markdown: Annotated[
-        Path | None, typer.Option(help="Also write the table as Markdown here.")
+        Path | None,
+        typer.Option(parser=output_file, help="Also write the table as Markdown here."),
     ] = None,
     redis_url: Annotated[
         str | None,
@@ -216,7 +223,11 @@ def local(
     ] = "bfloat16",
     iterations: Annotated[int, typer.Option(help="Entries per measurement.")] = 100,
     cpu_gb: Annotated[
-        float, typer.Option(help="Memory budget (GB): refuse a run whose CPU tiers need more.")
+        float,
+        typer.Option(
+            parser=positive_float,
+            help="Memory budget (GB): refuse a run whose CPU tiers need more.",
+        ),
     ] = 1.0,
     startup_cpu_gb: Annotated[
         float, typer.Option(help="CPU tier size for the start-up measurement (GB).")
@@ -230,7 +241,10 @@ def local(
         str | None, typer.Option(help="Where the temporary disk tiers go (default: $TMPDIR).")
     ] = None,
     json_path: Annotated[
-        str | None, typer.Option("--json", help="Also write the results to this JSON file.")
+        Path | None,
+        typer.Option(
+            "--json", parser=output_file, help="Also write the results to this JSON file."
+        ),
     ] = None,
 ) -> None:
     """Put/get latency on the CPU and disk tiers: lmcache-ec vs LMCache's ECCacheEngine."""
@@ -357,7 +371,9 @@ def remote(
         typer.Option(help="Start a redis-server and moto (bench extra) on 127.0.0.1 and use them."),
     ] = False,
     iterations: Annotated[int, typer.Option(min=1)] = 50,
-    as_json: Annotated[Path | None, typer.Option("--json", help="Also write rows here.")] = None,
+    as_json: Annotated[
+        Path | None, typer.Option("--json", parser=output_file, help="Also write rows here.")
+    ] = None,
 ) -> None:
     """ECCache on a remote store vs upstream and the raw client (redis-py, boto3), same run."""
     import contextlib
@@ -412,7 +428,9 @@ def connector(
     model_dir: Annotated[
         Path, typer.Argument(help="A local model directory vLLM can read (config + tokenizer).")
     ] = Path("tests/vllm/data/tiny-blip2"),
-    as_json: Annotated[Path | None, typer.Option("--json", help="Also write results here.")] = None,
+    as_json: Annotated[
+        Path | None, typer.Option("--json", parser=output_file, help="Also write results here.")
+    ] = None,
 ) -> None:
     """has_cache_item and save_caches cost of the vLLM connector (needs vllm)."""
     if not (model_dir / "config.json").exists():
@@ -431,12 +449,21 @@ def fleet(
     nodes: Annotated[int, typer.Option(min=1, help="Engine processes sharing the store.")] = 4,
     requests: Annotated[int, typer.Option(min=1, help="Requests in the stream.")] = 400,
     images: Annotated[int, typer.Option(min=1, help="Distinct images the stream draws.")] = 100,
-    zipf: Annotated[float, typer.Option(min=0.0, help="Zipf exponent of image popularity.")] = 1.1,
+    zipf: Annotated[
+        float, typer.Option(parser=non_negative_float, help="Zipf exponent of image popularity.")
+    ] = 1.1,
     interval_ms: Annotated[
-        float, typer.Option(min=0.0, help="One request every this many ms, round-robin.")
+        float,
+        typer.Option(
+            parser=non_negative_float, help="One request every this many ms, round-robin."
+        ),
     ] = 10.0,
-    encode_ms: Annotated[float, typer.Option(min=0.0, help="Encoder time per image.")] = 30.0,
-    forward_ms: Annotated[float, typer.Option(min=0.0, help="Forward pass per step.")] = 2.0,
+    encode_ms: Annotated[
+        float, typer.Option(parser=non_negative_float, help="Encoder time per image.")
+    ] = 30.0,
+    forward_ms: Annotated[
+        float, typer.Option(parser=non_negative_float, help="Forward pass per step.")
+    ] = 2.0,
     shape: Annotated[str, typer.Option(help="Encoder output ROWSxCOLS (bfloat16).")] = "256x2560",
     store: Annotated[
         str, typer.Option(help="Shared tier: redis or s3; with --api also disk (one directory).")
@@ -456,7 +483,11 @@ def fleet(
         ),
     ] = "auto",
     claim_wait_s: Annotated[
-        float, typer.Option(min=0.0, help="How long a process waits for another's claimed encode.")
+        float,
+        typer.Option(
+            parser=non_negative_float,
+            help="How long a process waits for another's claimed encode.",
+        ),
     ] = 1.0,
     baseline: Annotated[bool, typer.Option(help="Also run the stream on one process.")] = True,
     redis_url: Annotated[
@@ -479,7 +510,8 @@ def fleet(
         ),
     ] = False,
     json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write the full result (JSON) here.")
+        Path | None,
+        typer.Option("--json", parser=output_file, help="Write the full result (JSON) here."),
     ] = None,
 ) -> None:
     """N engine processes (vLLM's scheduler + lmcache-ec's connector) on one store, one

@@ -8,7 +8,15 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import console, fail, new_table, run_and_show, simulated_engine_model
+from .common import (
+    console,
+    fail,
+    new_table,
+    non_negative_float,
+    output_file,
+    run_and_show,
+    simulated_engine_model,
+)
 
 _ROWS = (
     ("steps", "engine steps", "{:.0f}"),
@@ -33,23 +41,33 @@ def channel(
     items: Annotated[int, typer.Option(help="Images ordered over the channel in one step.")] = 5000,
     busy: Annotated[int, typer.Option(help="Text requests decoding all along.")] = 4,
     pause_s: Annotated[
-        float, typer.Option(help="Seconds the scheduler stops reading, after the big order.")
+        float,
+        typer.Option(
+            parser=non_negative_float,
+            help="Seconds the scheduler stops reading, after the big order.",
+        ),
     ] = 2.0,
-    forward_ms: Annotated[float, typer.Option(help="Simulated forward pass per step.")] = 5.0,
+    forward_ms: Annotated[
+        float, typer.Option(parser=non_negative_float, help="Simulated forward pass per step.")
+    ] = 5.0,
     busy_stage_wait_s: Annotated[
-        float, typer.Option(help="The connector's busy_stage_wait_s (the budget measured against).")
+        float,
+        typer.Option(
+            parser=non_negative_float,
+            help="The connector's busy_stage_wait_s (the budget measured against).",
+        ),
     ] = 0.01,
     hostile: Annotated[
         bool, typer.Option(help="A peer on each worker's socket that never reads.")
     ] = True,
-    as_json: Annotated[Path | None, typer.Option("--json", help="Also write results here.")] = None,
+    as_json: Annotated[
+        Path | None, typer.Option("--json", parser=output_file, help="Also write results here.")
+    ] = None,
 ) -> None:
     """Connector time per step with thousands of items a step on the stage channel (needs vllm)."""
     directory = simulated_engine_model(model_dir)
     if items < 1 or busy < 1:
         fail("--items and --busy must be >= 1", 2)
-    if pause_s < 0 or forward_ms < 0 or busy_stage_wait_s < 0:
-        fail("--pause-s, --forward-ms and --busy-stage-wait-s must be >= 0", 2)
     from ..bench.channel_load import ChannelBenchSettings, run_channel
 
     settings = ChannelBenchSettings(

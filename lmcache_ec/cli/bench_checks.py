@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from .common import console, fail, new_table
+from .common import console, fail, new_table, output_file, positive_float, write_json
 
 
 def node_reads(
     iterations: Annotated[int, typer.Option(help="Entries read per method and shape.")] = 50,
-    as_json: Annotated[Path | None, typer.Option("--json", help="Also write results here.")] = None,
+    as_json: Annotated[
+        Path | None, typer.Option("--json", parser=output_file, help="Also write results here.")
+    ] = None,
 ) -> None:
     """Node-tier reads (copied out, verified) next to a mapping of the file, per bench shape."""
     from ..bench.node_reads import SHAPES, run
@@ -40,8 +41,7 @@ def node_reads(
             cell("get"),
         )
     console.print(table)
-    if as_json is not None:
-        as_json.write_text(json.dumps(rows, indent=2))
+    write_json(as_json, rows)
 
 
 def fingerprint(
@@ -49,12 +49,20 @@ def fingerprint(
     elements: Annotated[int, typer.Option(help="Elements per tensor.")] = 8 * 1024 * 1024,
     repeat: Annotated[int, typer.Option(help="Passes per method (interleaved).")] = 5,
     gpu_bandwidth_gbs: Annotated[
-        float, typer.Option(help="Device memory bandwidth for the GPU estimate (GB/s).")
+        float,
+        typer.Option(
+            parser=positive_float, help="Device memory bandwidth for the GPU estimate (GB/s)."
+        ),
     ] = 3000.0,
     link_gbs: Annotated[
-        float, typer.Option(help="Device-to-host bandwidth for the GPU estimate (GB/s).")
+        float,
+        typer.Option(
+            parser=positive_float, help="Device-to-host bandwidth for the GPU estimate (GB/s)."
+        ),
     ] = 25.0,
-    as_json: Annotated[Path | None, typer.Option("--json", help="Also write results here.")] = None,
+    as_json: Annotated[
+        Path | None, typer.Option("--json", parser=output_file, help="Also write results here.")
+    ] = None,
 ) -> None:
     """Weights fingerprint cost on the CPU (old sums, mixed sum, host copy + hash), GPU estimate."""
     from ..bench.fingerprint import run
@@ -83,5 +91,4 @@ def fingerprint(
         f"mixed / sums: {result['mixed_vs_sums']:.2f}x; "
         f"host_hash / mixed: {result['host_hash_vs_mixed']:.2f}x"
     )
-    if as_json is not None:
-        as_json.write_text(json.dumps(result, indent=2))
+    write_json(as_json, result)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from .common import fail, run_with_status, write_report
+from .common import fail, non_negative_float, output_file, run_with_status, write_report
 
 
 def _numbers(text: str, name: str) -> tuple[int, ...]:
@@ -27,12 +27,18 @@ def serve(
         bool, typer.Option("--quick", help="6 requests per pattern and mode: about 6 minutes.")
     ] = False,
     json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write the full result (JSON) here.")
+        Path | None,
+        typer.Option("--json", parser=output_file, help="Write the full result (JSON) here."),
     ] = None,
-    markdown: Annotated[Path | None, typer.Option(help="Also write the table as Markdown.")] = None,
+    markdown: Annotated[
+        Path | None, typer.Option(parser=output_file, help="Also write the table as Markdown.")
+    ] = None,
     chart: Annotated[
         Path | None,
-        typer.Option(help="PNG chart path (default: next to --json, else ./bench-serve.png)."),
+        typer.Option(
+            parser=output_file,
+            help="PNG chart path (default: next to --json, else ./bench-serve.png).",
+        ),
     ] = None,
     no_chart: Annotated[bool, typer.Option("--no-chart", help="Do not draw the chart.")] = False,
     subjects: Annotated[
@@ -70,7 +76,7 @@ def serve(
     settle_s: Annotated[
         float | None,
         typer.Option(
-            min=0,
+            parser=non_negative_float,
             help="Seconds between two servers' turns (default: vLLM's worker polling, 1.1 s).",
         ),
     ] = None,

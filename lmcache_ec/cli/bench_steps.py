@@ -7,7 +7,15 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import console, fail, new_table, run_and_show, simulated_engine_model
+from .common import (
+    console,
+    fail,
+    new_table,
+    non_negative_float,
+    output_file,
+    run_and_show,
+    simulated_engine_model,
+)
 
 _ROWS = (
     ("steps", "engine steps", "{:.0f}"),
@@ -33,12 +41,20 @@ def steps(
     redis_url: Annotated[
         str | None, typer.Option(help="Use this Redis (default: start one on 127.0.0.1).")
     ] = None,
-    delay_ms: Annotated[float, typer.Option(help="Latency added to every Redis command.")] = 50.0,
+    delay_ms: Annotated[
+        float, typer.Option(parser=non_negative_float, help="Latency added to every Redis command.")
+    ] = 50.0,
     arrivals: Annotated[int, typer.Option(help="Requests arriving during the run.")] = 24,
     busy: Annotated[int, typer.Option(help="Text requests decoding all along.")] = 4,
-    forward_ms: Annotated[float, typer.Option(help="Simulated forward pass per step.")] = 5.0,
-    encode_ms: Annotated[float, typer.Option(help="Simulated encoder time per image.")] = 20.0,
-    as_json: Annotated[Path | None, typer.Option("--json", help="Also write results here.")] = None,
+    forward_ms: Annotated[
+        float, typer.Option(parser=non_negative_float, help="Simulated forward pass per step.")
+    ] = 5.0,
+    encode_ms: Annotated[
+        float, typer.Option(parser=non_negative_float, help="Simulated encoder time per image.")
+    ] = 20.0,
+    as_json: Annotated[
+        Path | None, typer.Option("--json", parser=output_file, help="Also write results here.")
+    ] = None,
 ) -> None:
     """Step time with prefetch vs. remote reads inside the step (needs vllm, redis-server)."""
     directory = simulated_engine_model(model_dir)

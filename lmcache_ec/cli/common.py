@@ -107,10 +107,71 @@ def short(text: Any, width: int = 16) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def finite_number(text: str | float) -> float:
+    """A number option's value; else BadParameter, a usage error (exit 2) raised when the
+    command line is parsed, before a benchmark sets anything up."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise typer.BadParameter(f"must be a number, not {text!r}") from None
+    if not math.isfinite(value):  # nan passes every comparison and prints nonsense
+        raise typer.BadParameter(f"must be a finite number, not {text!r}")
+    return value
+
+
+def non_negative_float(text: str | float) -> float:
+    """Parser of a float option that must be finite and >= 0 (a time, an exponent)."""
+    value = finite_number(text)
+    if value < 0:
+        raise typer.BadParameter(f"must be >= 0, not {text!r}")
+    return value
+
+
+def positive_float(text: str | float) -> float:
+    """Parser of a float option that must be finite and > 0 (a bandwidth, a size)."""
+    value = finite_number(text)
+    if value <= 0:
+        raise typer.BadParameter(f"must be > 0, not {text!r}")
+    return value
+
+
+def unwritable(path: Path) -> str | None:
+    """Why ``path`` cannot be written as a file, or None (a full disk shows only when writing)."""
+    if path.is_dir():
+        return "it is a directory"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else "it is not writable"
+    parent = path.parent
+    if not parent.is_dir():
+        return f"no directory {parent}"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"{parent} is not writable"
+
+
+def output_file(text: str) -> Path:
+    """Parser of an output file option (--json, --markdown, --chart): a path that cannot be
+    written is a usage error when the command line is parsed, not after a long benchmark."""
+    path = Path(text)
+    try:
+        reason = unwritable(path)
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte
+        reason = str(exc)
+    if reason:
+        raise typer.BadParameter(f"cannot write {text!r}: {reason}")
+    return path
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write an output file; an error of the filesystem (read-only, full) exits 2, one line."""
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc.strerror or exc}", 2)
+    console.print(f"wrote {escape(str(path))}")
+
+
 def write_json(path: str | Path | None, data: Any) -> None:
     if path is not None:
-        Path(path).write_text(json.dumps(data, indent=2))
-        console.print(f"wrote {escape(str(path))}")
+        write_text(path, json.dumps(data, indent=2))
 
 
 def write_report(
@@ -129,8 +190,7 @@ def write_report(
     print_table(result, console)
     write_json(json_path, result)
     if markdown is not None:
-        markdown.write_text(to_markdown(result))
-        console.print(f"wrote {escape(str(markdown))}")
+        write_text(markdown, to_markdown(result))
     if not no_chart:
         png = chart or (json_path.with_suffix(".png") if json_path else Path(default_chart))
         try:
@@ -138,6 +198,8 @@ def write_report(
             console.print(f"wrote {escape(str(png))}")
         except ImportError:
             console.print("chart skipped: matplotlib is not installed (pip install matplotlib)")
+        except OSError as exc:  # the default ./bench.png in a directory that takes no file
+            fail(f"cannot write {png}: {exc.strerror or exc}", 2)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -188,5 +250,4 @@ def run_and_show(
         except RuntimeError as exc:
             fail(str(exc), 1)
     show(result)
-    if as_json is not None:
-        as_json.write_text(json.dumps(result, indent=2))
+    write_json(as_json, result)

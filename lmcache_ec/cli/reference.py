@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from ..config import ENV_PREFIX
 from ..config_schema import SCHEMA, Option
-from .common import console, fail
+from .common import console, fail, write_text
 
 BEGIN = "<!-- BEGIN CONFIG TABLE (generated: lmcache-ec config-doc --write) -->"
 END = "<!-- END CONFIG TABLE -->"
@@ -83,5 +83,4 @@ def config_doc(
             fail(f"{path} is out of date with the code: run lmcache-ec config-doc --write")
         console.print(f"{escape(str(path))} matches the code")
         return
-    path.write_text(with_table(document), encoding="utf-8")
-    console.print(f"wrote {escape(str(path))}")
+    write_text(path, with_table(document))

@@ -5393,6 +5393,93 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "bench-output-path-unchecked",
+        "a bench --json/--markdown/--chart that cannot be written is refused when parsed (exit 2)",
+        "lmcache_ec/cli/common.py",
+        '    if reason:\n        raise typer.BadParameter(f"cannot write {text!r}: {reason}")\n',
+        "",
+        (
+            (
+                "tests/cli/test_bench_option_refusals.py::test_an_output_file_in_no_director"
+                "y_is_refused_before_the_benchmark_runs[fingerprint--json]"
+            ),
+        ),
+    ),
+    Mutation(
+        "cli-write-oserror-traceback",
+        "an output file the filesystem refuses to write is one error line (exit 2)",
+        "lmcache_ec/cli/common.py",
+        (
+            "    except OSError as exc:\n"
+            '        fail(f"cannot write {path}: {exc.strerror or exc}", 2)\n'
+        ),
+        (
+            "    except ValueError as exc:\n"
+            '        fail(f"cannot write {path}: {exc.strerror or exc}", 2)\n'
+        ),
+        (
+            (
+                "tests/cli/test_bench_option_refusals.py::test_config_doc_write_to_a_file_th"
+                "at_refuses_writes_is_one_error_line"
+            ),
+        ),
+    ),
+    Mutation(
+        "bench-nan-option-accepted",
+        "a bench time, exponent or bandwidth that is nan or inf is refused when parsed (exit 2)",
+        "lmcache_ec/cli/common.py",
+        (
+            "    if not math.isfinite(value):  # nan passes every comparison and prints nonsense\n"
+            '        raise typer.BadParameter(f"must be a finite number, not {text!r}")\n'
+        ),
+        "",
+        (
+            (
+                "tests/cli/test_bench_option_refusals.py::test_a_bandwidth_or_size_that_is_n"
+                "o_finite_number_above_0_is_refused_when_parsed[--link-gbs-nan]"
+            ),
+        ),
+    ),
+    Mutation(
+        "bench-zero-bandwidth-divides",
+        "bench fingerprint refuses a bandwidth of 0 (exit 2), never a ZeroDivisionError",
+        "lmcache_ec/cli/common.py",
+        '    if value <= 0:\n        raise typer.BadParameter(f"must be > 0, not {text!r}")\n',
+        "",
+        (
+            (
+                "tests/cli/test_bench_option_refusals.py::test_a_bandwidth_or_size_that_is_n"
+                "o_finite_number_above_0_is_refused_when_parsed[--gpu-bandwidth-gbs-0]"
+            ),
+        ),
+    ),
+    Mutation(
+        "bench-negative-time-accepted",
+        "a negative bench time is refused when parsed, not after the engine's set-up",
+        "lmcache_ec/cli/common.py",
+        '    if value < 0:\n        raise typer.BadParameter(f"must be >= 0, not {text!r}")\n',
+        "",
+        (
+            (
+                "tests/cli/test_bench_option_refusals.py::test_a_time_or_exponent_that_is_no"
+                "_finite_number_at_least_0_is_refused_when_parsed[steps--forward-ms--1]"
+            ),
+        ),
+    ),
+    Mutation(
+        "fleet-zipf-overflow",
+        "bench fleet with a steep Zipf exponent draws the top image, never an OverflowError",
+        "lmcache_ec/bench/fleet.py",
+        "    weights = [float(rank + 1) ** -settings.zipf for rank in range(settings.images)]\n",
+        "    weights = [1.0 / (rank + 1) ** settings.zipf for rank in range(settings.images)]\n",
+        (
+            (
+                "tests/cli/test_bench_option_refusals.py::test_a_steep_zipf_draws_the_most_p"
+                "opular_image_instead_of_overflowing"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
