@@ -17,7 +17,8 @@ Inside ``ec:`` the keys are LMCache's own (``local_cpu``, ``max_local_cpu_size``
 in GB, ``local_disk``, ``max_local_disk_size`` in GB, ``remote_url`` …) plus
 lmcache-ec's additions. Unknown keys and invalid values raise ``ConfigError``
 naming the key and where it came from; so does a key left empty (YAML null)
-whose default is set: leave the key out to get its default.
+whose default is set: leave the key out to get its default; and so does a key
+set twice by one source (``ec.x`` and ``ec_x``, or ``x`` and ``X``).
 """
 
 from __future__ import annotations
@@ -289,12 +290,21 @@ def _ec_section(document: Mapping[str, Any], origin: str) -> dict[str, tuple[Any
         if not isinstance(section, dict):
             raise ConfigError(f"{origin}: '{spellings[0]}' must be a mapping")
         for name, value in section.items():
-            found[str(name).lower()] = (value, f"{origin} {spellings[0]}.{name}")
+            _add_once(found, str(name).lower(), value, f"{origin} {spellings[0]}.{name}")
     for name, value in document.items():
         lower = str(name).lower()
         if lower.startswith(FILE_PREFIX) and lower != "ec":
-            found.setdefault(lower[len(FILE_PREFIX) :], (value, f"{origin} {name}"))
+            _add_once(found, lower[len(FILE_PREFIX) :], value, f"{origin} {name}")
     return found
+
+
+def _add_once(found: dict[str, tuple[Any, str]], name: str, value: Any, where: str) -> None:
+    """Add one key of a source. Two spellings of it in one source (``ec.x`` and
+    ``ec_x``, or ``x`` and ``X``) are refused, even when they agree: a later edit
+    of one would otherwise be silently overruled by the other."""
+    if name in found:
+        raise ConfigError(f"{where}: '{name}' is also set by {found[name][1]}; keep one")
+    found[name] = (value, where)
 
 
 def load_config(
@@ -323,14 +333,18 @@ def load_config(
         if any(str(k).lower() == "ec" or str(k).lower().startswith(FILE_PREFIX) for k in source):
             raw = _ec_section(source, origin)
         else:
-            raw = {str(k).lower(): (v, f"{origin} {k}") for k, v in source.items()}
+            raw = {}
+            for key, value in source.items():
+                _add_once(raw, str(key).lower(), value, f"{origin} {key}")
     else:
         origin = os.fspath(source)
         raw = _file_section(origin)
 
+    from_env: dict[str, tuple[Any, str]] = {}
     for env_name, env_value in environ.items():
         if env_name.startswith(ENV_PREFIX):
-            raw[env_name[len(ENV_PREFIX) :].lower()] = (env_value, env_name)
+            _add_once(from_env, env_name[len(ENV_PREFIX) :].lower(), env_value, env_name)
+    raw.update(from_env)
 
     resolved = {name: opt.default for name, opt in SCHEMA.items()}
     for name, (value, where) in _resolve_aliases(raw).items():
@@ -404,6 +418,8 @@ def _lmcache_keys() -> frozenset[str]:
 
 def _disk_path(value: str, where: str) -> str:
     path = value[len("file://") :] if value.startswith("file://") else value
+    if not path:  # realpath("") is the working directory: entries would land there
+        raise ConfigError(f"{where}: 'local_disk' {value!r} names no directory")
     if "," in path:
         raise ConfigError(f"{where}: 'local_disk' takes one directory for the encoder tier")
     expanded = os.path.expanduser(path)

@@ -246,7 +246,9 @@ SCHEMA: dict[str, Option] = {
             "from the AWS environment/config chain). "
             "Reads fall through CPU -> disk -> remote; writes reach the remote asynchronously. "
             "Redis URL options that set timeouts or retries (socket_timeout=, retry_on_timeout= "
-            "…) are refused: remote_timeout bounds them.",
+            "…) are refused: remote_timeout bounds them; so are a path other than /<db>, port "
+            "0, and a URL option a connection of its scheme does not take (ssl_* only with "
+            "rediss://).",
             lmcache=True,
             check=_remote_url,
         ),

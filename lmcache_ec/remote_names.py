@@ -141,8 +141,8 @@ def parse_node_list(url: str, *, service: bool) -> NodeList:
             port = parsed.port
         except ValueError as exc:
             raise ValueError(f"node {part!r}: {exc}") from None
-        if not parsed.hostname or port is None:
-            raise ValueError(f"node {part!r} must be host:port")
+        if not parsed.hostname or not port:  # port 0: no server listens there
+            raise ValueError(f"node {part!r} must be host:port (a port of 1-65535)")
         nodes.append((parsed.hostname, port))
     name = path.strip("/")
     if "?" in location or "#" in location:
@@ -178,6 +178,42 @@ _REDIS_INT_OPTIONS = (
     "ssl_min_version",
     "protocol",
 )
+# The other URL options a connection takes (redis-py's URL_QUERY_ARGUMENT_PARSERS
+# and its string options): redis-py hands any name to the connection's
+# constructor, where one it does not take fails every connect (TypeError).
+# Left out: decode_responses and encoding, which would turn frames into text.
+_REDIS_OPTIONS = frozenset(
+    {
+        "db",
+        "socket_read_size",
+        "max_connections",
+        "health_check_interval",
+        "protocol",
+        "legacy_responses",
+        "client_name",
+        "username",
+        "password",
+    }
+)
+_REDIS_TCP_OPTIONS = frozenset({"socket_keepalive"})  # not unix://
+_REDIS_TLS_OPTIONS = frozenset(  # rediss:// only
+    {
+        "ssl_min_version",
+        "ssl_check_hostname",
+        "ssl_include_verify_flags",
+        "ssl_exclude_verify_flags",
+        "ssl_keyfile",
+        "ssl_certfile",
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_ca_data",
+        "ssl_ca_path",
+        "ssl_password",
+        "ssl_ciphers",
+    }
+)
+_SSL_CERT_REQS = ("none", "optional", "required")
+_DB_PATH = re.compile(r"/[0-9]+")  # redis-py reads any other path as db 0, or joins digits
 
 
 def _check_redis(url: str) -> None:
@@ -185,14 +221,31 @@ def _check_redis(url: str) -> None:
     if written != written.lower():  # redis-py takes only redis://, rediss://, unix://
         raise ValueError(f"scheme {written}:// must be written in lower case")
     parsed = urlparse(url)
-    if parsed.scheme.lower() == "unix":
+    if "@" in parsed.path + parsed.query + parsed.fragment:  # never repeat any of it
+        raise ValueError(
+            "has an '@' after the host (a password holding '/', '?' or '#' must be percent-encoded)"
+        )
+    scheme = parsed.scheme.lower()
+    if scheme == "unix":
         if not parsed.path:
             raise ValueError("expected unix:///path/to/redis.sock")
     elif not parsed.hostname:
         raise ValueError("expected redis://[user:password@]host:port[/db]")
     else:
-        _port_of(parsed)
-    _check_redis_options(parsed.query)
+        if _port_of(parsed) == 0:  # redis-py takes port 0 for 6379
+            raise ValueError("port 0 is no port (use 1-65535, or leave it out for 6379)")
+        _check_db_path(parsed)
+    _check_redis_options(parsed.query, scheme)
+
+
+def _check_db_path(parsed: ParseResult) -> None:
+    """The path of a redis:// URL: none, or one database number."""
+    if parsed.path in ("", "/"):
+        return
+    if not _DB_PATH.fullmatch(parsed.path):
+        raise ValueError("the path after host:port must be a database number such as /0")
+    if "db" in parse_qs(parsed.query):
+        raise ValueError("names its database twice: in the path and as db=; keep one")
 
 
 def _port_of(parsed: ParseResult) -> int | None:
@@ -210,17 +263,27 @@ def _port_of(parsed: ParseResult) -> int | None:
         ) from None
 
 
-def _check_redis_options(query: str) -> None:
-    """Refuse URL options that override ``remote_timeout`` or that redis-py cannot parse."""
+def _check_redis_options(query: str, scheme: str) -> None:
+    """Refuse URL options that override ``remote_timeout``, that a ``scheme``
+    connection does not take, or that redis-py cannot parse."""
+    taken = _REDIS_OPTIONS | (_REDIS_TCP_OPTIONS if scheme != "unix" else frozenset())
+    taken |= _REDIS_TLS_OPTIONS if scheme == "rediss" else frozenset()
     for name, values in parse_qs(query, keep_blank_values=True).items():
         if name in _REDIS_TIMING_OPTIONS or name.startswith("retry"):
             raise ValueError(
                 f"the URL option {name}= is refused: remote_timeout bounds every Redis "
                 "call (connect, read, retries); set remote_timeout instead"
             )
+        if name not in taken:
+            raise ValueError(
+                f"the URL option {name}= is not taken for {scheme}:// "
+                f"(taken: {', '.join(sorted(taken))})"
+            )
         value = values[0]
         if name in _REDIS_INT_OPTIONS and value and not value.strip().lstrip("+-").isdecimal():
             raise ValueError(f"the URL option {name}={value!r} is not a whole number")
+        if name == "ssl_cert_reqs" and value and value not in _SSL_CERT_REQS:
+            raise ValueError(f"the URL option ssl_cert_reqs= must be one of {_SSL_CERT_REQS}")
 
 
 STORES: tuple[StoreKind, ...] = (

@@ -2002,8 +2002,8 @@ MUTATIONS += [
         "connector-option-accepts-nan",
         "a connector option that is not a finite number is a ConfigError naming it",
         "lmcache_ec/integration/vllm/connector_options.py",
-        "not math.isfinite(number) or ",
-        "",
+        "    if isinstance(value, bool) or _not_finite(number) or number < 0:\n",
+        "    if isinstance(value, bool) or number < 0:\n",
         (
             "tests/test_config.py::"
             "test_connector_options_refuse_what_is_not_a_finite_number_at_least_zero"
@@ -5477,6 +5477,100 @@ MUTATIONS += [
             (
                 "tests/cli/test_bench_option_refusals.py::test_a_steep_zipf_draws_the_most_p"
                 "opular_image_instead_of_overflowing"
+            ),
+        ),
+    ),
+    Mutation(
+        "connector-times-unbounded",
+        (
+            "a connector time (*_s) past one day stops start-up naming it, never a crash "
+            "in a scheduler step"
+        ),
+        "lmcache_ec/integration/vllm/connector_options.py",
+        "    if name.endswith(_SECONDS_SUFFIX) and number > MAX_SECONDS:\n",
+        "    if False:\n",
+        (
+            (
+                "tests/vllm/test_connector_option_bounds.py::test_a_time_past_one_day_is_ref"
+                "used_naming_the_key[idle_stage_wait_s-3000000.0]"
+            ),
+        ),
+    ),
+    Mutation(
+        "connector-count-cut",
+        "a connector count that is no whole number is refused, not cut",
+        "lmcache_ec/integration/vllm/connector_options.py",
+        "    if isinstance(number, int) and isinstance(value, float) and value != number:\n",
+        "    if False:\n",
+        (
+            (
+                "tests/vllm/test_connector_option_bounds.py::test_a_count_that_is_no_whole_n"
+                "umber_is_refused_not_cut[max_pending_saves]"
+            ),
+        ),
+    ),
+    Mutation(
+        "redis-db-path-rewritten",
+        "a remote_url path redis-py would read as another database (/team-a, /1/2) is refused",
+        "lmcache_ec/remote_names.py",
+        "        _check_db_path(parsed)\n",
+        "",
+        (
+            (
+                "tests/test_config_refusals.py::test_a_redis_url_redis_py_would_rewrite_is_r"
+                "efused_at_load[redis://h:6379/team-a-database number]"
+            ),
+        ),
+    ),
+    Mutation(
+        "redis-port-zero-taken",
+        "a Redis URL with port 0 is refused, never taken as 6379",
+        "lmcache_ec/remote_names.py",
+        "        if _port_of(parsed) == 0:  # redis-py takes port 0 for 6379\n",
+        "        if _port_of(parsed) == -1:\n",
+        (
+            (
+                "tests/test_config_refusals.py::test_a_redis_url_redis_py_would_rewrite_is_r"
+                "efused_at_load[redis://h:0-port 0]"
+            ),
+        ),
+    ),
+    Mutation(
+        "redis-unknown-url-option",
+        "a Redis URL option its connection does not take is refused at load, not at every connect",
+        "lmcache_ec/remote_names.py",
+        "        if name not in taken:\n",
+        "        if False:\n",
+        (
+            (
+                "tests/test_config_refusals.py::test_a_redis_url_option_its_connection_does_"
+                "not_take_is_refused_at_load[redis://h:6379?foo=bar]"
+            ),
+        ),
+    ),
+    Mutation(
+        "key-spelled-twice-dropped",
+        "one key spelled twice in one source (ec.x and ec_x, x and X) is refused naming both",
+        "lmcache_ec/config.py",
+        "    if name in found:\n",
+        "    if False:\n",
+        (
+            (
+                "tests/test_config_refusals.py::test_one_key_spelled_twice_in_one_file_is_re"
+                "fused_naming_both[section-and-prefix]"
+            ),
+        ),
+    ),
+    Mutation(
+        "file-url-empty-is-cwd",
+        "local_disk file:// (no path) is refused, never the working directory",
+        "lmcache_ec/config.py",
+        '    if not path:  # realpath("") is the working directory: entries would land there\n',
+        "    if False:\n",
+        (
+            (
+                "tests/test_config_refusals.py::test_a_file_url_with_no_path_is_refused_not_"
+                "taken_as_the_working_directory"
             ),
         ),
     ),

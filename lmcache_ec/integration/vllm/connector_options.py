@@ -1,5 +1,9 @@
 """Connector options, read from ``ec_connector_extra_config``.
 
+A bad value is a ``ConfigError`` naming ``ec_connector_extra_config.<key>``:
+numbers are finite and >= 0, times (``*_s``) at most one day as the ``ec:``
+section's are, counts whole numbers.
+
 Keys (all optional)::
 
     lmcache_config            path to an LMCache YAML file, or a mapping (the
@@ -59,12 +63,12 @@ Keys (all optional)::
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from ...config import ConfigError
+from ...config_schema import MAX_SECONDS, MAX_SIZE_GB, _not_finite
 from .identity import is_content_identifier
 
 
@@ -108,6 +112,10 @@ class ConnectorSettings:
 
 
 _AT_LEAST_ONE = {"max_inflight_items"}
+# Past these a value is a typo, and the waits it becomes overflow: a wait of
+# ~2.2e6 s raises OverflowError in the scheduler's selector, at its first hit.
+_SECONDS_SUFFIX = "_s"  # every option in seconds, bounded as the ec: section's are
+MAX_STAGED_MB = MAX_SIZE_GB * 1024  # the ec: section's largest size: 1 EiB
 
 
 def _coerce(name: str, default: Any, value: Any) -> Any:
@@ -126,12 +134,25 @@ def _coerce(name: str, default: Any, value: Any) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
             return value.lower() in ("true", "1")
         raise ConfigError(f"{where}: expected true or false")
-    try:
-        number = type(default)(value)
-    except (TypeError, ValueError, OverflowError):  # int(inf): OverflowError
-        raise ConfigError(f"{where}: expected a number, got {value!r:.80}") from None
-    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
-        raise ConfigError(f"{where}: expected a finite number >= 0")
+    number = _number(where, default, value)
     if name in _AT_LEAST_ONE and number < 1:
         raise ConfigError(f"{where}: expected a number >= 1 (0 would never prefetch)")
+    if name.endswith(_SECONDS_SUFFIX) and number > MAX_SECONDS:
+        raise ConfigError(f"{where}: must be at most {MAX_SECONDS:g} (one day)")
+    if name == "max_staged_mb" and number > MAX_STAGED_MB:
+        raise ConfigError(f"{where}: must be at most {MAX_STAGED_MB} (MB)")
+    return number
+
+
+def _number(where: str, default: int | float, value: Any) -> int | float:
+    """``value`` as the option's type: finite, >= 0, and whole for a count."""
+    try:
+        number = type(default)(value)
+    except (TypeError, ValueError, OverflowError):  # int(inf), float(10**400): OverflowError
+        raise ConfigError(f"{where}: expected a number, got {value!r:.80}") from None
+    # An int is always finite (math.isfinite of a 400-digit one overflows).
+    if isinstance(value, bool) or _not_finite(number) or number < 0:
+        raise ConfigError(f"{where}: expected a finite number >= 0")
+    if isinstance(number, int) and isinstance(value, float) and value != number:
+        raise ConfigError(f"{where}: expected a whole number, got {value!r}")
     return number
