@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# How long ``read_remote_now`` waits, beyond ``close_timeout`` (the wait for
+# writes in flight), for the watch thread to finish applying a purge it took
+# first: the time to scan the engine's own directories.
+APPLY_WAIT_S = 30.0
+
 
 class PurgeFollower:
     def __init__(
@@ -99,7 +104,10 @@ class PurgeFollower:
     def read_remote_now(self) -> bool:
         """Read the remote purge log now, in this thread, and apply what is new
         in it (before writes made during an outage are re-sent: a purge recorded
-        meanwhile must not be undone); False if it could not be read."""
+        meanwhile must not be undone); False if it could not be read, or if a
+        purge in it is not applied yet. A purge the watch thread took first is
+        waited for (at most ``close_timeout`` + ``APPLY_WAIT_S``: the caller is
+        the replay's background thread, never a read)."""
         if self._config.remote.url is None:
             return True
         try:
@@ -110,8 +118,13 @@ class PurgeFollower:
         if catalog is None:
             return True
         try:
+            if self.watch.read_remote(catalog) is None:
+                return False
+            if not self.watch.wait_applied(self._config.close_timeout + APPLY_WAIT_S):
+                logger.warning("Purge watch: a purge is still being applied (too long to wait)")
+                return False
             # A purge left incomplete may have left entries it selects on disk.
-            return self.watch.read_remote(catalog) is not None and not self.watch.retrying()
+            return not self.watch.retrying()
         finally:
             catalog.close()
 

@@ -178,9 +178,10 @@ def filter_age(
 
 
 def delete(entry: Entry, catalog: Any | None) -> bool:
-    """Delete one entry from its tier; True if it was there."""
+    """Delete one entry from its tier; True if it was there, False if it was
+    not; raises if the tier failed (the entry may still be there, and served)."""
     if entry.tier in ("disk", "node"):
         return delete_disk(entry)
     if entry.tier == "remote" and catalog is not None:
-        return bool(catalog.delete(entry.name))
+        return bool(catalog.delete(entry.name, strict=True))
     raise ValueError(f"cannot delete from tier {entry.tier!r} outside its process")

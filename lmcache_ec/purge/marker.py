@@ -25,8 +25,10 @@ Records are untrusted: anyone who can write to a store can write one. A reader
   a regular file (no link followed, never blocking on a FIFO);
 - rejects a record that is not exactly that schema (sizes, types, a hex
   generation, finite non-negative numbers): logged once, ignored, never raised;
-- clamps a record's time to its own clock: a record from the future selects
-  nothing written after it was read;
+- rejects a record more than ``FUTURE_LIMIT_S`` ahead of its own clock, and
+  clamps the time of one less far ahead to it: a record from the future
+  selects nothing written after it was read, and is not new to every engine
+  started before its time;
 - scopes a record to the namespace whose log holds it: one that names another
   namespace is rejected, so no record reaches another tenant's entries (not
   even an engine's own disk and node entries, which only a remote record
@@ -38,6 +40,9 @@ and a read of the remote log wherever its owner does remote work
 (``check_remote``). Records written before the watch started are old news;
 one generation seen on both tiers counts once. A generation whose handler
 raises ``PurgeIncomplete`` is forgotten, so the next check applies it again.
+A generation is handled from when one thread takes it until its handler
+returns: ``wait_applied`` waits for that (a thread about to undo a purge, the
+replay of an outage's writes, must not take "seen" for "applied").
 """
 
 from __future__ import annotations
@@ -75,6 +80,12 @@ _TEXT_LIMIT = 1024  # characters of a namespace, model or weights version
 _SELECT_FIELDS = ("namespace", "model", "weights", "older_than")
 _RECORD_FIELDS = {"v", "generation", "time", "select"}
 _GENERATION = re.compile(r"[0-9a-f]{1,64}")
+_SLUG = re.compile(r"[A-Za-z0-9-]{1,64}")  # what ``key.slug`` makes
+# How far a record's time may run ahead of the reader's clock: hosts' clocks
+# differ by far less under NTP. A record further ahead (a clock set wrong, a
+# hostile ``time``) would look new to every engine started before that time,
+# each deleting the entries written since the purge: it is rejected.
+FUTURE_LIMIT_S = 60.0
 _REMEMBERED = 4096  # generations remembered as handled (a log holds far fewer)
 _REPORTED = 1024  # problems remembered as logged
 
@@ -182,9 +193,12 @@ class PurgeMarker:
         if texts["namespace"] is not None and texts["namespace"] != namespace:
             raise BadRecord("it names another namespace than its log's")
         older_than = select.get("older_than")
+        when = _seconds(record["time"], "time")
+        if when > now + FUTURE_LIMIT_S:
+            raise BadRecord(f"its time is {when - now:.0f} s ahead of this host's clock")
         return cls(
             generation,
-            min(_seconds(record["time"], "time"), now),
+            min(when, now),
             texts["namespace"],
             texts["model"],
             texts["weights"],
@@ -250,6 +264,22 @@ def read_disk(directory: str, namespace: str) -> bytes | None:
     """The tail of ``namespace``'s disk log (``records`` splits it); None if there
     is none; ``OSError`` (``UnreadableLog``) if it cannot be read as a file."""
     return _read_file(disk_path(directory, namespace))
+
+
+def disk_log_slugs(directory: str) -> set[str]:
+    """Slugs of the namespaces with a purge log in ``directory``: those whose
+    engines listen there. Empty if it does not exist; ``OSError`` if unlistable."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return set()
+    found = set()
+    for name in names:
+        if name.startswith(LOG_PREFIX) and name.endswith(LOG_SUFFIX):
+            namespace_slug = name[len(LOG_PREFIX) : -len(LOG_SUFFIX)]
+            if _SLUG.fullmatch(namespace_slug):
+                found.add(namespace_slug)
+    return found
 
 
 def disk_signature(directory: str, namespace: str) -> tuple[int, int, int] | None:
@@ -330,6 +360,8 @@ class MarkerWatch:
         self._handled: OrderedDict[str, None] = OrderedDict()
         self._reported: OrderedDict[int, None] = OrderedDict()
         self._retrying: OrderedDict[str, str] = OrderedDict()  # left incomplete -> tier
+        self._applying: set[str] = set()  # generations whose on_purge runs now
+        self._applied = threading.Condition(self._lock)  # notified as each returns
         self._next_disk = 0.0
         self._disk_signature: tuple[int, int, int] | None = None
         self._disk_seen = False  # the disk log was looked at once
@@ -398,6 +430,23 @@ class MarkerWatch:
             if len(self._handled) > _REMEMBERED:
                 self._handled.popitem(last=False)
             retry = self._retrying.get(marker.generation)
+            self._applying.add(marker.generation)
+        try:
+            return self._apply(marker, tier, first, retry)
+        finally:
+            with self._applied:
+                self._applying.discard(marker.generation)
+                self._applied.notify_all()
+
+    def wait_applied(self, timeout: float) -> bool:
+        """Wait until no purge is being applied by another thread (one it took
+        as new is handled only once its ``on_purge`` returned); False if one
+        still was after ``timeout`` seconds. Never call it from a read."""
+        with self._applied:
+            return self._applied.wait_for(lambda: not self._applying, timeout)
+
+    def _apply(self, marker: PurgeMarker, tier: str, first: bool, retry: str | None) -> bool:
+        """Have ``on_purge`` apply a generation just taken as new (unless old news)."""
         if retry == "remote":  # a remote record, seen again on disk, still does its part
             tier = "remote"
         if first and retry is None and marker.time < self._started:

@@ -12,11 +12,12 @@ call is also waited for as a whole at most ``remote_timeout`` + 0.5 s
 (``Deadline``: a server that answers a byte at a time is cut off then); a
 listing, one step of about a page at a time. ``exists`` and
 ``delete`` return False and ``read_header`` returns None when the store fails
-(``read_header(strict=True)`` raises ``HeaderReadFailed`` then) or the entry
-is absent or unreadable; ``claim`` returns True when the store
-fails, and for ``retry_interval`` after it failed (no call then: a hung
-server would hold every claim for its timeout); ``list`` raises
-``RemoteCatalogError`` (a partial listing must not look complete). Thread-safe.
+(with ``strict=True``, ``delete`` re-raises the store's error and
+``read_header`` raises ``HeaderReadFailed``) or the entry is absent or
+unreadable; ``claim`` returns True when the store fails, and for
+``retry_interval`` after it failed (no call then: a hung server would hold
+every claim for its timeout); ``list`` raises ``RemoteCatalogError`` (a
+partial listing must not look complete). Thread-safe.
 """
 
 from __future__ import annotations
@@ -108,11 +109,17 @@ class RemoteCatalog:
         except Exception as exc:
             raise RemoteCatalogError(f"listing the remote tier failed: {exc}") from exc
 
-    def delete(self, storage_name: str) -> bool:
-        """Remove the entry; True if it existed, False if absent or on error."""
+    def delete(self, storage_name: str, *, strict: bool = False) -> bool:
+        """Remove the entry; True if it existed, False if absent or on error.
+
+        With ``strict`` a store failure (no permission, a read-only replica, a
+        timeout) raises instead: a purge must not count it as "was not there".
+        """
         try:
             return self._deadline.run(self.store.delete, storage_name)
         except Exception as exc:
+            if strict:  # the caller reports it (a purge: "cannot delete", exit 1)
+                raise
             logger.warning("Remote delete(%s) failed: %s", storage_name, exc)
             return False
 

@@ -1263,9 +1263,13 @@ MUTATIONS += [
         "future-purge-time-kept",
         "a record's time is clamped to the reader's clock",
         MARKER,
-        'min(_seconds(record["time"], "time"), now)',
-        '_seconds(record["time"], "time")',
-        (f"{T_PURGE}::test_a_record_from_the_future_is_clamped_to_the_readers_clock",),
+        "            min(when, now),\n",
+        "            when,\n",
+        (
+            f"{T_PURGE}::test_a_record_from_the_future_is_clamped_to_the_readers_clock",
+            "tests/purge/test_purge_outcomes.py::"
+            "test_a_record_a_little_ahead_of_the_clock_is_clamped_and_one_far_ahead_rejected",
+        ),
     ),
     Mutation(
         "deeply-nested-record-raises",
@@ -1936,9 +1940,8 @@ MUTATIONS += [
         "replay-trusts-an-incomplete-purge",
         "a replay does not trust a purge log read that left a purge incomplete",
         "lmcache_ec/purge/follow.py",
-        "            return self.watch.read_remote(catalog) is not None "
-        "and not self.watch.retrying()\n",
-        "            return self.watch.read_remote(catalog) is not None\n",
+        "            return not self.watch.retrying()\n",
+        "            return True\n",
         (
             "tests/purge/test_purge_failures.py::"
             "test_a_replay_does_not_trust_a_purge_log_read_that_left_a_purge_incomplete",
@@ -5571,6 +5574,96 @@ MUTATIONS += [
             (
                 "tests/test_config_refusals.py::test_a_file_url_with_no_path_is_refused_not_"
                 "taken_as_the_working_directory"
+            ),
+        ),
+    ),
+    Mutation(
+        "remote-delete-failure-counted-as-absent",
+        "a purge whose remote deletes fail says so and exits 1, never 'stop serving'",
+        "lmcache_ec/purge/inventory.py",
+        "        return bool(catalog.delete(entry.name, strict=True))\n",
+        "        return bool(catalog.delete(entry.name))\n",
+        (
+            (
+                "tests/purge/test_purge_outcomes.py::test_a_purge_whose_remote_deletes_fail_"
+                "exits_1_and_claims_nothing"
+            ),
+        ),
+    ),
+    Mutation(
+        "remote-delete-failure-swallowed",
+        "a strict delete raises a store failure and answers False for a missing entry",
+        "lmcache_ec/remote/catalog.py",
+        '            if strict:  # the caller reports it (a purge: "cannot delete", exit 1)\n',
+        "            if False:\n",
+        (
+            (
+                "tests/purge/test_purge_outcomes.py::test_a_strict_delete_raises_a_store_fai"
+                "lure_and_answers_false_for_a_missing_entry"
+            ),
+            (
+                "tests/purge/test_purge_outcomes.py::test_a_purge_whose_remote_deletes_fail_"
+                "exits_1_and_claims_nothing"
+            ),
+        ),
+    ),
+    Mutation(
+        "replay-takes-seen-for-applied",
+        "a replay waits for a purge the watch thread is still applying",
+        "lmcache_ec/purge/follow.py",
+        "            if not self.watch.wait_applied(self._config.close_timeout + APPLY_WAIT_S):\n",
+        "            if False:\n",
+        (
+            (
+                "tests/purge/test_purge_outcomes.py::test_a_replay_waits_for_the_purge_the_w"
+                "atch_thread_is_still_applying"
+            ),
+        ),
+    ),
+    Mutation(
+        "purge-skips-namespaces-with-a-disk-log",
+        "a purge without --namespace records in every namespace with a disk purge log",
+        "lmcache_ec/cli/entries.py",
+        (
+            "            if selector.namespace is None:\n"
+            "                namespaces = {name: None for name in "
+            "disk_log_slugs(directory)} | namespaces\n"
+        ),
+        "            pass\n",
+        (
+            (
+                "tests/purge/test_purge_outcomes.py::test_a_purge_without_namespace_records_"
+                "in_each_namespace_with_a_disk_log"
+            ),
+        ),
+    ),
+    Mutation(
+        "untold-namespaces-not-named",
+        "a purge whose record failed names the untold namespaces and the command that tells them",
+        "lmcache_ec/cli/entries.py",
+        "    if commands:\n",
+        "    if False:\n",
+        (
+            (
+                "tests/purge/test_purge_outcomes.py::test_a_purge_whose_record_failed_names_"
+                "the_untold_namespaces_and_how_to_tell_them"
+            ),
+        ),
+    ),
+    Mutation(
+        "future-purge-record-accepted",
+        "a record dated more than FUTURE_LIMIT_S ahead of the reader's clock is rejected",
+        "lmcache_ec/purge/marker.py",
+        "        if when > now + FUTURE_LIMIT_S:\n",
+        "        if False:\n",
+        (
+            (
+                "tests/purge/test_purge_outcomes.py::test_a_record_dated_a_day_ahead_purges_"
+                "nothing_written_after_it"
+            ),
+            (
+                "tests/purge/test_purge_outcomes.py::test_a_record_a_little_ahead_of_the_clo"
+                "ck_is_clamped_and_one_far_ahead_rejected"
             ),
         ),
     ),
