@@ -492,6 +492,10 @@ def stats(
     as_json: JsonOption = False,
 ) -> None:
     """Entries and bytes per persistent tier; hit/miss counters of a running engine."""
+    if metrics_url and "@" in metrics_url.partition("://")[2].partition("/")[0]:
+        # urllib sends no credentials from a URL: it could only print them.
+        shown = redact(metrics_url)
+        fail(f"--metrics-url {shown!r}: credentials in it are not used; leave them out", 2)
     session = _Session(load(config), ("node", "disk", "remote"))
     tiers: dict[str, Any] = {}
     groups: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])

@@ -120,6 +120,18 @@ def test_a_metrics_url_that_is_no_url_is_a_usage_error(config_file, invoke, url)
     assert "invalid--metrics-url" in said
 
 
+@pytest.mark.parametrize(
+    "url", ["http://admin:s3cretPW@127.0.0.1:1/metrics", "http://admin:s3cretPW@h:abc/metrics"]
+)
+def test_a_metrics_url_with_credentials_is_refused_without_printing_its_password(
+    config_file, invoke, url
+):
+    """urllib sends no credentials from a URL; every message about it would show them."""
+    said = _usage_error(invoke("stats", "--config", config_file, "--metrics-url", url, expect=None))
+    assert "credentialsinitarenotused" in said
+    assert "s3cretPW" not in said
+
+
 @pytest.mark.parametrize("age", ["nan", "inf", "-inf", "1e999d"])
 def test_an_age_that_is_no_finite_number_is_a_usage_error(config_file, disk_dir, invoke, age):
     populate(config_file, "org/model-a", "default", 2)

@@ -5667,6 +5667,19 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "metrics-url-credentials-printed",
+        "stats --metrics-url with credentials is refused without printing its password",
+        "lmcache_ec/cli/entries.py",
+        '    if metrics_url and "@" in metrics_url.partition("://")[2].partition("/")[0]:\n',
+        "    if False:\n",
+        (
+            (
+                "tests/cli/test_invalid_inputs.py::test_a_metrics_url_with_credentials_is_re"
+                "fused_without_printing_its_password[http://admin:s3cretPW@h:abc/metrics]"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
