@@ -181,6 +181,10 @@ class ECStorageManager(StorageManager):
         node = self.storage_backends.get(NODE_BACKEND)
         return node if isinstance(node, ECNodeBackend) else None
 
+    def _setup_metrics(self) -> None:
+        # As ECLocalCPUBackend's: upstream's gauges would keep a closed cache alive.
+        pass
+
     def tiers(self) -> list[Tier]:
         """The tiers a read walks, in hierarchy order: built, not bypassed or
         frozen by LMCache, and holding entries (the CPU tier not when

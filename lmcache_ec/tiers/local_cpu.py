@@ -56,6 +56,11 @@ class ECLocalCPUBackend(TierDefaults, LocalCPUBackend):
 
     memory_allocator: HostPoolAllocator
 
+    def _setup_metrics(self) -> None:
+        # Upstream's gauges hold this backend (and so the pool) in LMCache's
+        # process-wide logger after close; lmcache-ec reports its own stats.
+        pass
+
     def initialize_allocator(self, config: Any, metadata: Any = None) -> HostPoolAllocator:
         settings = from_lmcache(config)
         return HostPoolAllocator(settings.cpu_bytes, huge_pages=settings.cpu_huge_pages)

@@ -5680,6 +5680,32 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "cpu-backend-gauges-keep-the-pool",
+        "a closed cache gives its CPU pool back (the CPU backend's upstream gauges)",
+        "lmcache_ec/tiers/local_cpu.py",
+        "    def _setup_metrics(self) -> None:\n",
+        "    def _upstream_gauges_skipped(self) -> None:\n",
+        (
+            (
+                "tests/storage/test_pool_freed_at_close.py::test_a_closed_cache_gives_its_cp"
+                "u_pool_back"
+            ),
+        ),
+    ),
+    Mutation(
+        "manager-gauges-keep-the-pool",
+        "a closed cache gives its CPU pool back (the storage manager's upstream gauges)",
+        "lmcache_ec/storage/manager.py",
+        "    def _setup_metrics(self) -> None:\n",
+        "    def _upstream_gauges_skipped(self) -> None:\n",
+        (
+            (
+                "tests/storage/test_pool_freed_at_close.py::test_a_closed_cache_gives_its_cp"
+                "u_pool_back"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

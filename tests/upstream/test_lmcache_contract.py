@@ -373,3 +373,19 @@ def test_config_definitions_name_lmcache_keys():
     assert "chunk_size" in _CONFIG_DEFINITIONS and "remote_url" in _CONFIG_DEFINITIONS, _says(
         "lmcache.v1.config._CONFIG_DEFINITIONS", "config.py", "naming LMCache keys in errors"
     )
+
+
+# -- gauges (tiers/local_cpu.py, storage/manager.py) ---------------------------------
+
+
+def test_lmcache_registers_its_gauges_in_setup_metrics():
+    """ECLocalCPUBackend and ECStorageManager override ``_setup_metrics`` with
+    nothing: upstream's registers gauges closing over the backend (and so the
+    pool) in a process-wide logger that outlives every cache."""
+    for owner in (LocalCPUBackend, StorageManager):
+        assert "self._setup_metrics()" in inspect.getsource(owner.__init__), _says(
+            f"{owner.__name__}._setup_metrics (called by its constructor)",
+            "tiers/local_cpu.py, storage/manager.py",
+            "keeping a closed cache's pool out of LMCache's process-wide gauges",
+        )
+        assert "set_function" in inspect.getsource(owner._setup_metrics)
