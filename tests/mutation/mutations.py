@@ -5706,6 +5706,64 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "load-room-freed-when-scheduled",
+        (
+            "a load frees its room in flight once its step ran: the next staging is never "
+            "refused for the loaded copy"
+        ),
+        "lmcache_ec/integration/vllm/scheduler.py",
+        (
+            "            self.prefetch.take_waiters(identifier)  # its room is freed once "
+            "the step ran\n"
+        ),
+        (
+            "            self.prefetch.done(identifier)\n"
+            "            self.prefetch.take_waiters(identifier)\n"
+        ),
+        (
+            (
+                "tests/vllm/test_staged_memory_bound.py::test_requests_beyond_the_staged_mem"
+                "ory_bound_load_in_turn_and_never_fail[v1]"
+            ),
+            (
+                "tests/vllm/test_staged_memory_bound.py::test_requests_beyond_the_staged_mem"
+                "ory_bound_load_in_turn_and_never_fail[v2]"
+            ),
+        ),
+    ),
+    Mutation(
+        "read-copy-refused-while-a-load-runs",
+        "a read copy waits (bounded) for a running step's load to free worker memory",
+        "lmcache_ec/integration/vllm/worker.py",
+        "                if tensor is not None and not self.staged.fits(tensor):\n",
+        "                if False:\n",
+        (
+            (
+                "tests/vllm/test_staged_memory_bound.py::test_a_read_copy_waits_for_a_runnin"
+                "g_steps_load_to_free_worker_memory"
+            ),
+        ),
+    ),
+    Mutation(
+        "failed-request-looked-at-again",
+        (
+            "a staging that fails on an ec_consumer fails its request once, not re-ordered "
+            "in a loop within the step"
+        ),
+        "lmcache_ec/integration/vllm/request_waits.py",
+        (
+            "        while wait.request_id not in self._failing:  # failed: vLLM ends it, "
+            "nothing to look at\n"
+        ),
+        "        while True:\n",
+        (
+            (
+                "tests/vllm/test_staged_memory_bound.py::test_a_staging_that_fails_on_a_cons"
+                "umer_is_read_once_and_logged_once"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

@@ -166,7 +166,7 @@ class RequestWaits:
     def settle(self, wait: Wait) -> None:
         """Look again at what moved for this request; wait within the step's budget
         while it waits on stagings over the stage channel."""
-        while True:
+        while wait.request_id not in self._failing:  # failed: vLLM ends it, nothing to look at
             self.wake()
             if wait.changed:
                 changed, wait.changed = wait.changed, set()

@@ -102,6 +102,11 @@ class TierScheduler:
             self.items, self.step, bytes_per_embed, self._look, self.link.poll
         )
         self._loads: dict[str, int] = {}  # this step's loads, handed out by build_connector_meta
+        # Loads handed out last step: their room in flight is free once that step
+        # ran (its load takes the worker's copy), at the next step's start; freed
+        # when scheduled, an order dispatched in the same step would find the
+        # worker's memory still full and fail.
+        self._loads_running: list[str] = []
         # Stagings ordered in step metadata when an idle step kept it from the
         # workers (V1 without a channel): their requests give them up. An order
         # made since waits for the step it was made in.
@@ -179,6 +184,7 @@ class TierScheduler:
         the items whose deadline passed or whose remote check ended."""
         if not self._polled:
             self._polled = True
+            self._free_loads_run()
             if self.link.channel_ready():
                 self.link.poll(0.0)
             # No event says another instance's output landed: claims are looked at each step.
@@ -351,8 +357,7 @@ class TierScheduler:
         if self.is_consumer and state is S.PROMISED:
             self._loads[identifier] = feature.mm_position.get_num_embeds()
             self.mark(identifier, "scheduled")
-            self.prefetch.done(identifier)  # consumed from the workers' staging
-            self.prefetch.take_waiters(identifier)
+            self.prefetch.take_waiters(identifier)  # its room is freed once the step ran
             self.items.move(identifier, S.LOADED)
             return
         if state in IN_VLLM:
@@ -377,7 +382,15 @@ class TierScheduler:
     def take_unavailable_requests(self) -> set[str]:
         return self.waits.take_unavailable()
 
+    def _free_loads_run(self) -> None:
+        """The last step ran: its loads took the workers' copies, their room is free."""
+        for identifier in self._loads_running:
+            self.prefetch.done(identifier)
+        self._loads_running = []
+
     def build_connector_meta(self, scheduler_output: Any) -> ECTierConnectorMetadata:
+        if not self._polled:  # no request was looked at this step
+            self._free_loads_run()
         if self.link.channel_ready():  # worker reports of the last step
             self.link.poll(0.0)
         for identifier in getattr(scheduler_output, "free_encoder_mm_hashes", None) or ():
@@ -398,6 +411,7 @@ class TierScheduler:
         self.link.dispatch()
         self.link.flush()
         meta = ECTierConnectorMetadata(loads=self._loads)
+        self._loads_running = list(self._loads)
         self._loads = {}
         idle = not getattr(scheduler_output, "total_num_scheduled_tokens", 0)
         if idle and not self.deliver_on_idle:  # metadata that never reaches the workers

@@ -37,6 +37,9 @@ class StagedCopies:
     def is_wanted(self, identifier: str) -> bool:
         return identifier in self._wanted
 
+    def fits(self, tensor: torch.Tensor) -> bool:
+        return self.nbytes + _nbytes(tensor) <= self.limit
+
     def hold(self, identifier: str, tensor: torch.Tensor | None) -> bool:
         """Keep ``tensor`` read for ``identifier``; False if none was read or it
         does not fit (the order then fails)."""

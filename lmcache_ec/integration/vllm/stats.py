@@ -9,6 +9,7 @@ the scheduler adds its own (``scheduler_*``) and returns the sum from
 Worker counters: ``hits_<tier>``, ``misses``, ``bytes_out`` (loaded),
 ``bytes_in`` (saved frames), ``get_seconds`` / ``put_seconds`` (tier time),
 ``loads``, ``load_seconds`` (placing a step's loads), ``stage_seconds``,
+``stage_room_waits``,
 ``saves_submitted``, ``saves_dropped`` (queue full, or the host copy failed), ``save_failures``,
 ``save_handoff_seconds`` (time inside ``save_caches``), ``integrity_failures``,
 ``tier_errors_<tier>``, and the worker's end of the stage channel:
@@ -39,6 +40,21 @@ from vllm.distributed.ec_transfer.ec_connector.metrics import (
 )
 
 from .features_off import is_off_key
+
+
+def flat_counters(snapshot: dict[str, Any]) -> dict[str, float]:
+    """A cache's ``stats.snapshot()`` as the flat counters a worker reports."""
+    flat: dict[str, float] = {}
+    for name, value in snapshot.items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            flat[name] = value
+        elif name in ("hits", "tier_errors") and isinstance(value, dict):
+            for tier, count in value.items():
+                flat[f"{name}_{tier}"] = count
+    flat.pop("hit_rate", None)
+    return flat
 
 
 @dataclass

@@ -53,9 +53,14 @@ from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .saver import SaveQueue
 from .stage_messages import StageAnswer
 from .staged_copies import StagedCopies
+from .stats import flat_counters
 from .timeline import WorkerTimeline
 
 logger = logging.getLogger(__name__)
+
+# How long a read copy waits for memory a running step's loads free: with async
+# scheduling, orders come while the step that loads the last copies still runs.
+ROOM_WAIT_S = 1.0
 
 
 def writer_rank(identifier: str, tp_size: int) -> int:
@@ -80,20 +85,6 @@ class _Order:
             other.generation,
             other.weights,
         )
-
-
-def _flatten(snapshot: dict[str, Any]) -> dict[str, float]:
-    flat: dict[str, float] = {}
-    for name, value in snapshot.items():
-        if isinstance(value, bool):
-            continue
-        if isinstance(value, (int, float)):
-            flat[name] = value
-        elif name in ("hits", "tier_errors") and isinstance(value, dict):
-            for tier, count in value.items():
-                flat[f"{name}_{tier}"] = count
-    flat.pop("hit_rate", None)
-    return flat
 
 
 class TierWorker:
@@ -125,6 +116,7 @@ class TierWorker:
         self.shared_tier = cache.config.shared_tier
         self._lock = threading.Lock()  # guards everything below, the staged copies too
         self.staged = StagedCopies(int(settings.max_staged_mb * 1024 * 1024))
+        self._copy_taken = threading.Condition(self._lock)
         self._saved: set[str] = set()
         # Saves still being written below the CPU tier: their ``saved`` report
         # withdraws their claims, so it waits for the write (see _take_landed).
@@ -136,7 +128,7 @@ class TierWorker:
         # Stage orders received per link: an order's number is its place there.
         self._link_orders: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._counters: dict[str, float] = {}
-        self._cache_stats = _flatten(cache.stats.snapshot())
+        self._cache_stats = flat_counters(cache.stats.snapshot())
         self._off: dict[str, str] = {}  # features this worker turned off itself
         self._off_changes = OffChanges()
         # Orders from step metadata (answered in worker metadata) or from the
@@ -308,6 +300,7 @@ class TierWorker:
         """Take ``identifier``'s staged copy out for a load (None: none)."""
         with self._lock:
             tensor, kept = self.staged.take(identifier)
+            self._copy_taken.notify_all()
             if kept:  # promised before the scheduler heard of a weights change
                 self._counters["loads_kept_across_weights"] = (
                     self._counters.get("loads_kept_across_weights", 0) + 1
@@ -319,6 +312,7 @@ class TierWorker:
         with self._lock:
             for identifier in identifiers:
                 self.staged.take(identifier)
+            self._copy_taken.notify_all()
 
     def _next_orders(self) -> list[list[_Order]] | None:
         """The orders queued now (waiting for the first), in batches; None once closed.
@@ -387,7 +381,17 @@ class TierWorker:
                 # up on hearing the change, and what is wanted now (an order of the
                 # same item under the new weights) is not theirs to answer.
                 return
+            room_by = time.monotonic() + ROOM_WAIT_S
             for identifier, tensor in zip(identifiers, tensors, strict=True):
+                if tensor is not None and not self.staged.fits(tensor):
+                    self._counters["stage_room_waits"] = (
+                        self._counters.get("stage_room_waits", 0) + 1
+                    )
+                    self._copy_taken.wait_for(
+                        lambda t=tensor: self.staged.fits(t), room_by - time.monotonic()
+                    )
+                    if batch[0].generation != self._generation:
+                        return  # the weights changed meanwhile, as above
                 if not self.staged.is_wanted(identifier):
                     continue  # released while in flight
                 (staged if self.staged.hold(identifier, tensor) else failed).add(identifier)
@@ -485,7 +489,7 @@ class TierWorker:
         if self._landing:
             self._take_landed()
         snapshot = self.cache.stats.snapshot()
-        current = _flatten(snapshot)
+        current = flat_counters(snapshot)
         with self._lock:
             # Counters only grow (the scheduler refuses a report of one below zero):
             # one that went down (a tier's own, left out of a snapshot) reports
