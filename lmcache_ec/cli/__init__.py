@@ -24,7 +24,8 @@ from .bench_serve import serve  # noqa: E402
 from .bench_steps import steps  # noqa: E402
 from .demo import demo  # noqa: E402
 from .doctor import doctor  # noqa: E402
-from .entries import ls, purge, stats  # noqa: E402
+from .entries import ls, stats  # noqa: E402
+from .purge_entries import purge  # noqa: E402
 from .reference import config_doc  # noqa: E402
 
 app = typer.Typer(

@@ -2081,7 +2081,7 @@ MUTATIONS += [
     Mutation(
         "cli-unlistable-disk-traceback",
         "ls, stats and purge skip a directory they cannot list, with a warning and exit 1",
-        "lmcache_ec/cli/entries.py",
+        "lmcache_ec/cli/entry_session.py",
         "            except OSError as exc:\n                self.skip(tier, exc)\n",
         "            except ImportError as exc:\n                self.skip(tier, exc)\n",
         (
@@ -3711,7 +3711,7 @@ MUTATIONS += [
     Mutation(
         "purge-recorded-on-an-unlisted-remote",
         "a purge whose remote listing failed records and announces no purge there",
-        "lmcache_ec/cli/entries.py",
+        "lmcache_ec/cli/purge_entries.py",
         (
             '    if "remote" in tiers and session.catalog is not None and "remote" not in '
             "session.skipped:\n"
@@ -5623,7 +5623,7 @@ MUTATIONS += [
     Mutation(
         "purge-skips-namespaces-with-a-disk-log",
         "a purge without --namespace records in every namespace with a disk purge log",
-        "lmcache_ec/cli/entries.py",
+        "lmcache_ec/cli/purge_entries.py",
         (
             "            if selector.namespace is None:\n"
             "                namespaces = {name: None for name in "
@@ -5640,7 +5640,7 @@ MUTATIONS += [
     Mutation(
         "untold-namespaces-not-named",
         "a purge whose record failed names the untold namespaces and the command that tells them",
-        "lmcache_ec/cli/entries.py",
+        "lmcache_ec/cli/purge_entries.py",
         "    if commands:\n",
         "    if False:\n",
         (
