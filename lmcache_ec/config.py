@@ -24,6 +24,7 @@ set twice by one source (``ec.x`` and ``ec_x``, or ``x`` and ``X``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,12 +43,21 @@ FILE_PREFIX = "ec_"
 SECRET_KEYS = ("remote_url", "s3_endpoint_url")  # values may hold a password: redacted in errors
 
 
+logger = logging.getLogger(__name__)
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key."""
 
 
 def default_disk_dir() -> str:
-    return str(Path(platformdirs.user_cache_dir("lmcache-ec")) / "store")
+    """The embedded default's disk directory; "" (no disk tier) where this user
+    has no cache directory (no HOME, no passwd entry): an engine still starts."""
+    try:
+        return str(Path(platformdirs.user_cache_dir("lmcache-ec")) / "store")
+    except (RuntimeError, KeyError, OSError) as exc:
+        logger.warning("No disk tier by default: no cache directory for this user (%s)", exc)
+        return ""
 
 
 def embedded_default() -> dict[str, Any]:

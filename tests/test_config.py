@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,43 @@ def test_embedded_default_is_cpu_plus_disk_under_user_cache(tmp_path):
     assert config.local_cpu is True
     assert config.local_disk.startswith(str(tmp_path / "xdg-cache"))
     assert config.max_local_disk_size > 0
+
+
+def _embedded_default_of_a_user_without_home(environ: dict[str, str]) -> str:
+    """``local_disk`` of the embedded default for a uid with no passwd entry and no
+    HOME (``env -i``, a service manager, an arbitrary container uid), or its error."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child becomes that user; it never returns to pytest
+        code = 1
+        try:
+            os.close(read)
+            for name in ("HOME", "XDG_CACHE_HOME"):  # what platformdirs would go by
+                os.environ.pop(name, None)
+            os.setgid(54321)
+            os.setgroups([])
+            os.setuid(54321)
+            try:
+                said = repr(load_config(environ=environ).local_disk)
+            except Exception as exc:
+                said = f"{type(exc).__name__}: {exc}"
+            os.write(write, said.encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        said = answer.read()
+    assert os.waitpid(pid, 0)[1] == 0
+    return said
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become a user without an entry")
+def test_a_user_without_a_home_gets_the_embedded_default_without_a_disk_tier(tmp_path):
+    """platformdirs raises for such a user: the engine must start all the same."""
+    assert _embedded_default_of_a_user_without_home({}) == "''"
+    given = str(tmp_path / "disk")
+    assert _embedded_default_of_a_user_without_home({"LMCACHE_EC_LOCAL_DISK": given}) == repr(given)
 
 
 def test_config_file_from_env_and_ec_section(tmp_path, monkeypatch):

@@ -450,3 +450,45 @@ def test_accept_survives_running_out_of_file_descriptors(path):
     finally:
         child.kill()
         child.wait()
+
+
+_CLIENT_AT_THE_LIMIT = textwrap.dedent(
+    """
+    import os, resource, sys, time
+    from lmcache_ec.integration.vllm.channel import StageListener
+    from lmcache_ec.integration.vllm.stage_client import StageClient
+    from lmcache_ec.integration.vllm.stage_messages import WeightsAnnouncement
+
+    listener = StageListener(sys.argv[1], lambda *order: None, lambda: WeightsAnnouncement("w1"))
+    client = StageClient([sys.argv[1]])
+    assert client.connect()
+    client.receive(timeout=1.0)  # the hello
+    highest = max(map(int, os.listdir("/proc/self/fd")))
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 8, hard))
+    held = []
+    try:
+        while True:
+            held.append(os.dup(0))
+    except OSError:
+        pass
+    started = time.monotonic()
+    client.receive(timeout=0.2)  # nothing comes: it waits, as in a scheduler step
+    print("waited", time.monotonic() - started >= 0.15, flush=True)
+    """
+)
+
+
+def test_the_scheduler_waits_for_answers_at_its_descriptor_limit(path):
+    """A wait for the workers' answers takes no descriptor: a scheduler whose
+    process has none left still waits within its step (an epoll selector per
+    wait raised EMFILE out of vLLM's schedule())."""
+    child = subprocess.run(
+        [sys.executable, "-c", _CLIENT_AT_THE_LIMIT, path],
+        capture_output=True,
+        text=True,
+        timeout=LIVE_S * 3,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.split() == ["waited", "True"]

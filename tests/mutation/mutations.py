@@ -5764,6 +5764,49 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "stage-wait-takes-a-descriptor",
+        (
+            "the scheduler waits for the workers' answers at its descriptor limit (no "
+            "EMFILE out of schedule())"
+        ),
+        "lmcache_ec/integration/vllm/stage_client.py",
+        "        poller.poll(math.ceil(seconds * 1000))\n",
+        (
+            '        with __import__("selectors").DefaultSelector():\n'
+            "            poller.poll(math.ceil(seconds * 1000))\n"
+        ),
+        (
+            (
+                "tests/chaos/test_stage_channel_faults.py::test_the_scheduler_waits_for_answ"
+                "ers_at_its_descriptor_limit"
+            ),
+        ),
+    ),
+    Mutation(
+        "no-home-stops-the-start",
+        (
+            "a user without a cache directory gets the embedded default without a disk "
+            "tier, never an engine that cannot start"
+        ),
+        "lmcache_ec/config.py",
+        (
+            "    except (RuntimeError, KeyError, OSError) as exc:\n"
+            '        logger.warning("No disk tier by default: no cache directory for this '
+            'user (%s)", exc)\n'
+        ),
+        (
+            "    except ZeroDivisionError as exc:\n"
+            '        logger.warning("No disk tier by default: no cache directory for this '
+            'user (%s)", exc)\n'
+        ),
+        (
+            (
+                "tests/test_config.py::test_a_user_without_a_home_gets_the_embedded_default_"
+                "without_a_disk_tier"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import selectors
+import math
+import select
 import socket
 import time
 
@@ -192,13 +193,12 @@ class StageClient:
     def _wait(self, seconds: float) -> None:
         """Until a rank has something to read (or can take what waits for it)."""
         assert self._ranks is not None
-        with selectors.DefaultSelector() as selector:
-            for rank in self._ranks:
-                events = selectors.EVENT_READ
-                if rank.outbox.bytes:
-                    events |= selectors.EVENT_WRITE
-                selector.register(rank.sock, events)
-            selector.select(seconds)
+        # poll() takes no descriptor of its own: a process at its descriptor limit
+        # still waits here (an epoll selector per wait raised EMFILE in the step).
+        poller = select.poll()
+        for rank in self._ranks:
+            poller.register(rank.sock, select.POLLIN | (select.POLLOUT if rank.outbox.bytes else 0))
+        poller.poll(math.ceil(seconds * 1000))
 
     def _break(self, fault: str, why: str) -> None:
         self.faults.count("channel_breaks")
