@@ -485,22 +485,25 @@ class ECCache:
             time.sleep(0.002)
         return True
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Flush accepted writes, then release the tiers. Idempotent; returns
-        within ``close_timeout`` (what is still running then is left to finish)."""
+        within ``timeout`` seconds (default ``close_timeout``; what is still
+        running then is left to finish). A caller closing more than the cache
+        passes what is left of its own deadline."""
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
-        # One deadline for the flush and the stop alike: close() is bounded by close_timeout.
-        deadline = time.monotonic() + self.config.close_timeout
+        bound = self.config.close_timeout if timeout is None else max(timeout, 0.0)
+        # One deadline for the flush and the stop alike: close() is bounded by it.
+        deadline = time.monotonic() + bound
         self._purges.stop()
         claims = self._get_or_compute.take_claims()
         if not self.flush(max(deadline - time.monotonic(), 0.0)):
             logger.warning(
-                "close(): %d writes still pending after %.0fs",
+                "close(): %d writes still pending after %.1fs",
                 self.pending_writes(),
-                self.config.close_timeout,
+                bound,
             )
         # LMCache's close can block on a remote connector; never let it hang us.
         closer = threading.Thread(

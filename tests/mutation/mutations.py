@@ -5807,6 +5807,48 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "worker-close-waits-close-timeout-per-step",
+        (
+            "the worker connector's close (saves, staging thread, cache) returns within "
+            "one close_timeout"
+        ),
+        "lmcache_ec/integration/vllm/worker.py",
+        "            return max(deadline - time.monotonic(), 0.0)\n",
+        "            return self.cache.config.close_timeout\n",
+        (
+            (
+                "tests/vllm/test_worker_close_bound.py::test_a_worker_with_every_wait_stuck_"
+                "closes_within_one_close_timeout"
+            ),
+        ),
+    ),
+    Mutation(
+        "save-queue-close-waits-twice",
+        "SaveQueue.close waits for its saves and its thread within one timeout",
+        "lmcache_ec/integration/vllm/saver.py",
+        "        self._thread.join(max(deadline - time.monotonic(), 0.0))\n",
+        "        self._thread.join(timeout)\n",
+        (
+            (
+                "tests/vllm/test_worker_close_bound.py::test_a_save_queue_with_a_stuck_put_c"
+                "loses_within_its_timeout"
+            ),
+        ),
+    ),
+    Mutation(
+        "cache-close-ignores-its-timeout",
+        "ECCache.close(timeout=...) flushes and stops the tiers within that timeout",
+        "lmcache_ec/engine.py",
+        "        bound = self.config.close_timeout if timeout is None else max(timeout, 0.0)\n",
+        "        bound = self.config.close_timeout\n",
+        (
+            (
+                "tests/vllm/test_worker_close_bound.py::test_a_cache_closed_with_a_timeout_w"
+                "aits_no_longer_than_it"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

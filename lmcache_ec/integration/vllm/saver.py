@@ -137,6 +137,8 @@ class SaveQueue:
         return True
 
     def close(self, timeout: float) -> None:
+        """Wait for queued saves, then stop the thread: both within ``timeout``."""
+        deadline = time.monotonic() + timeout
         self.flush(timeout)
         self._queue.put(None)
-        self._thread.join(timeout)
+        self._thread.join(max(deadline - time.monotonic(), 0.0))

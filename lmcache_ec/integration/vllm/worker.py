@@ -516,10 +516,15 @@ class TierWorker:
         return None if meta.is_empty() else meta
 
     def close(self) -> None:
-        timeout = self.cache.config.close_timeout
-        self._saver.close(timeout)
+        """Flush saves and writes, stop the threads: all within one ``close_timeout``."""
+        deadline = time.monotonic() + self.cache.config.close_timeout
+
+        def left() -> float:
+            return max(deadline - time.monotonic(), 0.0)
+
+        self._saver.close(left())
         self._stage_queue.put(None)
-        self._stager.join(timeout)
-        self.cache.close()
+        self._stager.join(left())
+        self.cache.close(timeout=left())
         if self.timeline is not None:
             self.timeline.close()
