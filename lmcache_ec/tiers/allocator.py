@@ -116,7 +116,9 @@ class Prefaulter:
 
     def reached(self, end: int) -> None:
         """An allocation ends at byte ``end`` of the buffer."""
-        target = min(self._end, self._base + end + self._ahead)
+        # Whole pages: an unaligned target would leave ``_done`` unaligned, and
+        # the next madvise from there fails (EINVAL), ending the prefault for good.
+        target = min(self._end, -(-(self._base + end + self._ahead) // _PAGE) * _PAGE)
         # Woken once per eighth of the window, not once per allocation.
         if target - self._target > self._ahead // 8:
             self._target = target

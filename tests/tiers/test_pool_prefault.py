@@ -149,3 +149,19 @@ def test_huge_pages_follow_the_setting(setting, monkeypatch):
             assert "hg" in _vma_flags(_aligned_start(pool))
     finally:
         pool.close()
+
+
+def test_a_window_ending_inside_a_page_never_ends_the_prefault():
+    """Allocations end anywhere, the window is kept to whole pages: a window
+    ending inside a page left the thread's position unaligned, and its next
+    madvise failed (EINVAL), ending the prefault for good."""
+    pool = HostPoolAllocator(128 * MB, prefault_ahead=8 * MB)
+    try:
+        prefaulter = pool.prefaulter
+        assert wait_until(lambda: prefaulter.populated >= 8 * MB - 4096)
+        prefaulter.reached(3 * MB + 123)  # the window now ends inside a page
+        assert wait_until(lambda: prefaulter.populated >= 11 * MB - 4096)
+        prefaulter.reached(20 * MB + 7)
+        assert wait_until(lambda: prefaulter.populated >= 28 * MB - 4096, timeout=10)
+    finally:
+        pool.close()
