@@ -8,7 +8,12 @@ so a directory made again moves every process to its new ledger), so the
 directory holds nothing but entries and every process on the node finds the
 same ledger. Where no private runtime directory can be had, the ledger is
 this process's own (``ledger_dir``): each process then keeps the limit for
-itself, and writes still land.
+itself, and writes still land. So it is too where the ledger cannot be
+written there (``node_dir`` full or read-only, ``LEDGER_FULL``): a fresh
+ledger is given its first byte when first locked, so that this shows then,
+not at each write, and the budget moves to this process's own ledger for
+good (one ``shared_ledger off`` warning naming ``node_dir``), never a disk
+tier that stores nothing for want of room on another filesystem.
 
 A group-shared directory (``local_disk_group_shared``) is written by several
 users, whose runtime directories are each their own: its ledger is in it
@@ -81,13 +86,13 @@ from ..runtime_dirs import (
     Reason,
     RuntimeDirUnavailable,
     feature_off,
-    owner_of,
     private_dir,
     process_dir,
     state_base,
     user_dir,
 )
 from .disk_layout import DirectoryLayout, Scan, file_bytes
+from .group_ledger import GROUP_LEDGER, open_group_ledger
 
 LEDGER_LOCK_WAIT_S = 5.0
 LOW_WATER = 15 / 16  # evict down to this share of the limit
@@ -96,9 +101,9 @@ FREE_RESERVE_MAX = 256 * 1024**2  # what a capped directory leaves its filesyste
 # A ledger nobody wrote for this long belongs to a directory no longer in use
 # (or gone); it is removed, and rebuilt by a scan if the directory comes back.
 IDLE_LEDGER_S = 24 * 3600
-GROUP_LEDGER = ".ledger"  # a group-shared directory's ledger, in it (never an entry's name)
-# O_NOFOLLOW: a symlink planted there leads nowhere; O_NONBLOCK: nor does a FIFO wait.
-_GROUP_LEDGER_OPEN = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Why the shared ledger cannot be written where it is: its filesystem's fault, not the directory's.
+LEDGER_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+NO_VALUE = b"-"  # a fresh ledger's first byte: reads as none yet (a scan answers)
 
 
 def prune_ledgers(ledgers: str, idle_s: float = IDLE_LEDGER_S) -> int:
@@ -139,43 +144,6 @@ def ledger_dir(node_dir: str = DEFAULT_BASE) -> tuple[str, RuntimeDirUnavailable
     return ledgers, None
 
 
-def _untrusted(info: os.stat_result, directory: os.stat_result) -> str | None:
-    """Why the file ``info`` is no ledger of the group-shared ``directory``'s
-    (None: it is). Only members (or the directory's owner) can make a file of
-    the directory's group in it, unless others may write into it too."""
-    if not stat_mode.S_ISREG(info.st_mode):
-        return "not a regular file"
-    if info.st_uid == os.getuid():
-        return None
-    if info.st_gid != directory.st_gid or (info.st_mode | directory.st_mode) & 0o002:
-        return "not a file of the directory's group that only the group may write"
-    return None
-
-
-def open_group_ledger(path: str, directory: os.stat_result) -> int:
-    """The ledger ``path`` of the group-shared ``directory`` (made 0660 if
-    missing), open for reading and writing. Raises ``RuntimeDirUnavailable``
-    for a file that is no ledger of the group's (a symlink, a FIFO, an
-    outsider's file), ``OSError``."""
-    try:
-        fd = os.open(path, _GROUP_LEDGER_OPEN, 0o660)
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        raise RuntimeDirUnavailable(path, Reason.TAKEN, detail="a symbolic link") from None
-    try:
-        info = os.fstat(fd)
-        why = _untrusted(info, directory)
-        if why is not None:
-            raise RuntimeDirUnavailable(path, Reason.TAKEN, owner_of(info.st_uid), why)
-        if info.st_uid == os.getuid() and stat_mode.S_IMODE(info.st_mode) != 0o660:
-            os.fchmod(fd, 0o660)  # made now: the umask may have taken the group's bits
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def free_reserve(total: int) -> int:
     """Bytes of a ``total``-byte filesystem a capped directory leaves free."""
     return min(total // 16, FREE_RESERVE_MAX)
@@ -214,6 +182,10 @@ class DirectoryBudget:
         self._ledger: str | None = None
         self._ledger_of: tuple[int, int] | None = None  # the directory's (dev, inode)
         self._group_of: os.stat_result | None = None  # the directory, if the ledger is in it
+        self._shared_in: str | None = None  # the user's ledgers directory, while in it
+        # Why the user's ledgers directory cannot take this ledger (its filesystem
+        # full or read-only): set once, the ledger is this process's own from then on.
+        self._cannot_share: RuntimeDirUnavailable | None = None
         drop_locks_in_child(self)
 
     def drop_inherited_locks(self) -> None:
@@ -244,9 +216,41 @@ class DirectoryBudget:
                 self._group_of = directory
                 self.unshared = None
                 return path
+        name = f"{directory.st_dev}-{directory.st_ino}"
+        if self._cannot_share is not None:
+            self._shared_in = None
+            self.unshared = refused or self._cannot_share
+            return os.path.join(process_dir(), name)
         ledgers, self.unshared = ledger_dir(self.node_dir)
+        self._shared_in = ledgers if self.unshared is None else None
         self.unshared = refused or self.unshared
-        return os.path.join(ledgers, f"{directory.st_dev}-{directory.st_ino}")
+        return os.path.join(ledgers, name)
+
+    def _stop_sharing(self, exc: OSError) -> bool:
+        """The ledger could not be written (or made) in the user's ledgers
+        directory for ``exc``: move to this process's own ledger for good (said
+        once). False where that is no remedy: another fault, or a ledger that is
+        not the shared one (the group's, this process's own already)."""
+        if self._shared_in is None or exc.errno not in LEDGER_FULL:
+            return False
+        state = "read-only" if exc.errno == errno.EROFS else "full"
+        base = state_base(self.node_dir)  # the temp directory where node_dir is not writable
+        where = f"node_dir {base}" if base == self.node_dir else f"the temp directory {base}"
+        self._cannot_share = RuntimeDirUnavailable(
+            self._shared_in,
+            Reason.UNUSABLE,
+            detail=f"{exc.strerror}: the filesystem of {where} is {state}",
+        )
+        feature_off(
+            Feature.SHARED_LEDGER,
+            self._cannot_share,
+            "Each process keeps the disk and node tiers' size limits by itself: a directory "
+            "shared by N processes may hold up to N times its limit; entries still land. "
+            "Free room in node_dir and restart the engines to share the limits again",
+        )
+        self._shared_in = None
+        self._ledger = None  # the next lock opens this process's own
+        return True
 
     def _group_refusal(self, path: str, directory: os.stat_result) -> RuntimeDirUnavailable | None:
         """Why the group's ledger ``path`` cannot serve (said once; this user's
@@ -274,7 +278,28 @@ class DirectoryBudget:
         path = self._ledger_path()
         if self._group_of is not None:
             return open_group_ledger(path, self._group_of)
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            if not self._stop_sharing(exc):
+                raise
+        return self._open_ledger()  # this process's own now
+
+    def _room_held(self, fd: int) -> bool:
+        """Under the lock: a fresh shared ledger is given its first byte (and so
+        its block) now, so that no room for it shows here, not at each write.
+        False where there was none: the budget moved to this process's own
+        ledger, to be opened instead. Raises ``OSError``."""
+        info = os.fstat(fd)
+        if self._shared_in is None or info.st_size or not stat_mode.S_ISREG(info.st_mode):
+            return True
+        try:
+            os.pwrite(fd, NO_VALUE, 0)
+        except OSError as exc:
+            if not self._stop_sharing(exc):
+                raise
+            return False
+        return True
 
     def directory_changed(self) -> None:
         """The directory was made again: find its ledger anew."""
@@ -288,12 +313,13 @@ class DirectoryBudget:
                 self._fd = fd = self._open_ledger()
                 try:
                     flock_within(fd, self.lock_wait_s, "disk size ledger")
+                    # Not pruned while we waited for it, and room for its value.
+                    if os.fstat(fd).st_nlink and self._room_held(fd):
+                        break
                 except OSError:
                     self._release()
                     raise
-                if os.fstat(fd).st_nlink:
-                    break
-                self._release()  # pruned while we waited for it: open the new one
+                self._release()  # else open the new one (or this process's own)
             try:
                 yield fd
             finally:
@@ -313,8 +339,12 @@ class DirectoryBudget:
     def _write(self, used: int) -> None:
         # Under the lock; a torn write reads as damaged and is rescanned.
         data = str(max(used, 0)).encode()
-        os.pwrite(self._fd, data, 0)
-        os.ftruncate(self._fd, len(data))
+        try:
+            os.pwrite(self._fd, data, 0)
+            os.ftruncate(self._fd, len(data))
+        except OSError as exc:
+            self._stop_sharing(exc)  # node_dir full: the next lock takes a ledger of our own
+            raise
 
     def reserve(self, name: str, size: int) -> str | None:
         """Room for a ``size``-byte write of entry ``name``, evicting if needed:

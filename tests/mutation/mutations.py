@@ -2586,8 +2586,8 @@ MUTATIONS += [
         "                    pass\n",
         (
             (
-                "tests/tiers/test_budget_faults.py::test_a_reservation_whose_ledger_cannot_b"
-                "e_written_leaves_no_temp_file"
+                "tests/tiers/test_full_node_dir_ledger.py::test_a_shared_ledger_failing_at_a_wr"
+                "ite_costs_that_write_only"
             ),
         ),
     ),
@@ -5275,7 +5275,7 @@ MUTATIONS += [
     Mutation(
         "group-ledger-symlink-followed",
         "a symlink planted at a group-shared directory's ledger is never followed",
-        "lmcache_ec/tiers/budget.py",
+        "lmcache_ec/tiers/group_ledger.py",
         (
             "_GROUP_LEDGER_OPEN = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | "
             "os.O_CLOEXEC\n"
@@ -5291,7 +5291,7 @@ MUTATIONS += [
     Mutation(
         "group-ledger-of-an-outsider-used",
         "a group-shared directory's ledger made by a user outside the group is never used",
-        "lmcache_ec/tiers/budget.py",
+        "lmcache_ec/tiers/group_ledger.py",
         "    if info.st_gid != directory.st_gid or (info.st_mode | directory.st_mode) & 0o002:\n",
         "    if False:\n",
         (
@@ -5846,6 +5846,74 @@ MUTATIONS += [
             (
                 "tests/vllm/test_worker_close_bound.py::test_a_cache_closed_with_a_timeout_w"
                 "aits_no_longer_than_it"
+            ),
+        ),
+    ),
+    Mutation(
+        "full-node-dir-stops-disk-writes",
+        (
+            "a full node_dir (the ledgers' filesystem) never stops the disk tier: the "
+            "ledger becomes this process's own, said once"
+        ),
+        "lmcache_ec/tiers/budget.py",
+        "        if self._shared_in is None or exc.errno not in LEDGER_FULL:\n",
+        "        if True:\n",
+        (
+            (
+                "tests/tiers/test_full_node_dir_ledger.py::test_a_full_node_dir_leaves_the_d"
+                "isk_tier_storing_within_its_limit"
+            ),
+            (
+                "tests/tiers/test_full_node_dir_ledger.py::test_a_shared_ledger_failing_at_a"
+                "_write_costs_that_write_only"
+            ),
+        ),
+    ),
+    Mutation(
+        "fresh-ledger-room-not-held",
+        (
+            "a fresh ledger with no room shows at its first lock (one warning), not at the "
+            "start-up trim and each write"
+        ),
+        "lmcache_ec/tiers/budget.py",
+        "                    if os.fstat(fd).st_nlink and self._room_held(fd):\n",
+        "                    if os.fstat(fd).st_nlink:\n",
+        (
+            (
+                "tests/tiers/test_full_node_dir_ledger.py::test_a_full_node_dir_leaves_the_d"
+                "isk_tier_storing_within_its_limit"
+            ),
+        ),
+    ),
+    Mutation(
+        "ledger-write-failure-fails-every-write",
+        "a shared ledger that fails at a later write costs that write only, not every write",
+        "lmcache_ec/tiers/budget.py",
+        (
+            "            self._stop_sharing(exc)  # node_dir full: the next lock takes a "
+            "ledger of our own\n"
+        ),
+        "",
+        (
+            (
+                "tests/tiers/test_full_node_dir_ledger.py::test_a_shared_ledger_failing_at_a"
+                "_write_costs_that_write_only"
+            ),
+        ),
+    ),
+    Mutation(
+        "prefault-window-inside-a-page",
+        (
+            "a prefault window ending inside a page never ends the prefault (the window is "
+            "kept to whole pages)"
+        ),
+        "lmcache_ec/tiers/allocator.py",
+        "        target = min(self._end, -(-(self._base + end + self._ahead) // _PAGE) * _PAGE)\n",
+        "        target = min(self._end, self._base + end + self._ahead)\n",
+        (
+            (
+                "tests/tiers/test_pool_prefault.py::test_a_window_ending_inside_a_page_never"
+                "_ends_the_prefault"
             ),
         ),
     ),

@@ -33,9 +33,9 @@ import torch
 
 from lmcache_ec import codec
 from lmcache_ec.key import ECKey, EncoderIdentity
-from lmcache_ec.tiers.budget import GROUP_LEDGER
 from lmcache_ec.tiers.disk_layout import DirectoryLayout, DirectoryModes
 from lmcache_ec.tiers.frame_directory import FrameDirectoryTier
+from lmcache_ec.tiers.group_ledger import GROUP_LEDGER
 from tests.conftest import make_tensor
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: children switch uids")
