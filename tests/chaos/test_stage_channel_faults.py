@@ -389,15 +389,11 @@ def test_connections_are_bounded_and_closed_links_forgotten(path, caplog):
         listener.close()
 
 
-_FULL_PROCESS = textwrap.dedent(
+# A child script's lines that leave its process no descriptor (``held`` keeps them).
+_EXHAUST_DESCRIPTORS = textwrap.dedent(
     """
-    import json, os, resource, sys, time
-    from lmcache_ec.integration.vllm.channel import StageListener
-    from lmcache_ec.integration.vllm.stage_messages import WeightsAnnouncement
-
-    listener = StageListener(sys.argv[1], lambda *order: None, lambda: WeightsAnnouncement("w1"))
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     highest = max(map(int, os.listdir("/proc/self/fd")))
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 8, hard))
     held = []
     try:
@@ -405,6 +401,22 @@ _FULL_PROCESS = textwrap.dedent(
             held.append(os.dup(0))
     except OSError:
         pass
+    """
+)
+
+_FULL_PROCESS = (
+    textwrap.dedent(
+        """
+    import json, os, resource, sys, time
+    from lmcache_ec.integration.vllm.channel import StageListener
+    from lmcache_ec.integration.vllm.stage_messages import WeightsAnnouncement
+
+    listener = StageListener(sys.argv[1], lambda *order: None, lambda: WeightsAnnouncement("w1"))
+    """
+    )
+    + _EXHAUST_DESCRIPTORS
+    + textwrap.dedent(
+        """
     print("full", flush=True)
     sys.stdin.readline()  # the parent has connected: the accept meets EMFILE
     counts = {}
@@ -419,6 +431,7 @@ _FULL_PROCESS = textwrap.dedent(
     sys.stdin.readline()  # the parent has its hello
     listener.close()
     """
+    )
 )
 
 
@@ -452,8 +465,9 @@ def test_accept_survives_running_out_of_file_descriptors(path):
         child.wait()
 
 
-_CLIENT_AT_THE_LIMIT = textwrap.dedent(
-    """
+_CLIENT_AT_THE_LIMIT = (
+    textwrap.dedent(
+        """
     import os, resource, sys, time
     from lmcache_ec.integration.vllm.channel import StageListener
     from lmcache_ec.integration.vllm.stage_client import StageClient
@@ -463,19 +477,16 @@ _CLIENT_AT_THE_LIMIT = textwrap.dedent(
     client = StageClient([sys.argv[1]])
     assert client.connect()
     client.receive(timeout=1.0)  # the hello
-    highest = max(map(int, os.listdir("/proc/self/fd")))
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 8, hard))
-    held = []
-    try:
-        while True:
-            held.append(os.dup(0))
-    except OSError:
-        pass
+    """
+    )
+    + _EXHAUST_DESCRIPTORS
+    + textwrap.dedent(
+        """
     started = time.monotonic()
     client.receive(timeout=0.2)  # nothing comes: it waits, as in a scheduler step
     print("waited", time.monotonic() - started >= 0.15, flush=True)
     """
+    )
 )
 
 
