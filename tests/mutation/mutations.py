@@ -5771,10 +5771,13 @@ MUTATIONS += [
             "EMFILE out of schedule())"
         ),
         "lmcache_ec/integration/vllm/stage_client.py",
-        "        poller.poll(math.ceil(seconds * 1000))\n",
+        (
+            "        poller.poll(max(0, math.ceil(seconds * 1000)))  # never negative: "
+            "that waits for good\n"
+        ),
         (
             '        with __import__("selectors").DefaultSelector():\n'
-            "            poller.poll(math.ceil(seconds * 1000))\n"
+            "            poller.poll(max(0, math.ceil(seconds * 1000)))\n"
         ),
         (
             (

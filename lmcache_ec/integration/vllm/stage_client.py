@@ -198,7 +198,7 @@ class StageClient:
         poller = select.poll()
         for rank in self._ranks:
             poller.register(rank.sock, select.POLLIN | (select.POLLOUT if rank.outbox.bytes else 0))
-        poller.poll(math.ceil(seconds * 1000))
+        poller.poll(max(0, math.ceil(seconds * 1000)))  # never negative: that waits for good
 
     def _break(self, fault: str, why: str) -> None:
         self.faults.count("channel_breaks")
