@@ -21,29 +21,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmcache_ec.key import EncoderIdentity
 from lmcache_ec.purge import selection
 from lmcache_ec.tiers import disk_layout
 from lmcache_ec.tiers.budget import DirectoryBudget
 from lmcache_ec.tiers.disk_layout import TEMP_PREFIX, DirectoryLayout, is_temp
 from tests.conftest import bit_equal, make_tensor
+from tests.tiers.budgets import entry_names, publish
 
 LIMIT = 1000
 HUGE = 99_999_999_999_999  # ~100 TB: more than any directory's limit
 FUTURE = time.time() + 10 * 365 * 86400
-
-
-def _names(count: int) -> list[str]:
-    identity = EncoderIdentity(model="m", dtype="float16")
-    return [identity.key(f"e{i}").storage_name for i in range(count)]
-
-
-def _publish(budget: DirectoryBudget, name: str, size: int) -> None:
-    """Entry ``name`` of ``size`` bytes written within ``budget``, as a tier does."""
-    temp = budget.reserve(name, size)
-    assert temp is not None, f"no room for {name}"
-    assert budget.layout.write(name, bytes(size), temp=temp)
-    budget.wrote(name)
 
 
 def _temp_files(directory) -> list[str]:
@@ -79,14 +66,14 @@ def test_a_temp_file_of_pid_0_or_1_is_reclaimed_not_counted(disk_dir, owner):
 def test_a_temp_name_reserving_more_than_the_limit_evicts_nothing(disk_dir):
     """A live writer's pid, a reservation of ~100 TB: another process's start-up
     trim and writes count the file at its own size, and evict nothing for it."""
-    names = _names(4)
+    names = entry_names(4)
     writer = DirectoryBudget(DirectoryLayout(str(disk_dir)), LIMIT, 0.0)
     for name in names[:3]:
-        _publish(writer, name, 100)
+        publish(writer, name, 100)
     planted = _plant(disk_dir, os.getpid(), HUGE, content=bytes(10))
     other = DirectoryBudget(DirectoryLayout(str(disk_dir)), LIMIT, 0.0)
     assert other.trim() == 0
-    _publish(other, names[3], 100)
+    publish(other, names[3], 100)
     entries = DirectoryLayout(str(disk_dir)).scan(max_reserved=LIMIT).entries
     assert sorted(e.name for e in entries) == sorted(names)
     assert other.ledger() == 4 * 100 + 10
@@ -141,15 +128,15 @@ def test_a_directory_made_again_moves_every_process_to_its_new_ledger(disk_dir):
     other's next reservation still counts the first one's writes."""
     first = DirectoryBudget(DirectoryLayout(str(disk_dir)), LIMIT, 0.0)
     second = DirectoryBudget(DirectoryLayout(str(disk_dir)), LIMIT, 0.0)
-    names = _names(7)
-    _publish(first, names[0], 100)
-    _publish(second, names[1], 100)  # both hold the old directory's ledger now
+    names = entry_names(7)
+    publish(first, names[0], 100)
+    publish(second, names[1], 100)  # both hold the old directory's ledger now
     os.rename(disk_dir, disk_dir.with_name("moved-aside"))
     disk_dir.mkdir(mode=0o700)
     first.directory_changed()  # what the tier that made it again does
     for name in names[2:6]:
-        _publish(first, name, 200)
-    _publish(second, names[6], 400)  # fits only by evicting the first's
+        publish(first, name, 200)
+    publish(second, names[6], 400)  # fits only by evicting the first's
     assert _directory_bytes(disk_dir) <= LIMIT
     assert first.ledger() == second.ledger() == _directory_bytes(disk_dir)
 

@@ -26,12 +26,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from lmcache_ec.key import EncoderIdentity
 from lmcache_ec.tiers.budget import DirectoryBudget, ledger_dir
 from lmcache_ec.tiers.disk_layout import DirectoryLayout, DirectoryModes, is_temp
 from lmcache_ec.tiers.group_ledger import GROUP_LEDGER
 from tests.conftest import bit_equal, make_tensor
 from tests.faults.fs import tiny_tmpfs
+from tests.tiers.budgets import entry_names, publish
 
 SHAPE = (128, 1024)  # float16: 256 KB payload
 FRAME = SHAPE[0] * SHAPE[1] * 2 + 4096  # a generous upper bound of one frame
@@ -49,18 +49,6 @@ def full_node_dir() -> Iterator[str]:
                         pass
         assert os.statvfs(point).f_bavail == 0
         yield point
-
-
-def _names(count: int) -> list[str]:
-    identity = EncoderIdentity(model="m", dtype="float16")
-    return [identity.key(f"e{i}").storage_name for i in range(count)]
-
-
-def _publish(budget: DirectoryBudget, name: str, size: int) -> None:
-    temp = budget.reserve(name, size)
-    assert temp is not None, f"no room for {name}"
-    assert budget.layout.write(name, bytes(size), temp=temp)
-    budget.wrote(name)
 
 
 def _directory_bytes(directory) -> int:
@@ -116,13 +104,13 @@ def test_a_shared_ledger_failing_at_a_write_costs_that_write_only(disk_dir, tmp_
     assert budget.ledger() is None and os.path.exists(ledger)  # the one the budget uses
     os.remove(ledger)
     os.symlink("/dev/full", ledger)  # every write to it: ENOSPC
-    names = _names(12)
+    names = entry_names(12)
     with caplog.at_level(logging.WARNING, logger="lmcache_ec"):
         with pytest.raises(OSError):
             budget.reserve(names[0], 100)
         assert [n for n in os.listdir(disk_dir) if is_temp(n)] == []
         for name in names[1:]:
-            _publish(budget, name, 100)
+            publish(budget, name, 100)
     assert budget.unshared is not None
     assert budget.ledger() == DirectoryLayout(str(disk_dir)).scan().total <= LIMIT
     assert _directory_bytes(disk_dir) <= LIMIT
@@ -137,8 +125,8 @@ def test_a_group_shared_directory_keeps_its_own_ledger_when_node_dir_is_full(
     layout = DirectoryLayout(str(disk_dir), DirectoryModes.of(True))
     budget = DirectoryBudget(layout, LIMIT, 0.0, full_node_dir)
     with caplog.at_level(logging.WARNING, logger="lmcache_ec"):
-        for name in _names(12):
-            _publish(budget, name, 100)
+        for name in entry_names(12):
+            publish(budget, name, 100)
     assert budget.unshared is None
     assert (disk_dir / GROUP_LEDGER).read_text() == str(budget.ledger())
     assert budget.ledger() == layout.scan().total <= LIMIT

@@ -16,10 +16,10 @@ import os
 
 import pytest
 
-from lmcache_ec.key import EncoderIdentity
 from lmcache_ec.tiers.budget import DirectoryBudget, free_reserve, on_disk
 from lmcache_ec.tiers.disk_layout import DirectoryLayout
 from tests.faults.fs import tiny_tmpfs
+from tests.tiers.budgets import entry_names
 
 SIZE_MB = 4  # its reserve: 256 KiB
 WRITE = 1536 * 1024  # two fit beside the reserve, four would fill it half again
@@ -37,11 +37,6 @@ def _fs(path: str) -> tuple[int, int]:
     return stat.f_blocks * stat.f_frsize, stat.f_bavail * stat.f_frsize
 
 
-def _names(count: int) -> list[str]:
-    identity = EncoderIdentity(model="m", dtype="float16")
-    return [identity.key(f"e{i}").storage_name for i in range(count)]
-
-
 def test_writers_reserving_at_once_leave_the_filesystems_reserve_free(tiny_shm):
     # One budget per writer, as in four processes: each locks its own description.
     writers = [
@@ -50,7 +45,7 @@ def test_writers_reserving_at_once_leave_the_filesystems_reserve_free(tiny_shm):
     ]
     # Every reservation made before any write: the moment N writers meet.
     granted = []
-    for budget, name in zip(writers, _names(len(writers)), strict=True):
+    for budget, name in zip(writers, entry_names(len(writers)), strict=True):
         temp = budget.reserve(name, WRITE)
         if temp is not None:
             granted.append((budget, name, temp))
@@ -66,7 +61,7 @@ def test_a_reserved_temp_file_keeps_its_blocks_when_opened_for_writing(tiny_shm)
     """Truncating it at open would give them back to the filesystem, for the
     next writer to count as free while this write still needs them."""
     budget = DirectoryBudget(DirectoryLayout(tiny_shm), 1 << 30, 0.0, capped_by_free_space=True)
-    temp = budget.reserve(_names(1)[0], WRITE)
+    temp = budget.reserve(entry_names(1)[0], WRITE)
     assert temp is not None
     with budget.layout.open_temp(temp):
         assert os.stat(temp).st_blocks * 512 >= WRITE
