@@ -197,6 +197,32 @@ def test_orders_never_block_on_a_worker_that_does_not_read(path):
         server.close()
 
 
+def test_a_break_hands_back_only_the_releases_a_worker_never_got(path):
+    """A release left in the outbox by a break goes out again (a worker would
+    hold its copy for good); one already written does not (sent again, it
+    could drop a copy the scheduler promised since)."""
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen(1)
+    client = StageClient([path], limits=ChannelLimits(outbox_bytes=8 * 1024 * 1024))
+    try:
+        assert client.connect()
+        peer, _ = server.accept()
+        assert client.send_release(["written"]) and client.flush()
+        outbox = client._ranks[0].outbox
+        while not outbox.bytes:  # orders nobody reads fill the socket
+            assert client.send(list(_ids(5000)), "w1") and client.flush()
+        assert client.send_release(["kept-back"]) and client.flush()
+        peer.close()
+        _receive_until(client, 1, within=1.0)  # finds the worker gone: breaks
+        assert not client.connected
+        assert client.take_lost_releases() == ["kept-back"]
+        assert client.take_lost_releases() == []
+    finally:
+        client.close()
+        server.close()
+
+
 # -- bad frames close their link, and only it --------------------------------
 
 _DEEP = b"[" * 20_000 + b"]" * 20_000

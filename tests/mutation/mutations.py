@@ -5920,6 +5920,58 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "lost-release-never-sent-again",
+        (
+            "a release a stage-channel break kept from a worker goes out again (else the "
+            "worker holds that copy until the weights change)"
+        ),
+        "lmcache_ec/integration/vllm/worker_link.py",
+        "            self._to_release[:0] = self.channel.take_lost_releases()\n",
+        "            self.channel.take_lost_releases()\n",
+        (
+            (
+                "tests/vllm/test_stage_channel_reconnect.py::test_a_release_a_channel_break_"
+                "kept_from_the_worker_still_frees_its_copy"
+            ),
+        ),
+    ),
+    Mutation(
+        "break-forgets-unsent-releases",
+        "a break hands back the releases left unsent in the outboxes",
+        "lmcache_ec/integration/vllm/stage_client.py",
+        "                lost.update(dict.fromkeys(identifiers))\n",
+        "                pass\n",
+        (
+            (
+                "tests/chaos/test_stage_channel_faults.py::test_a_break_hands_back_only_the_"
+                "releases_a_worker_never_got"
+            ),
+            (
+                "tests/vllm/test_stage_channel_reconnect.py::test_a_release_a_channel_break_"
+                "kept_from_the_worker_still_frees_its_copy"
+            ),
+        ),
+    ),
+    Mutation(
+        "written-release-sent-again",
+        (
+            "a release a worker already got is not sent again after a break (it could drop "
+            "a copy promised since)"
+        ),
+        "lmcache_ec/integration/vllm/stage_frames.py",
+        (
+            "            while self._tags and self._tags[0][0] <= self._written:\n"
+            "                self._tags.popleft()\n"
+        ),
+        "",
+        (
+            (
+                "tests/chaos/test_stage_channel_faults.py::test_a_break_hands_back_only_the_"
+                "releases_a_worker_never_got"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

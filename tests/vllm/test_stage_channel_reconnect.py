@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import time
 
+from vllm.v1.request import RequestStatus
+
 from lmcache_ec.integration.vllm.items import ItemState
 from tests.conftest import bit_equal
 
@@ -58,5 +60,37 @@ def test_weights_heard_on_a_reconnect_mid_dispatch_compute_the_item_not_crash_th
         assert engine.encoded == [image]  # under the new weights: computed
         assert bit_equal(engine.gathered[image], encoder_output(image, weights_seed=1))
         assert not any(image in orders for orders in engine.stage_orders)  # never staged
+    finally:
+        engine.shutdown()
+
+
+def test_a_release_a_channel_break_kept_from_the_worker_still_frees_its_copy(model_config, extra):
+    """A release still in the scheduler's outbox when the channel broke goes out
+    again (in the step's metadata): the worker must not hold the copy for good."""
+    image = image_hash("released-across-a-break.png")
+    stored_by_a_producer(model_config, extra, [image])
+    extra = {**extra, "idle_stage_wait_s": 0.0, "busy_stage_wait_s": 0.0, "stage_timeout_s": 0.3}
+    engine = Engine(make_vllm_config(model_config, "ec_both", extra), runner="v2")
+    scheduler = engine.connector.scheduler
+    channel = scheduler.channel
+    worker = engine.workers[0].worker
+    try:
+        engine.step()  # an empty step connects the channel
+        assert channel.connected and _links_become(engine, 1)
+        request = engine.add_request([image])
+        engine.step()  # orders the staging over the channel
+        deadline = time.monotonic() + 5.0
+        while not worker.staged_bytes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert worker.staged_bytes > 0
+        for rank in channel._ranks:  # the worker's socket takes nothing more
+            rank.outbox.write = lambda sock: None
+        engine.scheduler.finish_requests(request, RequestStatus.FINISHED_ABORTED)
+        time.sleep(0.4)  # past the staged copy's deadline: released unused
+        engine.step()  # the release waits in the outbox
+        assert scheduler.items.state(image) is ItemState.UNKNOWN
+        channel._break("gone", "a worker closed its end")
+        engine.run_until_finished([engine.add_request([])])  # metadata reaches the workers
+        assert worker.staged_bytes == 0
     finally:
         engine.shutdown()

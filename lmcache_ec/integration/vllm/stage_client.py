@@ -60,6 +60,9 @@ class StageClient:
         # is number ``_first + 1``.
         self._sent = 0
         self._first = 0
+        # Releases a break kept from some rank: each goes out again, before any
+        # order for its item (``take_lost_releases``), or that rank keeps the copy.
+        self._lost_releases: list[str] = []
 
     def connect(self) -> bool:
         """Connect to every rank; False (and no connection kept) if any is missing."""
@@ -115,9 +118,14 @@ class StageClient:
     def send_release(self, identifiers: list[str]) -> bool:
         """Order every rank to drop its staged copies of ``identifiers``; queued
         as ``send`` is, so it reaches a rank before any order sent after it."""
-        return self._queue(ReleaseOrder(tuple(identifiers)))
+        return self._queue(ReleaseOrder(tuple(identifiers)), tag=tuple(identifiers))
 
-    def _queue(self, message: StageOrder | ReleaseOrder) -> bool:
+    def take_lost_releases(self) -> list[str]:
+        """Released identifiers that a break kept from at least one rank."""
+        lost, self._lost_releases = self._lost_releases, []
+        return lost
+
+    def _queue(self, message: StageOrder | ReleaseOrder, tag: tuple[str, ...] = ()) -> bool:
         if self._ranks is None:
             return False
         try:
@@ -126,7 +134,7 @@ class StageClient:
             self.faults.warn("encode", "%s not sent: %s", type(message).__name__, exc)
             return False
         for rank in self._ranks:
-            if not rank.outbox.add(frame):
+            if not rank.outbox.add(frame, tag):
                 self._break("slow", "a worker stopped reading its orders")
                 return False
         return True
@@ -209,7 +217,11 @@ class StageClient:
         self._retry_at = time.monotonic() + self.RETRY_S
 
     def close(self) -> None:
+        lost = dict.fromkeys(self._lost_releases)
         for rank in self._ranks or ():
+            for identifiers in rank.outbox.unsent():
+                lost.update(dict.fromkeys(identifiers))
             with contextlib.suppress(OSError):
                 rank.sock.close()
         self._ranks = None
+        self._lost_releases = list(lost)

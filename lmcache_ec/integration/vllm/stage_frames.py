@@ -74,14 +74,25 @@ class Outbox:
         self.bytes = 0  # not yet written
         self._frames: deque[bytes] = deque()
         self._offset = 0  # into the first frame
+        self._added = 0  # bytes over the outbox's life
+        self._written = 0
+        self._tags: deque[tuple[int, tuple[str, ...]]] = deque()  # (end, tag), not written
 
-    def add(self, frame: bytes) -> bool:
-        """False (and nothing queued) if ``frame`` does not fit."""
+    def add(self, frame: bytes, tag: tuple[str, ...] = ()) -> bool:
+        """False (and nothing queued) if ``frame`` does not fit; a ``tag`` stays in
+        ``unsent`` until the whole frame is written."""
         if self.bytes + len(frame) > self.limit:
             return False
         self._frames.append(frame)
         self.bytes += len(frame)
+        self._added += len(frame)
+        if tag:
+            self._tags.append((self._added, tag))
         return True
+
+    def unsent(self) -> list[tuple[str, ...]]:
+        """The tags of frames not wholly written (a peer never reads half a frame)."""
+        return [tag for _, tag in self._tags]
 
     def write(self, sock: socket.socket) -> None:
         """Write what the socket takes now; ``OSError`` if the peer is gone."""
@@ -95,6 +106,9 @@ class Outbox:
                 return
             self._offset += sent
             self.bytes -= sent
+            self._written += sent
+            while self._tags and self._tags[0][0] <= self._written:
+                self._tags.popleft()
             if self._offset == len(frame):
                 self._frames.popleft()
                 self._offset = 0

@@ -109,6 +109,7 @@ class WorkerLink:
             return False
         if self.channel.connected:
             return True
+        self._requeue_lost_releases()  # sent first on the new connection
         if not self.channel.reconnect():
             return False
         logger.info("Stage orders go over the stage channel")
@@ -201,6 +202,12 @@ class WorkerLink:
         self.prefetch.take_waiters(identifier)
         self._to_release.append(identifier)
 
+    def _requeue_lost_releases(self) -> None:
+        """Releases a channel break kept from a worker go out again, ahead of any
+        order sent since: else that worker holds their copies until the weights change."""
+        if self.channel is not None:
+            self._to_release[:0] = self.channel.take_lost_releases()
+
     def _send_releases(self) -> bool:
         """Send the queued releases over the channel; False if it cannot take them."""
         if self._to_release and self.channel is not None:
@@ -224,6 +231,7 @@ class WorkerLink:
     def take_orders(self) -> tuple[list[str], list[str], int]:
         """This step's stage and release orders for the step metadata (releases the
         channel did not take), and the stage order's number (0: none)."""
+        self._requeue_lost_releases()
         order = 0
         if self._to_stage:
             order, self._meta_order = self._meta_order, self._meta_order + 1
