@@ -3,7 +3,9 @@ running engines through the purge log (``purge/marker.py``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Annotated
@@ -50,8 +52,9 @@ def purge(
         fail("say what to purge: --model, --namespace, --weights, --older-than, or --all", 2)
     tiers = tiers_named(tier)
     selector = Selector(namespace, model, parse_duration(older_than), weights)
+    marker = PurgeMarker.new(selector)
     try:  # a selection no engine could read from the purge log deletes nothing
-        PurgeMarker.new(selector).to_line()
+        marker.to_line()
     except ValueError as exc:
         fail(f"cannot purge this selection: {exc}", 2)
     session = EntrySession(load(config), tiers)
@@ -77,8 +80,14 @@ def purge(
                 freed[entry.tier] += entry.size
         else:
             reached = _namespaces_reached(session, selector, named)  # before their entries go
+            # Recorded before the deletes: a purge killed midway has told every
+            # namespace it reached (run again, it finds their entries gone, not them).
+            told = _mark_purged(session, tiers, marker, reached, rerun)
             failed = _delete(session, entries, deleted, freed)
-            marked = _mark_purged(session, tiers, selector, reached, rerun)
+            # Again after, same generation, later time: a read in between may have
+            # cached an entry; engines apply it again and count one purge.
+            after = dataclasses.replace(marker, time=time.time())
+            marked = _mark_purged(session, tuple(told), after, reached, rerun)
     finally:
         session.close()
     verb = "would delete" if dry_run else "deleted"
@@ -200,11 +209,11 @@ def _namespaces_reached(
 def _mark_purged(
     session: EntrySession,
     tiers: tuple[str, ...],
-    selector: Selector,
+    marker: PurgeMarker,
     reached: dict[str, str | None],
     rerun: Callable[[str, str], str],
 ) -> list[str]:
-    """Append the purge to the purge log of each namespace in ``reached``, on
+    """Append ``marker`` to the purge log of each namespace in ``reached``, on
     each purged tier (``purge/marker.py``); without ``--namespace``, also of
     each namespace with a log on the disk tier (its engines listen there, and a
     purge run again after a failed append finds their entries gone)."""
@@ -212,18 +221,14 @@ def _mark_purged(
     from ..tiers.disk_layout import DirectoryModes
 
     config = session.config
-    try:
-        line = PurgeMarker.new(selector).to_line()
-    except ValueError as exc:
-        session.problems.append(f"cannot write the purge marker: {exc}")
-        return []
+    line = marker.to_line()  # checked before anything was deleted
     marked = []
     directory = config.local_disk  # resolved by the loader: a plain path
     if "disk" in tiers and directory and "disk" not in session.skipped:
         modes = DirectoryModes.of(config.local_disk_group_shared)
         namespaces = dict(reached)
         try:
-            if selector.namespace is None:
+            if marker.namespace is None:
                 namespaces = {name: None for name in disk_log_slugs(directory)} | namespaces
         except OSError as exc:  # the namespaces with entries are still told
             session.problems.append(f"disk: cannot list the purge logs: {exc}")

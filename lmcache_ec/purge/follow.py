@@ -172,7 +172,8 @@ class PurgeFollower:
             raise PurgeIncomplete(
                 f"{len(undone)} selected entries not deleted (first: {undone[0]})"
             )
-        self._stats.add("purges_seen")  # applied: counted once nothing serves the selection
+        if self.watch.counts(marker.generation):  # once nothing serves the selection
+            self._stats.add("purges_seen")
 
     def _rescan_later(self, marker: PurgeMarker) -> None:
         """Have the watch thread apply ``marker`` to this engine's own directories."""

@@ -38,7 +38,9 @@ Records are untrusted: anyone who can write to a store can write one. A reader
 log at most every ``interval`` seconds on the caller's path (``poll_disk``),
 and a read of the remote log wherever its owner does remote work
 (``check_remote``). Records written before the watch started are old news;
-one generation seen on both tiers counts once. A generation whose handler
+one generation seen on both tiers counts once. A generation seen again with a
+later time (``lmcache-ec purge`` records before and after its deletes) is
+applied again, and still counts once (``counts``). A generation whose handler
 raises ``PurgeIncomplete`` is forgotten, so the next check applies it again.
 A generation is handled from when one thread takes it until its handler
 returns: ``wait_applied`` waits for that (a thread about to undo a purge, the
@@ -357,7 +359,8 @@ class MarkerWatch:
         self._on_old_remote = on_old_remote
         self._started = time.time()
         self._lock = threading.Lock()
-        self._handled: OrderedDict[str, None] = OrderedDict()
+        self._handled: OrderedDict[str, float] = OrderedDict()  # generation -> its newest time
+        self._counted: OrderedDict[str, None] = OrderedDict()
         self._reported: OrderedDict[int, None] = OrderedDict()
         self._retrying: OrderedDict[str, str] = OrderedDict()  # left incomplete -> tier
         self._applying: set[str] = set()  # generations whose on_purge runs now
@@ -424,15 +427,17 @@ class MarkerWatch:
 
     def _seen(self, marker: PurgeMarker, tier: str, first: bool) -> bool:
         with self._lock:
-            if marker.generation in self._handled:
+            newest = self._handled.get(marker.generation)
+            if newest is not None and marker.time <= newest:
                 return False
-            self._handled[marker.generation] = None
+            self._handled[marker.generation] = marker.time
+            self._handled.move_to_end(marker.generation)
             if len(self._handled) > _REMEMBERED:
                 self._handled.popitem(last=False)
             retry = self._retrying.get(marker.generation)
             self._applying.add(marker.generation)
         try:
-            return self._apply(marker, tier, first, retry)
+            return self._apply(marker, tier, first, retry, again=newest is not None)
         finally:
             with self._applied:
                 self._applying.discard(marker.generation)
@@ -445,15 +450,29 @@ class MarkerWatch:
         with self._applied:
             return self._applied.wait_for(lambda: not self._applying, timeout)
 
-    def _apply(self, marker: PurgeMarker, tier: str, first: bool, retry: str | None) -> bool:
-        """Have ``on_purge`` apply a generation just taken as new (unless old news)."""
+    def counts(self, generation: str) -> bool:
+        """True the first time it is asked of ``generation``: what counts one
+        purge seen, however often its records were applied."""
+        with self._lock:
+            if generation in self._counted:
+                return False
+            self._counted[generation] = None
+            if len(self._counted) > _REMEMBERED:
+                self._counted.popitem(last=False)
+            return True
+
+    def _apply(
+        self, marker: PurgeMarker, tier: str, first: bool, retry: str | None, *, again: bool
+    ) -> bool:
+        """Have ``on_purge`` apply a generation (or its later record) just taken
+        as new, unless old news."""
         if retry == "remote":  # a remote record, seen again on disk, still does its part
             tier = "remote"
         if first and retry is None and marker.time < self._started:
             if tier == "remote" and self._on_old_remote is not None:
                 self._on_old_remote(marker)
             return False  # there before we started: nothing in memory to drop
-        if retry is None:  # a retry is no news: logged when first seen
+        if retry is None and not again:  # a retry is no news: logged when first seen
             logger.info(
                 "Purge %s seen on the %s tier (selection %s); dropping cached copies",
                 marker.generation[:8],

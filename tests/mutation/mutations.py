@@ -5972,6 +5972,55 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "purge-records-only-after-deletes",
+        (
+            "a purge records before its deletes: killed midway, it has told every "
+            "namespace it reached (a rerun finds their entries gone)"
+        ),
+        "lmcache_ec/cli/purge_entries.py",
+        "            told = _mark_purged(session, tiers, marker, reached, rerun)\n",
+        "            told = list(tiers)\n",
+        (
+            (
+                "tests/purge/test_purge_outcomes.py::test_a_purge_killed_after_its_deletes_h"
+                "as_told_every_namespace_it_reached"
+            ),
+        ),
+    ),
+    Mutation(
+        "later-record-of-a-generation-ignored",
+        (
+            "a purge's record after its deletes (same generation, later time) is applied "
+            "again: a read between the two may have cached an entry"
+        ),
+        "lmcache_ec/purge/marker.py",
+        "            if newest is not None and marker.time <= newest:\n",
+        "            if newest is not None:\n",
+        (
+            (
+                "tests/purge/test_purge_log.py::test_a_generation_recorded_again_later_is_ap"
+                "plied_again_and_counts_once"
+            ),
+            "tests/vllm/test_index_purge.py::test_disk_marker_clears_remembered_answers",
+        ),
+    ),
+    Mutation(
+        "purge-counted-per-record",
+        "an engine counts one purge seen per generation, though its records are applied twice",
+        "lmcache_ec/purge/follow.py",
+        "        if self.watch.counts(marker.generation):  # once nothing serves the selection\n",
+        "        if True:\n",
+        ("tests/purge/test_purge_reach.py::test_purge_on_a_shared_disk_reaches_a_running_engine",),
+    ),
+    Mutation(
+        "index-purge-counted-per-record",
+        "the scheduler's index counts one purge seen per generation",
+        "lmcache_ec/integration/vllm/index.py",
+        "            self.purges_seen += self._purges.counts(marker.generation)\n",
+        "            self.purges_seen += 1\n",
+        ("tests/vllm/test_index_purge.py::test_disk_marker_clears_remembered_answers",),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

@@ -10,6 +10,7 @@ fast.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -29,6 +30,7 @@ from lmcache_ec.purge.inventory import Selector
 from lmcache_ec.purge.marker import (
     LOG_LIMIT,
     BadRecord,
+    MarkerWatch,
     PurgeMarker,
     append_disk,
     append_remote,
@@ -344,6 +346,26 @@ def test_two_tenants_purging_within_one_interval_are_both_applied(
     finally:
         for cache in engines.values():
             cache.close()
+
+
+def test_a_generation_recorded_again_later_is_applied_again_and_counts_once(disk_dir, caplog):
+    """``lmcache-ec purge`` records before and after its deletes (same
+    generation, later time): a read between them may have cached an entry, so
+    the later record is applied too; it is one purge seen, logged once."""
+    applied: list[float] = []
+    watch = MarkerWatch(str(disk_dir), "default", 1.0, lambda m, tier: applied.append(m.time))
+    before = dataclasses.replace(PurgeMarker.new(Selector(model=MODEL)), time=time.time() - 5)
+    after = dataclasses.replace(before, time=before.time + 1.0)  # times read as written
+    assert not watch.poll_disk(now=9.0)  # no log yet: what comes next is news
+    append_disk(str(disk_dir), slug("default"), before.to_line())
+    with caplog.at_level(logging.INFO, logger="lmcache_ec.purge.marker"):
+        assert watch.poll_disk(now=10.0)
+        append_disk(str(disk_dir), slug("default"), after.to_line())
+        append_disk(str(disk_dir), slug("default"), before.to_line())  # the older again: old news
+        assert watch.poll_disk(now=11.0)
+    assert applied == [before.time, after.time]
+    assert [watch.counts(before.generation), watch.counts(after.generation)] == [True, False]
+    assert len([r for r in caplog.records if "Purge" in r.getMessage()]) == 1
 
 
 def test_a_record_selects_only_its_own_namespace(tmp_path, redis_url, make_cache):

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -232,9 +235,45 @@ def test_a_purge_without_namespace_records_in_each_namespace_with_a_disk_log(
 
     said = _said(invoke("purge", "--config", config, "--model", MODEL, "--tier", "disk"))
     assert "disk: deleted 2 entries" in said
-    (_, new) = records(read_disk(str(disk_dir), "tenant-b"))
-    assert PurgeMarker.parse(new, "tenant-b", time.time()).model == MODEL
-    assert len(records(read_disk(str(disk_dir), "default"))) == 1
+    (_, before, after) = _parsed(read_disk(str(disk_dir), "tenant-b"), "tenant-b")
+    assert before.model == after.model == MODEL
+    assert _parsed(read_disk(str(disk_dir), "default"), "default") == [before, after]
+
+
+def _parsed(log: bytes | None, namespace: str) -> list[PurgeMarker]:
+    return [PurgeMarker.parse(line, namespace, time.time()) for line in records(log)]
+
+
+KILLED_PURGER = """
+import os, signal, sys
+from lmcache_ec.cli import main, purge_entries
+delete = purge_entries._delete
+def delete_then_die(*args):
+    delete(*args)
+    os.kill(os.getpid(), signal.SIGKILL)  # before the record that follows the deletes
+purge_entries._delete = delete_then_die
+sys.argv = ["lmcache-ec", "purge", "--config", sys.argv[1], "--model", sys.argv[2]]
+main()
+"""
+
+
+def test_a_purge_killed_after_its_deletes_has_told_every_namespace_it_reached(
+    tmp_path, disk_dir, make_cache
+):
+    """Killed before its last record, the purge has recorded once before its
+    deletes: tenant-b's engine stops serving (a rerun would find no entry of
+    tenant-b left, so could not tell it), and its two records count one purge."""
+    config = {"local_cpu": True, "max_local_cpu_size": 0.05, "local_disk": str(disk_dir)}
+    engine = make_cache(config, model=MODEL, namespace="tenant-b", purge_check_s=INTERVAL)
+    assert engine.put("img", TENSOR) and engine.flush(30)
+    purger = write_config(tmp_path / "purger.yaml", **config)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_PURGER, purger, MODEL], capture_output=True, timeout=120
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not [name for name in os.listdir(disk_dir) if name.endswith(".pt")]  # deleted
+    _wait_for(lambda: engine.get("img") is None, "tenant-b's engine told")
+    assert engine.stats.snapshot()["purges_seen"] == 1
 
 
 # -- records from the future ---------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import redis
@@ -37,14 +38,23 @@ def test_disk_marker_clears_remembered_answers(tmp_path, monkeypatch):
     index.note_present("worker-item", "worker")
     assert index.lookup(ITEM) == "disk"
     path.unlink()  # purged by another process, which then writes its marker
-    line = PurgeMarker.new(Selector(model=IDENTITY.model)).to_line()
-    append_disk(str(tmp_path), slug(IDENTITY.namespace), line)
+    marker = dataclasses.replace(
+        PurgeMarker.new(Selector(model=IDENTITY.model)), time=time.time() - 1
+    )
+    append_disk(str(tmp_path), slug(IDENTITY.namespace), marker.to_line())
     now[0] += INTERVAL / 2
     assert index.lookup(ITEM) == "disk"  # remembered until the next check
     now[0] += INTERVAL / 2
     assert index.lookup(ITEM) is None  # the check ran: every answer forgotten
     assert index.lookup("worker-item") is None
     assert index.purges_seen == 1
+    # The purger's record after its deletes: same generation, later time.
+    index.note_present("worker-item", "worker")
+    later = dataclasses.replace(marker, time=marker.time + 0.001)
+    append_disk(str(tmp_path), slug(IDENTITY.namespace), later.to_line())
+    now[0] += INTERVAL
+    assert index.lookup("worker-item") is None  # forgotten again
+    assert index.purges_seen == 1  # one purge
 
 
 def test_remote_marker_clears_remembered_answers(redis_url):

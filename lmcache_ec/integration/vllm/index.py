@@ -235,7 +235,7 @@ class TierIndex:
     def _purged(self, marker: PurgeMarker, tier: str) -> None:
         """Entries were purged elsewhere: forget every remembered answer."""
         with self._lock:
-            self.purges_seen += 1
+            self.purges_seen += self._purges.counts(marker.generation)
             self._generation += 1  # answers in flight are dropped too
             self._known.clear()
             self._remote.clear()
