@@ -43,6 +43,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import enum
+import fcntl
 import hashlib
 import logging
 import os
@@ -56,7 +57,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .flocks import flock_within
+from .flocks import close_inherited, flock_within
 
 logger = logging.getLogger(__name__)
 
@@ -363,17 +364,93 @@ _SOCKET_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "-_")
 
 _process_lock = threading.Lock()
 _process_dir: str | None = None
+_alive_fd = -1  # holds the flock on this process's ``ALIVE`` file
+ALIVE = ".alive"  # in a process directory: flocked by its process for as long as it lives
 
 
 def process_dir() -> str:
-    """A private directory of this process alone (a random name made with mode
-    0700, in the temp directory), removed at exit. Raises ``OSError``."""
-    global _process_dir
+    """A private directory of this process alone,
+    ``<temp dir>/lmcache-ec-<uid>-process-<pid>-<random>`` (mode 0700), removed
+    at exit. A process killed (SIGKILL, the OOM killer) cannot remove its own:
+    the next one of this user that makes one does. Raises ``OSError``."""
+    global _process_dir, _alive_fd
     with _process_lock:
         if _process_dir is None or not os.path.isdir(_process_dir):
-            _process_dir = tempfile.mkdtemp(prefix=f"{NAME}-{os.getuid()}-process-")
-            atexit.register(_remove_process_dir, _process_dir, os.getpid())
+            _sweep_process_dirs()
+            path = tempfile.mkdtemp(prefix=f"{_process_prefix()}{os.getpid()}-")
+            if _alive_fd >= 0:
+                os.close(_alive_fd)  # the lock of a directory gone
+            _alive_fd = _hold_alive(path)
+            _process_dir = path
+            atexit.register(_remove_process_dir, path, os.getpid())
         return _process_dir
+
+
+def _process_prefix() -> str:
+    return f"{NAME}-{os.getuid()}-process-"
+
+
+def _hold_alive(path: str) -> int:
+    """A descriptor holding a flock on ``path``'s ``ALIVE`` file while this
+    process lives: the kernel drops it however the process dies, and in any pid
+    namespace (a pid says nothing about a process in another container sharing
+    the temp directory). Locked before it gets its name, so no sweep finds it
+    unlocked. -1 where it cannot be had: the directory is then never swept."""
+    temp = os.path.join(path, f"{ALIVE}-new")
+    flags = os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(temp, flags, 0o600)
+    except OSError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else knows the file yet
+        os.rename(temp, os.path.join(path, ALIVE))
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        return -1
+    return fd
+
+
+def _sweep_process_dirs() -> None:
+    """Remove the process directories that this user's dead processes left in
+    the temp directory (one listing of it). Never raises: what cannot be
+    looked at or removed is left."""
+    base = tempfile.gettempdir()
+    prefix = _process_prefix()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefix):
+            with contextlib.suppress(OSError):
+                _remove_if_dead(os.path.join(base, name))
+
+
+def _remove_if_dead(path: str) -> None:
+    """Remove process directory ``path`` if it is this user's and no process
+    holds its ``ALIVE`` lock. Never follows a symlink; one without ``ALIVE``
+    (made by an older version, or not yet set up) is left."""
+    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if os.fstat(dir_fd).st_uid != os.getuid():
+            return  # another user's: never touched
+        alive = os.open(
+            ALIVE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+        try:
+            fcntl.flock(alive, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: it lives
+            for name in os.listdir(dir_fd):
+                if name != ALIVE:  # last: a directory that cannot be emptied is tried again
+                    os.unlink(name, dir_fd=dir_fd)  # ledgers are files; a subdirectory stays
+            os.unlink(ALIVE, dir_fd=dir_fd)
+        finally:
+            os.close(alive)
+    finally:
+        os.close(dir_fd)
+    os.rmdir(path)
 
 
 def _remove_process_dir(path: str, pid: int) -> None:
@@ -382,8 +459,9 @@ def _remove_process_dir(path: str, pid: int) -> None:
 
 
 def _forget_process_dir() -> None:
-    global _process_dir
+    global _process_dir, _alive_fd
     _process_dir = None  # a forked child makes its own
+    _alive_fd = close_inherited(_alive_fd)  # the parent's lock ends with the parent
 
 
 if hasattr(os, "register_at_fork"):

@@ -6021,6 +6021,77 @@ MUTATIONS += [
         "            self.purges_seen += 1\n",
         ("tests/vllm/test_index_purge.py::test_disk_marker_clears_remembered_answers",),
     ),
+    Mutation(
+        "process-dirs-never-swept",
+        "a killed process's ledger directory is removed by the user's next process",
+        "lmcache_ec/runtime_dirs.py",
+        "            _sweep_process_dirs()\n",
+        "",
+        (
+            (
+                "tests/chaos/test_process_dir_sweep.py::test_a_killed_process_directory_is_r"
+                "emoved_by_the_next_process_and_a_live_one_is_kept"
+            ),
+        ),
+    ),
+    Mutation(
+        "process-dir-sweep-removes-live",
+        "the process-directory sweep never removes a live process's directory",
+        "lmcache_ec/runtime_dirs.py",
+        (
+            "            fcntl.flock(alive, fcntl.LOCK_EX | fcntl.LOCK_NB)  # "
+            "BlockingIOError: it lives\n"
+        ),
+        "",
+        (
+            (
+                "tests/chaos/test_process_dir_sweep.py::test_a_killed_process_directory_is_r"
+                "emoved_by_the_next_process_and_a_live_one_is_kept"
+            ),
+        ),
+    ),
+    Mutation(
+        "process-dir-sweep-other-users",
+        "the process-directory sweep never touches another user's directory",
+        "lmcache_ec/runtime_dirs.py",
+        (
+            "        if os.fstat(dir_fd).st_uid != os.getuid():\n"
+            "            return  # another user's: never touched\n"
+        ),
+        "",
+        (
+            (
+                "tests/chaos/test_process_dir_sweep.py::test_the_sweep_leaves_another_users_"
+                "directory_a_symlink_and_an_older_one"
+            ),
+        ),
+    ),
+    Mutation(
+        "process-dir-sweep-follows-symlinks",
+        "the process-directory sweep never follows a symlink",
+        "lmcache_ec/runtime_dirs.py",
+        "    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)\n",
+        "    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)\n",
+        (
+            (
+                "tests/chaos/test_process_dir_sweep.py::test_the_sweep_leaves_another_users_"
+                "directory_a_symlink_and_an_older_one"
+            ),
+        ),
+    ),
+    Mutation(
+        "process-dir-lock-kept-by-forked-child",
+        "a forked child does not keep its dead parent's process directory",
+        "lmcache_ec/runtime_dirs.py",
+        "    _alive_fd = close_inherited(_alive_fd)  # the parent's lock ends with the parent\n",
+        "",
+        (
+            (
+                "tests/chaos/test_process_dir_sweep.py::test_a_forked_child_that_outlives_it"
+                "s_parent_does_not_keep_the_parents_directory"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
