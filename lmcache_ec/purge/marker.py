@@ -49,7 +49,6 @@ replay of an outage's writes, must not take "seen" for "applied").
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
@@ -66,6 +65,7 @@ from typing import Any
 
 import xxhash
 
+from ..flocks import flock_within
 from ..key import slug
 from ..remote.store import appended
 from ..tiers.disk_layout import PRIVATE, DirectoryLayout, DirectoryModes
@@ -78,6 +78,7 @@ LOG_PREFIX = "ec-purge."
 LOG_SUFFIX = ".log"
 LOG_LIMIT = 64 * 1024  # bytes of a log kept, and read
 RECORD_LIMIT = 4 * 1024  # bytes of one record (a line)
+APPEND_LOCK_S = 10.0  # a purger's wait for another purger's append
 _TEXT_LIMIT = 1024  # characters of a namespace, model or weights version
 _SELECT_FIELDS = ("namespace", "model", "weights", "older_than")
 _RECORD_FIELDS = {"v", "generation", "time", "select"}
@@ -297,12 +298,13 @@ def append_disk(
     directory: str, namespace_slug: str, line: bytes, modes: DirectoryModes = PRIVATE
 ) -> None:
     """Append ``line`` to the disk log of the namespace with that slug, under an
-    ``flock`` on the directory (purgers queue; readers never wait: the new log
-    is written aside and renamed into place). Raises ``OSError``."""
+    ``flock`` on the directory (purgers queue, each at most ``APPEND_LOCK_S``: a
+    stopped purger holds it for good; readers never wait: the new log is
+    written aside and renamed into place). Raises ``OSError``."""
     name = log_name_of_slug(namespace_slug)
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        flock_within(fd, APPEND_LOCK_S, f"the purge logs' directory {directory}")
         try:
             log = _read_file(os.path.join(directory, name)) or b""
         except UnreadableLog as exc:  # replaced below by a good one

@@ -6092,6 +6092,22 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "purge-log-lock-waits-for-good",
+        (
+            "a purge behind a stopped purger waits APPEND_LOCK_S for the purge log's lock, "
+            "then names the untold namespaces (exit 1)"
+        ),
+        "lmcache_ec/purge/marker.py",
+        '        flock_within(fd, APPEND_LOCK_S, f"the purge logs\' directory {directory}")\n',
+        '        flock_within(fd, 30.0, f"the purge logs\' directory {directory}")\n',
+        (
+            (
+                "tests/purge/test_purge_outcomes.py::test_a_purge_behind_a_stopped_purger_en"
+                "ds_naming_the_untold_namespaces"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import signal
@@ -29,6 +30,7 @@ import torch
 
 from lmcache_ec.config import load_config
 from lmcache_ec.key import slug
+from lmcache_ec.purge import marker as marker_module
 from lmcache_ec.purge import selection
 from lmcache_ec.purge.inventory import Selector
 from lmcache_ec.purge.marker import (
@@ -274,6 +276,29 @@ def test_a_purge_killed_after_its_deletes_has_told_every_namespace_it_reached(
     assert not [name for name in os.listdir(disk_dir) if name.endswith(".pt")]  # deleted
     _wait_for(lambda: engine.get("img") is None, "tenant-b's engine told")
     assert engine.stats.snapshot()["purges_seen"] == 1
+
+
+def test_a_purge_behind_a_stopped_purger_ends_naming_the_untold_namespaces(
+    tmp_path, disk_dir, monkeypatch, invoke
+):
+    """A purger stopped (SIGSTOP) while it appends holds the directory's lock
+    for good: the next purge waits ``APPEND_LOCK_S``, then says whom it did not
+    tell and how to tell them (exit 1), never waits for good."""
+    monkeypatch.setattr(marker_module, "APPEND_LOCK_S", 0.2)
+    config = write_config(
+        tmp_path / "disk.yaml", local_cpu=True, max_local_cpu_size=0.0625, local_disk=str(disk_dir)
+    )
+    populate(config, MODEL, "default", 1)
+    stopped = os.open(disk_dir, os.O_RDONLY | os.O_DIRECTORY)  # another open description
+    try:
+        fcntl.flock(stopped, fcntl.LOCK_EX)
+        said = _said(invoke("purge", "--config", config, "--model", MODEL, expect=1))
+    finally:
+        os.close(stopped)
+    assert "disk: deleted 1 entries" in said
+    assert "locked for over 0.2 s" in said
+    assert "engines of the namespaces default were not told" in said
+    assert f"lmcache-ec purge --config {config} --model {MODEL} --namespace default" in said
 
 
 # -- records from the future ---------------------------------------------------------
