@@ -6108,6 +6108,22 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "queued-prefetch-abandoned-held-off",
+        (
+            "a prefetch still queued when its request ended is given up at its deadline as "
+            "nothing failed (not held off the tiers for failed_retry_s)"
+        ),
+        "lmcache_ec/integration/vllm/scheduler.py",
+        "        self.give_up(identifier, now, why, fetch_failed=state is S.STAGING)\n",
+        "        self.give_up(identifier, now, why)\n",
+        (
+            (
+                "tests/vllm/test_item_lifecycle.py::test_a_queued_prefetch_whose_request_end"
+                "ed_is_not_held_off_the_tiers"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

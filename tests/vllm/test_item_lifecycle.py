@@ -288,6 +288,30 @@ def test_a_staging_whose_request_ends_after_its_deadline_gives_its_slot_back(tmp
         close()
 
 
+def test_a_queued_prefetch_whose_request_ended_is_not_held_off_the_tiers(tmp_path):
+    """A prefetch still queued (never ordered: one in flight at most) when its
+    request ends is given up at its deadline as nothing failed: the next
+    request for the image fetches it, it is not computed for ``failed_retry_s``."""
+    timeout = 0.3
+    scheduler, index, close = _scheduler_of_a_silent_worker(tmp_path, timeout)
+    try:
+        first, queued = image_hash("in-flight.png"), image_hash("queued-then-aborted.png")
+        index.note_present(first, "worker")
+        index.note_present(queued, "worker")
+        assert not scheduler.ensure_cache_available(lone_request(first), 0)
+        request = lone_request(queued)
+        request.request_id = "aborted"
+        assert not scheduler.ensure_cache_available(request, 0)
+        assert scheduler.items.state(queued) is S.QUEUED
+        scheduler.request_finished(request.request_id)
+        time.sleep(timeout * 1.5)
+        scheduler.build_connector_meta(object())  # past its deadline, no request waits
+        assert scheduler.items.state(queued) is S.UNKNOWN
+        assert scheduler.items.retry_at(queued) == 0  # fetched again at once
+    finally:
+        close()
+
+
 def test_an_item_staged_twice_counts_its_memory_once(model_config, extra):
     """A stage order for an item the worker holds already replaces the copy: the
     worker's staged bytes (bounded by ``max_staged_mb``) count it once."""

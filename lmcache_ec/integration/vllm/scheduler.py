@@ -302,13 +302,19 @@ class TierScheduler:
             if state is S.READY:
                 self.link.release_unused(identifier)
             elif state in (S.QUEUED, S.STAGING) and not self.prefetch.waited_on(identifier):
-                self.give_up(identifier, now, "no answer in time, and no request waits for it")
+                self._give_up_unwanted(identifier, state, now)
             elif state is S.FAILED:  # its retry time: the record says nothing any more
                 self.items.allow_retry(identifier)
             elif state in ASKED_ABOUT:
                 self._look_again_if_needed(identifier)
             else:
                 self.waits.wake_later((identifier,))
+
+    def _give_up_unwanted(self, identifier: str, state: ItemState, now: float) -> None:
+        """A prefetch past its deadline that no request waits for. One still
+        queued was never ordered: nothing failed, so nothing holds it off the tiers."""
+        why = "no answer in time, and no request waits for it"
+        self.give_up(identifier, now, why, fetch_failed=state is S.STAGING)
 
     def _look_again_if_needed(self, identifier: str) -> None:
         """A lookup answered, or a lookup or claim past its deadline (``ASKED_ABOUT``):
@@ -373,7 +379,7 @@ class TierScheduler:
         for identifier in self.prefetch.forget_request(request_id):
             item = self.items.get(identifier)  # past its deadline: _expire_due woke the request
             if item and item.state in (S.QUEUED, S.STAGING) and now >= item.deadline:
-                self.give_up(identifier, now, "no answer in time, and no request waits for it")
+                self._give_up_unwanted(identifier, item.state, now)
         self.waits.finished(request_id)
         self._active.discard(request_id)
         if self.claims is not None:  # claimed and never computed: others need not wait
