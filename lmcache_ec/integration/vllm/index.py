@@ -47,7 +47,7 @@ from ...tiers.disk_layout import DirectoryLayout
 logger = logging.getLogger(__name__)
 
 PENDING = "pending"
-_MAX_ENTRIES = 1_000_000  # identifiers remembered (LRU); ~100 bytes each
+_MAX_ENTRIES = 1_000_000  # identifiers remembered (LRU); ~300 bytes each, identifier included
 _MAX_PENDING = 4096  # queued remote lookups; beyond it, answer "absent"
 _REMOTE_BACKOFF = 5.0  # seconds without remote lookups after the store failed to answer
 _LOOKUP_BATCH = 256  # existence checks per round trip
