@@ -6124,6 +6124,97 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "pcp-workers-not-counted",
+        (
+            "with prefill context parallelism every first-stage worker is a rank: an item "
+            "is READY only once all TP x PCP workers staged it"
+        ),
+        "lmcache_ec/integration/vllm/connector.py",
+        "    return max(1, parallel.tensor_parallel_size) * max(1, pcp_size)\n",
+        "    return max(1, parallel.tensor_parallel_size)\n",
+        (
+            (
+                "tests/vllm/test_context_parallel.py::test_every_context_parallel_worker_lis"
+                "tens_on_a_stage_socket_of_its_own"
+            ),
+            (
+                "tests/vllm/test_context_parallel.py::test_an_item_is_ready_only_once_both_c"
+                "ontext_parallel_workers_staged_it[stage_channel]"
+            ),
+            (
+                "tests/vllm/test_context_parallel.py::test_an_item_is_ready_only_once_both_c"
+                "ontext_parallel_workers_staged_it[step_metadata]"
+            ),
+            (
+                "tests/vllm/test_context_parallel.py::test_an_entry_gone_after_one_worker_st"
+                "aged_it_is_computed_not_a_crash"
+            ),
+        ),
+    ),
+    Mutation(
+        "pcp-worker-numbered-by-tp-rank",
+        (
+            "each PCP worker has a rank of its own (pcp_rank * tp_size + tp_rank): its own "
+            "stage socket and share of writes"
+        ),
+        "lmcache_ec/integration/vllm/connector.py",
+        "        return self.pcp_rank * self.tp_size + self.tp_rank\n",
+        "        return self.tp_rank\n",
+        (
+            (
+                "tests/vllm/test_context_parallel.py::test_a_worker_is_numbered_over_the_ten"
+                "sor_parallel_ranks_of_every_pcp_slice"
+            ),
+            (
+                "tests/vllm/test_context_parallel.py::test_every_context_parallel_worker_lis"
+                "tens_on_a_stage_socket_of_its_own"
+            ),
+            (
+                "tests/vllm/test_context_parallel.py::test_one_context_parallel_worker_write"
+                "s_each_item"
+            ),
+        ),
+    ),
+    Mutation(
+        "pcp-rank-never-read",
+        "a worker's PCP rank and size come from vLLM's PCP group",
+        "lmcache_ec/integration/vllm/connector.py",
+        "                *_pcp_position(),\n",
+        "",
+        (
+            (
+                "tests/vllm/test_context_parallel.py::test_a_worker_is_numbered_over_the_ten"
+                "sor_parallel_ranks_of_every_pcp_slice"
+            ),
+        ),
+    ),
+    Mutation(
+        "pcp-writers-count-tp-only",
+        "one worker of all TP x PCP writes each item to a shared tier",
+        "lmcache_ec/integration/vllm/connector.py",
+        "                tp_size=position.ranks,\n",
+        "                tp_size=position.tp_size,\n",
+        (
+            (
+                "tests/vllm/test_context_parallel.py::test_one_context_parallel_worker_write"
+                "s_each_item"
+            ),
+        ),
+    ),
+    Mutation(
+        "pcp-listener-named-by-tp-rank",
+        "each PCP worker listens on a stage socket of its own",
+        "lmcache_ec/integration/vllm/connector.py",
+        "                        _stage_socket(vllm_config, config.node_dir, position.rank),\n",
+        "                        _stage_socket(vllm_config, config.node_dir, position.tp_rank),\n",
+        (
+            (
+                "tests/vllm/test_context_parallel.py::test_every_context_parallel_worker_lis"
+                "tens_on_a_stage_socket_of_its_own"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

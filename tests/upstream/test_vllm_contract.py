@@ -251,6 +251,22 @@ def test_tensor_parallel_group_api():
         assert attribute in source, f"GroupCoordinator no longer sets {attribute}"
 
 
+def test_prefill_context_parallel_group_api():
+    """connector._pcp_position / _worker_ranks: with prefill context parallelism
+    each PCP slice has its own TP group, every first-stage worker runs the EC hooks,
+    and the connector counts TP x PCP ranks: get_pcp_group() (a GroupCoordinator:
+    rank_in_group, world_size) and ParallelConfig.prefill_context_parallel_size."""
+    from vllm.config import ParallelConfig
+    from vllm.distributed import parallel_state
+
+    assert callable(parallel_state.get_pcp_group)
+    assert "_PCP = init_model_parallel_group" in inspect.getsource(
+        parallel_state.initialize_model_parallel
+    )
+    assert ParallelConfig().prefill_context_parallel_size == 1
+    assert "prefill_context_parallel_size" in inspect.getsource(ParallelConfig.__post_init__)
+
+
 def test_shared_memory_queue_readers_poll_after_each_message():
     """``bench serve`` waits between two servers' turns (``serve.settle_seconds``): the
     readers of vLLM's shared-memory queues (``SpinCondition``, in a CPU engine's worker

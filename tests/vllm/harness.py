@@ -171,7 +171,9 @@ def make_vllm_config(
 
 
 class Engine:
-    """Scheduler + one worker connector per tensor-parallel rank."""
+    """Scheduler + one worker connector per tensor-parallel rank (per prefill
+    context parallel slice: ``pcp_size`` slices of ``tp_size`` ranks each; the
+    config's ``prefill_context_parallel_size`` is the test's to set)."""
 
     def __init__(
         self,
@@ -179,6 +181,7 @@ class Engine:
         *,
         runner: str = "v2",
         tp_size: int = 1,
+        pcp_size: int = 1,
         announce_weights: bool = True,
     ) -> None:
         self.vllm_config = vllm_config
@@ -205,10 +208,14 @@ class Engine:
         self.workers = []
         self.weights_seed = 0
         self.model = TinyVLM(self.weights_seed)
-        for rank in range(tp_size):
-            # vLLM builds each rank's connector inside its tensor-parallel group.
+        for rank in range(tp_size * pcp_size):
+            # vLLM builds each rank's connector inside its tensor-parallel group,
+            # one group per PCP slice.
+            place = connector_module.ParallelPosition(
+                rank % tp_size, tp_size, 0, rank // tp_size, pcp_size
+            )
             position = connector_module._parallel_position
-            connector_module._parallel_position = lambda rank=rank: (rank, tp_size, 0)
+            connector_module._parallel_position = lambda place=place: place
             try:
                 worker = ECConnectorFactory.create_connector(vllm_config, ECConnectorRole.WORKER)
             finally:
@@ -216,7 +223,7 @@ class Engine:
             if announce_weights:  # what the Worker.load_model seam does
                 worker.weights_changed(lambda: self.model)
             self.workers.append(worker)
-        self.encoder_caches: list[dict[str, torch.Tensor]] = [{} for _ in range(tp_size)]
+        self.encoder_caches: list[dict[str, torch.Tensor]] = [{} for _ in self.workers]
         self.encoded: list[str] = []  # identifiers the encoder computed (rank 0)
         self.gathered: dict[str, torch.Tensor] = {}  # what the LM consumed
         self.features: dict[str, list[MultiModalFeatureSpec]] = {}

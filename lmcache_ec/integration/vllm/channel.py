@@ -5,7 +5,8 @@ Model Runner V1 skips every EC connector hook in a step with no scheduled
 tokens. A request deferred while its encoder outputs are staged is exactly such
 a step when the engine is otherwise idle, so an order riding in step metadata
 would never arrive. This channel carries stage orders and staging results over
-one Unix socket per tensor-parallel rank, independent of the runner's steps.
+one Unix socket per rank (each first-stage worker: tensor x prefill-context
+parallel), independent of the runner's steps.
 
 - Worker: ``StageListener`` binds ``<runtime dir>/<engine>-<digest>-dp<d>-tp<r>.sock``
   (``runtime_dirs.socket_path``: named anew at each launch; a starting worker

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from vllm.distributed.ec_transfer.ec_connector.base import (
@@ -73,8 +73,45 @@ def _open_catalog_factory(config: ECConfig) -> Any:
     return open_catalog
 
 
-def _parallel_position() -> tuple[int, int, int]:
-    """(tp rank, tp size, pp rank) of this worker; (0, 1, 0) if none."""
+class ParallelPosition(NamedTuple):
+    """Where a worker stands among the workers that run the EC hooks.
+
+    Those are every first-pipeline-stage worker: each prefill-context-parallel
+    (PCP) slice has its own tensor-parallel group, so two workers of one engine
+    can share a tensor-parallel rank. The connector counts them all as ranks.
+    """
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pcp_rank: int = 0
+    pcp_size: int = 1
+
+    @property
+    def rank(self) -> int:
+        """This worker's index among the ``ranks`` that stage, answer and write."""
+        return self.pcp_rank * self.tp_size + self.tp_rank
+
+    @property
+    def ranks(self) -> int:
+        return self.tp_size * self.pcp_size
+
+
+def _pcp_position() -> tuple[int, int]:
+    """(PCP rank, PCP size) of this worker; (0, 1) where vLLM has no PCP group."""
+    try:
+        from vllm.distributed.parallel_state import get_pcp_group
+
+        group = get_pcp_group()
+        return group.rank_in_group, group.world_size
+    except Exception as exc:  # an older vLLM, or no group: one slice
+        logger.debug("No prefill-context-parallel group: %s", exc)
+    return 0, 1
+
+
+def _parallel_position() -> ParallelPosition:
+    """This worker's position; (0 of 1) everywhere if none: every process writes,
+    duplicates, never gaps."""
     try:
         from vllm.distributed.parallel_state import (
             get_pp_group,
@@ -84,19 +121,28 @@ def _parallel_position() -> tuple[int, int, int]:
         )
 
         if model_parallel_is_initialized():
-            return (
+            return ParallelPosition(
                 get_tensor_model_parallel_rank(),
                 get_tensor_model_parallel_world_size(),
                 get_pp_group().rank_in_group,
+                *_pcp_position(),
             )
     except Exception as exc:
         logger.debug("No tensor-parallel group: %s", exc)
-    return 0, 1, 0  # every process writes: duplicates, never gaps
+    return ParallelPosition()
 
 
-def _stage_socket(vllm_config: VllmConfig, node_dir: str, tp_rank: int) -> str:
-    """The stage channel's socket of one rank of this engine (see ``channel.py``);
-    ``RuntimeDirUnavailable`` where this user can have no directory for it.
+def _worker_ranks(vllm_config: VllmConfig) -> int:
+    """How many workers run the EC hooks: a first pipeline stage, TP x PCP."""
+    parallel = vllm_config.parallel_config
+    pcp_size = getattr(parallel, "prefill_context_parallel_size", 1) or 1
+    return max(1, parallel.tensor_parallel_size) * max(1, pcp_size)
+
+
+def _stage_socket(vllm_config: VllmConfig, node_dir: str, rank: int) -> str:
+    """The stage channel's socket of one rank (``ParallelPosition.rank``) of this
+    engine (see ``channel.py``); ``RuntimeDirUnavailable`` where this user can have
+    no directory for it.
 
     Named by the engine id and vLLM's ``instance_id``: set anew by each
     ``VllmConfig`` and pickled with it to the engine core and its workers, so
@@ -105,7 +151,7 @@ def _stage_socket(vllm_config: VllmConfig, node_dir: str, tp_rank: int) -> str:
     engine_id = vllm_config.ec_transfer_config.engine_id or "engine"
     dp_rank = getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
     instance = str(getattr(vllm_config, "instance_id", "") or "")
-    return socket_path(engine_id, dp_rank, tp_rank, node_dir, instance=instance)
+    return socket_path(engine_id, dp_rank, rank, node_dir, instance=instance)
 
 
 def _bytes_per_embed(vllm_config: VllmConfig) -> int:
@@ -139,11 +185,11 @@ class LMCacheECTierConnector(ECConnectorBase):
             self._switch_interval.lower()
         self._listener: StageListener | None = None
         self._off_levels = OffLevels()  # scheduler: the features off of every process
-        tp_size = vllm_config.parallel_config.tensor_parallel_size
         fingerprint = self.settings.weights_fingerprint
         if role == ECConnectorRole.SCHEDULER:
+            ranks = _worker_ranks(vllm_config)
             try:
-                paths = [_stage_socket(vllm_config, config.node_dir, r) for r in range(tp_size)]
+                paths = [_stage_socket(vllm_config, config.node_dir, r) for r in range(ranks)]
                 channel, no_channel = StageClient(paths), None
             except RuntimeDirUnavailable as exc:
                 channel, no_channel = None, exc
@@ -160,7 +206,7 @@ class LMCacheECTierConnector(ECConnectorBase):
                 index,
                 is_producer=self.is_producer,
                 is_consumer=self.is_consumer,
-                tp_size=tp_size,
+                tp_size=ranks,  # every rank stages an item before it is READY
                 deliver_on_idle=bool(getattr(vllm_config, "use_v2_model_runner", False)),
                 bytes_per_embed=_bytes_per_embed(vllm_config),
                 channel=channel,
@@ -189,24 +235,24 @@ class LMCacheECTierConnector(ECConnectorBase):
                 except weight_updates.SeamError as exc:
                     raise ConfigError(str(exc)) from None
             cache = ECCache(config, self.identity)
-            tp_rank, tp_size, pp_rank = _parallel_position()
+            position = _parallel_position()
             self.worker = TierWorker(
                 cache,
                 self.settings,
                 persistable=self.settings.persistable,
                 is_producer=self.is_producer,
                 is_consumer=self.is_consumer,
-                tp_rank=tp_rank,
-                tp_size=tp_size,
+                tp_rank=position.rank,
+                tp_size=position.ranks,
                 device=getattr(vllm_config.device_config, "device", None) or "cpu",
                 weights_known=not fingerprint,
             )
             if config.timeline_path:
-                self.worker.timeline = WorkerTimeline(config.timeline_path, tp_rank)
-            if pp_rank == 0:  # only the first pipeline stage runs the encoder
+                self.worker.timeline = WorkerTimeline(config.timeline_path, position.rank)
+            if position.pp_rank == 0:  # only the first pipeline stage runs the encoder
                 try:
                     self._listener = StageListener(
-                        _stage_socket(vllm_config, config.node_dir, tp_rank),
+                        _stage_socket(vllm_config, config.node_dir, position.rank),
                         self._on_stage_order,
                         self._hello,
                         on_release=self._on_release_order,

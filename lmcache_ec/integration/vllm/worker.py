@@ -64,7 +64,7 @@ ROOM_WAIT_S = 1.0
 
 
 def writer_rank(identifier: str, tp_size: int) -> int:
-    """The tensor-parallel rank that writes ``identifier``."""
+    """The rank (of all TP x PCP workers) that writes ``identifier``."""
     digest = hashlib.blake2b(identifier.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % tp_size
 
