@@ -53,7 +53,7 @@ def path() -> Iterator[str]:
         os.unlink(path)
 
 
-def _answering(identifiers, weights, link) -> None:
+def _answering(identifiers, weights, link, rows) -> None:
     link.answer(staged=identifiers, failed=[], weights=weights)
 
 
@@ -241,6 +241,8 @@ BAD_FRAMES_TO_A_WORKER = {
     "not-finite": _frame(b'{"kind":"stage","ids":[],"weights":NaN}'),
     "extra-field": _frame(b'{"kind":"stage","ids":[],"weights":"","also":[]}'),
     "not-an-order": _frame(b'{"kind":"answer","staged":[],"failed":[],"weights":""}'),
+    "rows-not-positive": _frame(b'{"kind":"stage","ids":["a"],"weights":"","rows":{"a":0}}'),
+    "rows-not-counts": _frame(b'{"kind":"stage","ids":["a"],"weights":"","rows":{"a":true}}'),
 }
 
 
@@ -248,9 +250,9 @@ BAD_FRAMES_TO_A_WORKER = {
 def test_a_bad_frame_closes_only_its_link_on_the_worker(path, frame, caplog):
     orders: list[list[str]] = []
 
-    def on_order(identifiers, weights, link):
+    def on_order(identifiers, weights, link, rows):
         orders.append(identifiers)
-        _answering(identifiers, weights, link)
+        _answering(identifiers, weights, link, rows)
 
     # Frames in progress may wait a minute: each bad frame must be refused on sight.
     patient = ChannelLimits(frame_deadline_s=60.0)

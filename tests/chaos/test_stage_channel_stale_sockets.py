@@ -91,7 +91,7 @@ def test_a_starting_worker_removes_dead_stage_sockets_and_nothing_else(directory
     os.symlink(target, link)
     _age(link)
     kept += [not_a_socket, link, target]
-    listener = StageListener(_name(directory, "new"), lambda identifiers, weights, link: None)
+    listener = StageListener(_name(directory, "new"), lambda identifiers, weights, link, rows: None)
     try:
         assert [path for path in [*dead, older_version] if os.path.lexists(path)] == []
         assert [path for path in kept if not os.path.lexists(path)] == []

@@ -573,7 +573,10 @@ MUTATIONS: list[Mutation] = [
         "stage-orders-only-in-step-metadata",
         "stage orders reach the workers in steps V1 skips (the stage channel)",
         WORKER_LINK,
-        '            and self.channel.send(dispatched, self.weights or "")\n',
+        (
+            '            and self.channel.send(dispatched, self.weights or "", '
+            "self.rows_of(dispatched))\n"
+        ),
         "            and False\n",
         (
             "tests/vllm/test_stage_channel.py::test_lone_requests_load_from_disk_on_v1",
@@ -1217,7 +1220,7 @@ MUTATIONS += [
         "disk-purge-log-unlocked",
         "purges appended to the disk log at once are all kept",
         MARKER,
-        "        fcntl.flock(fd, fcntl.LOCK_EX)\n",
+        '        flock_within(fd, APPEND_LOCK_S, f"the purge logs\' directory {directory}")\n',
         "        pass\n",
         (f"{T_PURGE}::test_appends_made_at_once_are_all_kept_on_disk",),
     ),
@@ -4470,8 +4473,8 @@ MUTATIONS += [
         "stage-socket-without-instance",
         "two engines launched with one engine id never share a stage socket",
         "lmcache_ec/integration/vllm/connector.py",
-        "    return socket_path(engine_id, dp_rank, tp_rank, node_dir, instance=instance)\n",
-        "    return socket_path(engine_id, dp_rank, tp_rank, node_dir)\n",
+        "    return socket_path(engine_id, dp_rank, rank, node_dir, instance=instance)\n",
+        "    return socket_path(engine_id, dp_rank, rank, node_dir)\n",
         (
             (
                 "tests/vllm/test_stage_channel_naming.py::test_two_engines_launched_with_one"
@@ -5625,7 +5628,7 @@ MUTATIONS += [
         "a purge without --namespace records in every namespace with a disk purge log",
         "lmcache_ec/cli/purge_entries.py",
         (
-            "            if selector.namespace is None:\n"
+            "            if marker.namespace is None:\n"
             "                namespaces = {name: None for name in "
             "disk_log_slugs(directory)} | namespaces\n"
         ),
@@ -6212,6 +6215,110 @@ MUTATIONS += [
             (
                 "tests/vllm/test_context_parallel.py::test_every_context_parallel_worker_lis"
                 "tens_on_a_stage_socket_of_its_own"
+            ),
+        ),
+    ),
+    Mutation(
+        "staged-copy-rows-unchecked",
+        (
+            "a staged output of other rows than its request's placeholders is refused "
+            "(vLLM's merge would raise)"
+        ),
+        "lmcache_ec/integration/vllm/staged_copies.py",
+        "        if tensor is not None and expected and tensor.shape[0] != expected:\n",
+        "        if False:\n",
+        (
+            (
+                "tests/vllm/test_reused_uuid_rows.py::test_a_stored_output_of_other_rows_tha"
+                "n_the_request_is_encoded_not_placed[v1-stage_channel]"
+            ),
+            (
+                "tests/vllm/test_reused_uuid_rows.py::test_a_stored_output_of_other_rows_tha"
+                "n_the_request_is_encoded_not_placed[v2-step_metadata]"
+            ),
+        ),
+    ),
+    Mutation(
+        "stage-order-carries-no-rows",
+        "a stage order over the channel carries its request's rows",
+        "lmcache_ec/integration/vllm/worker_link.py",
+        (
+            '            and self.channel.send(dispatched, self.weights or "", '
+            "self.rows_of(dispatched))\n"
+        ),
+        '            and self.channel.send(dispatched, self.weights or "")\n',
+        (
+            (
+                "tests/vllm/test_reused_uuid_rows.py::test_a_stored_output_of_other_rows_tha"
+                "n_the_request_is_encoded_not_placed[v1-stage_channel]"
+            ),
+        ),
+    ),
+    Mutation(
+        "metadata-order-carries-no-rows",
+        "a stage order in step metadata carries its request's rows",
+        "lmcache_ec/integration/vllm/scheduler.py",
+        "            meta.stage_rows = self.link.rows_of(meta.stage)\n",
+        "",
+        (
+            (
+                "tests/vllm/test_reused_uuid_rows.py::test_a_stored_output_of_other_rows_tha"
+                "n_the_request_is_encoded_not_placed[v2-step_metadata]"
+            ),
+        ),
+    ),
+    Mutation(
+        "listener-drops-order-rows",
+        "the worker's listener hands an order's rows on",
+        "lmcache_ec/integration/vllm/channel.py",
+        (
+            "                    self._on_order(list(order.ids), order.weights, link, "
+            "dict(order.rows))\n"
+        ),
+        "                    self._on_order(list(order.ids), order.weights, link, {})\n",
+        (
+            (
+                "tests/vllm/test_reused_uuid_rows.py::test_a_stored_output_of_other_rows_tha"
+                "n_the_request_is_encoded_not_placed[v1-stage_channel]"
+            ),
+        ),
+    ),
+    Mutation(
+        "request-of-other-rows-promised",
+        (
+            "a request with other rows than its item is fetched for fails alone, never "
+            "promised the item"
+        ),
+        "lmcache_ec/integration/vllm/item_decisions.py",
+        "        if rows and queued_rows and queued_rows != rows and state in _FETCHED:\n",
+        "        if False:\n",
+        (
+            (
+                "tests/vllm/test_reused_uuid_rows.py::test_a_request_with_other_rows_than_an"
+                "_item_is_fetched_for_fails_alone[v1]"
+            ),
+            (
+                "tests/vllm/test_reused_uuid_rows.py::test_a_request_with_other_rows_than_an"
+                "_item_is_fetched_for_fails_alone[v2]"
+            ),
+        ),
+    ),
+    Mutation(
+        "stage-order-rows-unchecked",
+        (
+            "a stage order's row counts are positive whole numbers, else the frame is bad "
+            "and its link closed"
+        ),
+        "lmcache_ec/integration/vllm/stage_messages.py",
+        (
+            "        if not 0 < rows < MAX_NUMBER:\n"
+            "            raise BadFrame(f\"'{name}' holds a row count out of range\")\n"
+        ),
+        "",
+        (
+            (
+                "tests/chaos/test_stage_channel_faults.py::test_a_bad_frame_closes_only_its_"
+                "link_on_the_worker[rows-not-positive]"
             ),
         ),
     ),

@@ -94,6 +94,16 @@ def hold_puts(engine: Engine, rank: int = 0) -> threading.Event:
     return held_until_gate(engine.workers[rank].worker.cache, "put")
 
 
+def orders_in_step_metadata(engine: Engine) -> None:
+    """Stage orders and answers ride in step metadata (no stage channel)."""
+    scheduler = engine.connector.scheduler
+    scheduler.link.channel.close()
+    scheduler.link.channel = None
+    scheduler.deliver_on_idle = True  # the V2 runner runs the hooks in idle steps
+    # The encoder weights come with the first step reports: nothing loads before.
+    step_until(engine, lambda: scheduler.weights is not None)
+
+
 def stored_by_a_producer(model_config, extra: dict, images: list[str]) -> None:
     """An ``ec_both`` instance encodes ``images`` and stores them in ``extra``'s tiers."""
     producer = Engine(make_vllm_config(model_config, "ec_both", extra))
@@ -239,8 +249,8 @@ class Engine:
         if channel is not None:
             send = channel.send
 
-            def record(identifiers: list[str], weights: str = "") -> bool:
-                sent = send(identifiers, weights)
+            def record(identifiers: list[str], weights: str = "", rows=None) -> bool:
+                sent = send(identifiers, weights, rows)
                 if sent:
                     self._channel_orders.extend(identifiers)
                     self.inflight_at_order.append(self.connector.scheduler.prefetch.inflight_items)
@@ -266,7 +276,12 @@ class Engine:
             worker.weights_changed(lambda: self.model)
 
     def add_request(
-        self, identifiers: list[str], *, text_tokens: int = 4, max_tokens: int = 1
+        self,
+        identifiers: list[str],
+        *,
+        text_tokens: int = 4,
+        max_tokens: int = 1,
+        num_embeds: int = NUM_EMBEDS,
     ) -> str:
         prompt: list[int] = []
         features = []
@@ -276,11 +291,11 @@ class Engine:
                     data=None,
                     modality="image",
                     identifier=identifier,
-                    mm_position=PlaceholderRange(offset=len(prompt), length=NUM_EMBEDS),
+                    mm_position=PlaceholderRange(offset=len(prompt), length=num_embeds),
                     mm_hash=identifier,
                 )
             )
-            prompt += [IMAGE_TOKEN] * NUM_EMBEDS
+            prompt += [IMAGE_TOKEN] * num_embeds
         prompt += [5] * text_tokens
         request_id = f"req-{self._next}"
         self._next += 1

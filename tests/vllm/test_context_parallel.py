@@ -27,6 +27,7 @@ from .harness import (
     encoder_output,
     image_hash,
     make_vllm_config,
+    orders_in_step_metadata,
     step_until,
     stored_by_a_producer,
 )
@@ -66,16 +67,6 @@ def _stager_held(engine: Engine, rank: int) -> threading.Event:
 def _one_rank_staged(engine: Engine, identifier: str) -> bool:
     item = engine.connector.scheduler.items.get(identifier)
     return item is not None and (item.ranks > 0 or item.state in HELD_STATES)
-
-
-def _without_channel(engine: Engine) -> None:
-    """Stage orders and answers ride in step metadata (no stage channel)."""
-    scheduler = engine.connector.scheduler
-    scheduler.link.channel.close()
-    scheduler.link.channel = None
-    scheduler.deliver_on_idle = True  # the V2 runner runs the hooks in idle steps
-    # The encoder weights come with the first step reports: nothing loads before.
-    step_until(engine, lambda: scheduler.weights is not None)
 
 
 def _entries(disk_dir) -> list[str]:
@@ -131,7 +122,7 @@ def test_an_item_is_ready_only_once_both_context_parallel_workers_staged_it(
     gate = _stager_held(engine, 1)
     try:
         if path == "step_metadata":
-            _without_channel(engine)
+            orders_in_step_metadata(engine)
         request = engine.add_request([image])
         step_until(engine, lambda: _one_rank_staged(engine, image))
         item = engine.connector.scheduler.items.get(image)

@@ -62,7 +62,7 @@ def staging_under_new_weights(tmp_path):
     path = str(tmp_path / "rank0.sock")
     listener = StageListener(
         path,
-        lambda ids, weights, link: links.append((ids, weights, link)),
+        lambda ids, weights, link, rows: links.append((ids, weights, link)),
         lambda: WeightsAnnouncement(NEW),
     )
     index = TierIndex(
@@ -207,7 +207,7 @@ def _scheduler_of_a_silent_worker(tmp_path, timeout: float):
     orders: list[list[str]] = []
     listener = StageListener(
         str(tmp_path / "rank0.sock"),
-        lambda ids, weights, link: orders.append(ids),
+        lambda ids, weights, link, rows: orders.append(ids),
         lambda: WeightsAnnouncement(NEW),
     )
     index = TierIndex(

@@ -133,7 +133,9 @@ class Instance:
                 self.listeners.append(
                     StageListener(
                         path,
-                        lambda ids, weights, link, worker=worker: worker.stage(ids, weights, link),
+                        lambda ids, weights, link, rows, worker=worker: worker.stage(
+                            ids, weights, link, rows=rows
+                        ),
                         lambda worker=worker: WeightsAnnouncement(worker.weights),
                         on_release=lambda ids, worker=worker: worker.release(ids),
                     )

@@ -209,9 +209,9 @@ def test_two_engines_on_one_host_each_get_only_their_own_orders(model_config, ex
         for engine, staged in zip(engines, staged_by, strict=True):
             stage = engine.workers[0].worker.stage
 
-            def record(identifiers, weights, link, stage=stage, staged=staged):
+            def record(identifiers, weights, link, *rest, stage=stage, staged=staged, **rows):
                 staged.extend(identifiers)
-                stage(identifiers, weights, link)
+                stage(identifiers, weights, link, *rest, **rows)
 
             engine.workers[0].worker.stage = record
         for engine, mine in zip(engines, (images[:2], images[2:]), strict=True):
@@ -273,7 +273,7 @@ def test_orders_and_answers_round_trip(tmp_path):
     path = socket_path(f"test-{os.getpid()}-{time.monotonic_ns()}", 0, 0)
     received: list[list[str]] = []
 
-    def on_order(identifiers, weights, link):
+    def on_order(identifiers, weights, link, rows):
         received.append((identifiers, weights))
         link.answer(staged=identifiers[:1], failed=identifiers[1:], weights=weights)
 
@@ -302,10 +302,10 @@ def test_stale_socket_is_replaced_and_a_live_one_refused():
     dead = socket.socket(socket.AF_UNIX)
     dead.bind(path)
     dead.close()  # the file stays, nobody listens: a crashed worker's leftover
-    listener = StageListener(path, lambda identifiers, weights, link: None)
+    listener = StageListener(path, lambda identifiers, weights, link, rows: None)
     try:
         with pytest.raises(OSError, match="another process listens"):
-            StageListener(path, lambda identifiers, weights, link: None)
+            StageListener(path, lambda identifiers, weights, link, rows: None)
     finally:
         listener.close()
 

@@ -42,9 +42,9 @@ def test_two_engines_launched_with_one_engine_id_each_stage_only_their_own_order
             assert engine.connector.scheduler.channel.paths == [listener.path]
             stage = engine.workers[0].worker.stage
 
-            def record(identifiers, weights, link, *rest, stage=stage, staged=staged):
+            def record(identifiers, weights, link, *rest, stage=stage, staged=staged, **rows):
                 staged.extend(identifiers)
-                return stage(identifiers, weights, link, *rest)
+                return stage(identifiers, weights, link, *rest, **rows)
 
             engine.workers[0].worker.stage = record
         for engine, mine in zip(engines, (images[:2], images[2:]), strict=True):

@@ -159,7 +159,7 @@ _WAKE = "wake"
 class StageListener:
     """Worker side: accept schedulers' connections, pass their orders on, send them messages.
 
-    ``on_order(ids, weights, link)`` and ``on_release(ids)`` run on the
+    ``on_order(ids, weights, link, rows)`` and ``on_release(ids)`` run on the
     channel's thread and must not block; ``hello()`` gives each new link its
     first message.
     """
@@ -167,7 +167,7 @@ class StageListener:
     def __init__(
         self,
         path: str,
-        on_order: Callable[[list[str], str, StageLink], None],
+        on_order: Callable[[list[str], str, StageLink, dict[str, int]], None],
         hello: Callable[[], Message | None] = lambda: None,
         limits: ChannelLimits = DEFAULT_LIMITS,
         on_release: Callable[[list[str]], None] = lambda ids: None,
@@ -389,7 +389,7 @@ class StageListener:
                     self._on_release(list(order.ids))
                 else:
                     assert isinstance(order, StageOrder)
-                    self._on_order(list(order.ids), order.weights, link)
+                    self._on_order(list(order.ids), order.weights, link, dict(order.rows))
             except Exception as exc:  # the worker's bug, not the peer's: keep the link
                 self.faults.warn("order", "Stage order not handled: %r", exc)
         if closed:

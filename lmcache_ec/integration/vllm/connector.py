@@ -318,9 +318,11 @@ class LMCacheECTierConnector(ECConnectorBase):
     def _hello(self) -> WeightsAnnouncement:
         return WeightsAnnouncement(self.worker.weights if self.worker is not None else None)
 
-    def _on_stage_order(self, identifiers: list[str], weights: str, link: Any) -> None:
+    def _on_stage_order(
+        self, identifiers: list[str], weights: str, link: Any, rows: dict[str, int]
+    ) -> None:
         assert self.worker is not None
-        self.worker.stage(identifiers, weights, link)
+        self.worker.stage(identifiers, weights, link, rows=rows)
 
     def _on_release_order(self, identifiers: list[str]) -> None:
         assert self.worker is not None

@@ -25,6 +25,8 @@ from .step_wait import StepWait
 from .worker_link import LinkOwner
 
 S = ItemState
+# Fetched for one request's rows: a request with other rows cannot take it.
+_FETCHED = (S.QUEUED, S.STAGING, S.READY, S.PROMISED)
 
 
 class DecisionOwner(LinkOwner, Protocol):
@@ -35,6 +37,9 @@ class DecisionOwner(LinkOwner, Protocol):
 
     def fail(self, identifier: str, now: float) -> None:
         """Compute ``identifier`` and hold it off the tiers for a while."""
+
+    def reject(self, request_id: str, identifier: str, rows: int, queued_rows: int) -> None:
+        """Fail ``request_id``: ``identifier`` is fetched for other rows than its own."""
 
 
 class ItemDecisions:
@@ -63,10 +68,16 @@ class ItemDecisions:
         self.held_back = held_back
 
     def decide(
-        self, identifier: str, now: float, nbytes: int, request_id: str, room: Room
+        self, identifier: str, now: float, nbytes: int, request_id: str, room: Room, rows: int = 0
     ) -> ItemAnswer:
-        """``identifier``'s answer for ``request_id``, which has ``room`` left."""
+        """``identifier``'s answer for ``request_id``, which has ``room`` left and
+        ``rows`` placeholders for it (0: not said)."""
         state = self.items.state(identifier)
+        queued_rows = self.prefetch.rows(identifier)
+        if rows and queued_rows and queued_rows != rows and state in _FETCHED:
+            # Its copy could not be placed for this request (vLLM would raise).
+            self.owner.reject(request_id, identifier, rows, queued_rows)
+            return ItemAnswer.COMPUTE
         if state in HELD_STATES:
             return ItemAnswer.HELD
         if self.settings.in_step_reads:
@@ -86,7 +97,7 @@ class ItemDecisions:
                 return ItemAnswer.WAIT
             self.owner.give_up(identifier, now, "staging timed out")
             return ItemAnswer.COMPUTE
-        return self._start_prefetch(identifier, now, nbytes, request_id, room)
+        return self._start_prefetch(identifier, now, nbytes, request_id, room, rows)
 
     def _approve_at_once(self, identifier: str, now: float) -> ItemAnswer:
         """``in_step_reads``: a tier hit is approved now and read inside the step."""
@@ -114,7 +125,7 @@ class ItemDecisions:
         return tier
 
     def _start_prefetch(
-        self, identifier: str, now: float, nbytes: int, request_id: str, room: Room
+        self, identifier: str, now: float, nbytes: int, request_id: str, room: Room, rows: int
     ) -> ItemAnswer:
         """Queue a prefetch of ``identifier`` if the tiers hold it (WAIT once queued)."""
         if now < self.items.retry_at(identifier):
@@ -123,7 +134,7 @@ class ItemDecisions:
         if self.owner.weights is None or not self.settings.persistable(identifier):
             return ItemAnswer.COMPUTE
         if self.items.state(identifier) in CLAIM_STATES:
-            return self._encode_or_wait(identifier, now, nbytes, request_id, room)
+            return self._encode_or_wait(identifier, now, nbytes, request_id, room, rows)
         tier = self._lookup(identifier, now)
         if tier == PENDING:
             deadline = self.items.get(identifier).deadline
@@ -135,11 +146,11 @@ class ItemDecisions:
             if tier == PENDING:
                 return ItemAnswer.COMPUTE if now >= deadline else ItemAnswer.WAIT
         if tier is None:
-            return self._encode_or_wait(identifier, now, nbytes, request_id, room)
-        return self._enqueue(identifier, now, nbytes, room)
+            return self._encode_or_wait(identifier, now, nbytes, request_id, room, rows)
+        return self._enqueue(identifier, now, nbytes, room, rows)
 
     def _encode_or_wait(
-        self, identifier: str, now: float, nbytes: int, request_id: str, room: Room
+        self, identifier: str, now: float, nbytes: int, request_id: str, room: Room, rows: int
     ) -> ItemAnswer:
         """No tier holds ``identifier``: encode it here, or wait for the instance
         that claimed it (``encode_claims.py``) and prefetch its output."""
@@ -147,10 +158,12 @@ class ItemDecisions:
             return ItemAnswer.COMPUTE
         decision = self.claims.decide(identifier, now, request_id)
         if decision is ClaimDecision.FETCH:
-            return self._enqueue(identifier, now, nbytes, room)
+            return self._enqueue(identifier, now, nbytes, room, rows)
         return ItemAnswer.COMPUTE if decision is ClaimDecision.ENCODE_HERE else ItemAnswer.WAIT
 
-    def _enqueue(self, identifier: str, now: float, nbytes: int, room: Room) -> ItemAnswer:
+    def _enqueue(
+        self, identifier: str, now: float, nbytes: int, room: Room, rows: int
+    ) -> ItemAnswer:
         if not self.prefetch.fits_at_all(nbytes):
             self.owner.count("prefetch_too_large")
             self.owner.fail(identifier, now)
@@ -160,6 +173,6 @@ class ItemDecisions:
             return ItemAnswer.COMPUTE
         deadline = now + self.settings.stage_timeout_s
         self.items.move(identifier, S.QUEUED, deadline)
-        self.prefetch.enqueue(identifier, deadline, nbytes)
+        self.prefetch.enqueue(identifier, deadline, nbytes, rows)
         self.owner.count("prefetch_queued")
         return ItemAnswer.WAIT

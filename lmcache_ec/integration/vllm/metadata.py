@@ -2,6 +2,7 @@
 
 Scheduler → workers, once per step (``ECTierConnectorMetadata``):
   ``stage``    items to fetch from the tiers into worker memory, in the background;
+  ``stage_rows``  per item staged, the rows its request expects (another length is refused);
   ``stage_order``  that order's number (the scheduler's count of such orders);
   ``loads``    staged items to place into vLLM's encoder cache before the encoder runs;
   ``release``  staged items no longer wanted (expired, failed on another rank).
@@ -37,6 +38,7 @@ from .stage_messages import WorkerReport
 @dataclass
 class ECTierConnectorMetadata(ECConnectorMetadata):
     stage: list[str] = field(default_factory=list)
+    stage_rows: dict[str, int] = field(default_factory=dict)
     loads: dict[str, int] = field(default_factory=dict)  # identifier -> num embeds
     release: list[str] = field(default_factory=list)
     stage_order: int = 0

@@ -52,6 +52,8 @@ class PrefetchQueue:
         self._inflight_bytes = 0
         self._waiters: dict[str, set[str]] = {}  # identifier -> request ids
         self._waited_on: dict[str, set[str]] = {}  # request id -> identifiers
+        # Queued or in flight -> the rows (placeholders) of the request that queued it.
+        self._rows: dict[str, int] = {}
 
     # -- waiters -------------------------------------------------------------
 
@@ -94,8 +96,14 @@ class PrefetchQueue:
         """A request's room, given the estimated bytes of what it waits on already."""
         return Room(self.max_items - len(waited_bytes), self.max_bytes - sum(waited_bytes))
 
-    def enqueue(self, identifier: str, deadline: float, nbytes: int) -> None:
+    def enqueue(self, identifier: str, deadline: float, nbytes: int, rows: int = 0) -> None:
         self._queued[identifier] = _Queued(deadline, nbytes)
+        self._rows[identifier] = rows
+
+    def rows(self, identifier: str) -> int | None:
+        """The rows ``identifier`` was queued for (0: not said); None if not
+        queued or in flight. A staged copy of other rows is refused."""
+        return self._rows.get(identifier)
 
     def queued(self) -> list[str]:
         """Identifiers waiting for room, in arrival order."""
@@ -122,6 +130,7 @@ class PrefetchQueue:
     def done(self, identifier: str) -> None:
         """The item left flight (loaded, released, failed) or the queue."""
         self._queued.pop(identifier, None)
+        self._rows.pop(identifier, None)
         self._inflight_bytes -= self._inflight.pop(identifier, 0)
 
     @property

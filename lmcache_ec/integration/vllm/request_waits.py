@@ -30,6 +30,7 @@ class Wait:
 
     request: Any  # vLLM's Request: one object per request, across steps
     needed: dict[str, int]  # identifier -> estimated bytes, of items still to compute
+    rows: dict[str, int] = field(default_factory=dict)  # identifier -> its placeholders
     pending: set[str] = field(default_factory=set)  # answered WAIT
     direct: set[str] = field(default_factory=set)  # pending, staging over the stage channel
     changed: set[str] = field(default_factory=set)  # moved (or due) since last looked at
@@ -115,7 +116,8 @@ class RequestWaits:
 
     def start(self, request: Any, needed: dict[str, int]) -> Wait:
         """Keep the books of ``request``, which needs ``needed``."""
-        wait = self._waiting[request.request_id] = Wait(request, needed)
+        rows = {f.identifier: f.mm_position.get_num_embeds() for f in request.mm_features}
+        wait = self._waiting[request.request_id] = Wait(request, needed, rows)
         for identifier in needed:
             self._needed_by.setdefault(identifier, set()).add(request.request_id)
         return wait

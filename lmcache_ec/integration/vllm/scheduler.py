@@ -229,7 +229,8 @@ class TierScheduler:
         decided: dict[str, Item | None] = {}
         for identifier in identifiers:
             nbytes = wait.needed[identifier]
-            answer = self.decisions.decide(identifier, now, nbytes, request_id, room)
+            rows = wait.rows.get(identifier, 0)
+            answer = self.decisions.decide(identifier, now, nbytes, request_id, room, rows)
             decided[identifier] = self.items.get(identifier)
             waits = answer is ItemAnswer.WAIT
             if waits:
@@ -257,6 +258,18 @@ class TierScheduler:
         for identifier in self.items.having(S.LOOKING_UP, *CLAIM_STATES):
             self.items.move(identifier, S.UNKNOWN)
         self.count("weights_changes")
+
+    def reject(self, request_id: str, identifier: str, rows: int, queued_rows: int) -> None:
+        """``request_id`` has ``rows`` placeholders for ``identifier``, which is
+        being fetched for ``queued_rows``: it fails, as vLLM fails a request whose
+        item its encoder cache holds with other rows (a client UUID reused)."""
+        logger.warning(
+            "Request %s expects %d embeddings of %.24s, fetched for %d: a client-provided "
+            "multimodal UUID may have been reused for different content; the request fails",
+            *(request_id, rows, identifier, queued_rows),
+        )
+        self.waits.fail({request_id})
+        self.count("rows_mismatch_requests")
 
     def fail(self, identifier: str, now: float) -> None:
         """Compute ``identifier`` and fetch it again at the earliest after ``failed_retry_s``."""
@@ -428,6 +441,7 @@ class TierScheduler:
         else:
             self._held_back.clear()
             meta.stage, meta.release, meta.stage_order = self.link.take_orders()
+            meta.stage_rows = self.link.rows_of(meta.stage)
         self.waits.drop_news_if_idle()
         return meta
 

@@ -102,15 +102,18 @@ class StageClient:
         self._retry_at = now + self.RETRY_S
         return False
 
-    def send(self, identifiers: list[str], weights: str = "") -> int:
-        """Order every rank to stage ``identifiers`` (keyed under ``weights``).
+    def send(
+        self, identifiers: list[str], weights: str = "", rows: dict[str, int] | None = None
+    ) -> int:
+        """Order every rank to stage ``identifiers`` (keyed under ``weights``, each
+        of its ``rows``).
 
         The order is queued: it leaves with the next ``flush`` or ``receive``,
         together with the orders queued after it. Returns its number, which
         ``receive`` gives the ranks' answers to it; 0 if the channel is not
         connected or broke.
         """
-        if not self._queue(StageOrder(tuple(identifiers), weights)):
+        if not self._queue(StageOrder(tuple(identifiers), weights, rows or {})):
             return 0
         self._sent += 1
         return self._sent

@@ -3,7 +3,9 @@
 A frame is a 4-byte big-endian length, then a JSON object of at most
 ``FRAME_MAX_BYTES``: ``{"kind": ..., <the fields of that kind>}``.
 
-- ``StageOrder`` (scheduler → worker): stage ``ids``, ordered under ``weights``;
+- ``StageOrder`` (scheduler → worker): stage ``ids``, ordered under ``weights``,
+  each one of as many ``rows`` as its request's placeholders (a tensor of
+  another length is refused: vLLM cannot place it);
 - ``ReleaseOrder`` (scheduler → worker): drop the staged copies of ``ids``
   (sent on the link that carries the stage orders, so a release always
   reaches the worker before a later order for the same item);
@@ -106,6 +108,17 @@ def _read_orders(value: Any, name: str) -> dict[str, int]:
     return value
 
 
+def _read_rows(value: Any, name: str) -> dict[str, int]:
+    if not isinstance(value, dict) or len(value) > MAX_IDS:
+        raise BadFrame(f"'{name}' is not a mapping of at most {MAX_IDS} row counts")
+    for key, rows in value.items():
+        if len(key) > MAX_ID_CHARS or isinstance(rows, bool) or not isinstance(rows, int):
+            raise BadFrame(f"'{name}' holds an entry that is not an identifier's row count")
+        if not 0 < rows < MAX_NUMBER:
+            raise BadFrame(f"'{name}' holds a row count out of range")
+    return value
+
+
 def _wire(read: Callable[[Any, str], Any], **default: Any) -> Any:
     """A message field and the function that checks it on the way in (``default``
     or ``default_factory``: what a sender that does not set it sends)."""
@@ -117,6 +130,7 @@ class StageOrder:
     KIND: ClassVar[str] = "stage"
     ids: tuple[str, ...] = _wire(_read_ids)
     weights: str = _wire(_read_weights)
+    rows: Mapping[str, int] = _wire(_read_rows, default_factory=dict)  # unsaid: not checked
 
 
 @dataclass(frozen=True)

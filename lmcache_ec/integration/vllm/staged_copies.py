@@ -25,13 +25,16 @@ class StagedCopies:
         self.limit = limit
         self.current: dict[str, torch.Tensor] = {}  # staged under the weights of now
         self._kept: dict[str, torch.Tensor] = {}  # staged under replaced weights
-        self._wanted: set[str] = set()  # ordered and not released
+        # Ordered and not released -> the rows its request expects (0: not said).
+        self._wanted: dict[str, int] = {}
         self.nbytes = 0  # of both
+        self.wrong_rows: list[tuple[str, int, int]] = []  # refused: (identifier, rows, expected)
 
-    def order(self, identifiers: list[str]) -> None:
-        """``identifiers`` are wanted; a copy kept from older weights is not."""
-        self._wanted.update(identifiers)
+    def order(self, identifiers: list[str], rows: dict[str, int] | None = None) -> None:
+        """``identifiers`` are wanted (each of its ``rows``); a copy kept from
+        older weights is not."""
         for identifier in identifiers:
+            self._wanted[identifier] = (rows or {}).get(identifier, 0)
             self._drop_kept(identifier)
 
     def is_wanted(self, identifier: str) -> bool:
@@ -41,11 +44,16 @@ class StagedCopies:
         return self.nbytes + _nbytes(tensor) <= self.limit
 
     def hold(self, identifier: str, tensor: torch.Tensor | None) -> bool:
-        """Keep ``tensor`` read for ``identifier``; False if none was read or it
-        does not fit (the order then fails)."""
+        """Keep ``tensor`` read for ``identifier``; False if none was read, it
+        does not fit, or it has other rows than its request's placeholders (the
+        order then fails: vLLM could not place it, as with a reused client UUID)."""
         size = 0 if tensor is None else _nbytes(tensor)
+        expected = self._wanted.get(identifier, 0)
+        if tensor is not None and expected and tensor.shape[0] != expected:
+            self.wrong_rows.append((identifier, tensor.shape[0], expected))
+            tensor = None
         if tensor is None or self.nbytes + size > self.limit:
-            self._wanted.discard(identifier)
+            self._wanted.pop(identifier, None)
             return False
         replaced = self.current.get(identifier)  # ordered again before its release
         if replaced is not None:
@@ -57,7 +65,7 @@ class StagedCopies:
     def take(self, identifier: str) -> tuple[torch.Tensor | None, bool]:
         """Take ``identifier``'s copy out: the current one, else one kept from
         replaced weights (then True)."""
-        self._wanted.discard(identifier)
+        self._wanted.pop(identifier, None)
         tensor = self.current.pop(identifier, None)
         if tensor is not None:
             self.nbytes -= _nbytes(tensor)

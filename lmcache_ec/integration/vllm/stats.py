@@ -9,7 +9,7 @@ the scheduler adds its own (``scheduler_*``) and returns the sum from
 Worker counters: ``hits_<tier>``, ``misses``, ``bytes_out`` (loaded),
 ``bytes_in`` (saved frames), ``get_seconds`` / ``put_seconds`` (tier time),
 ``loads``, ``load_seconds`` (placing a step's loads), ``stage_seconds``,
-``stage_room_waits``,
+``stage_room_waits``, ``stage_wrong_rows``,
 ``saves_submitted``, ``saves_dropped`` (queue full, or the host copy failed), ``save_failures``,
 ``save_handoff_seconds`` (time inside ``save_caches``), ``integrity_failures``,
 ``tier_errors_<tier>``, and the worker's end of the stage channel:
@@ -18,7 +18,8 @@ Worker counters: ``hits_<tier>``, ``misses``, ``bytes_out`` (loaded),
 ``scheduler_lookup_hits``, ``scheduler_stage_orders``,
 ``scheduler_stage_given_up``, ``scheduler_deferred_steps``,
 ``scheduler_channel_breaks``, ``scheduler_channel_bad_frames``,
-``scheduler_encoder_cache_resets``, ``scheduler_stale_items``.
+``scheduler_encoder_cache_resets``, ``scheduler_stale_items``,
+``scheduler_rows_mismatch_requests``.
 
 Features off travel the same way, as ``feature_off:<feature>:<reason>``
 changes (``features_off.py``): +1 when a process (the scheduler, a worker

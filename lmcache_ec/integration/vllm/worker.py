@@ -21,7 +21,7 @@ scheduler learns it.
 Staging reads the tiers with one ``get_many`` per order batch in a
 background thread into worker memory (CPU tensors, ``max_staged_mb``); a
 load only moves a staged tensor into vLLM's encoder cache (``.to(device)``),
-so it cannot miss. Each answer names the order it answers (``_Order.number``):
+so it cannot miss. Each answer names the order it answers (``QueuedOrder.number``):
 the scheduler takes it for that order only. Every rank stages on its own;
 one rank writes each item when a tier is shared (disk, node or remote),
 chosen by a hash of the identifier so writes spread over ranks; with only a
@@ -33,12 +33,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import queue
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,6 +50,7 @@ from .features_off import OffChanges
 from .metadata import ECTierConnectorMetadata, ECTierWorkerMetadata
 from .saver import SaveQueue
 from .stage_messages import StageAnswer
+from .stage_orders import OrderQueue, QueuedOrder
 from .staged_copies import StagedCopies
 from .stats import flat_counters
 from .timeline import WorkerTimeline
@@ -67,24 +66,6 @@ def writer_rank(identifier: str, tp_size: int) -> int:
     """The rank (of all TP x PCP workers) that writes ``identifier``."""
     digest = hashlib.blake2b(identifier.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % tp_size
-
-
-@dataclass(frozen=True)
-class _Order:
-    """A stage order, queued for the staging thread."""
-
-    ids: list[str]
-    link: StageLink | None  # where it came from (None: step metadata)
-    generation: int  # of the weights it is read under
-    weights: str | None  # it was made under (None: not said)
-    number: int  # what its answer names (the scheduler's ``Item.order``)
-
-    def answered_alike(self, other: _Order) -> bool:
-        return (self.link, self.generation, self.weights) == (
-            other.link,
-            other.generation,
-            other.weights,
-        )
 
 
 class TierWorker:
@@ -133,7 +114,7 @@ class TierWorker:
         self._off_changes = OffChanges()
         # Orders from step metadata (answered in worker metadata) or from the
         # stage channel (answered on its link).
-        self._stage_queue: queue.SimpleQueue[_Order | None] = queue.SimpleQueue()
+        self._stage_queue = OrderQueue()
         self._stager = threading.Thread(target=self._stage_loop, name="ec-stage", daemon=True)
         self._stager.start()
         self._saver = SaveQueue(self._put, self._save_done, settings.max_pending_saves)
@@ -216,7 +197,7 @@ class TierWorker:
             self._count("loads", placed)
             self._count("load_seconds", time.perf_counter() - started)
         if meta.stage:
-            self.stage(list(meta.stage), None, None, meta.stage_order)
+            self.stage(list(meta.stage), None, None, meta.stage_order, rows=meta.stage_rows)
 
     def _read_directly(self, encoder_cache: dict[str, torch.Tensor], missing: list[str]) -> int:
         """Unreachable while staging holds its invariant: one batch read as a last
@@ -248,8 +229,11 @@ class TierWorker:
         weights: str | None,
         link: StageLink | None,
         number: int = 0,
+        *,
+        rows: dict[str, int] | None = None,
     ) -> None:
-        """Fetch ``identifiers`` into worker memory in the background.
+        """Fetch ``identifiers`` into worker memory in the background (each of
+        its ``rows``: another length is refused, see ``StagedCopies.hold``).
 
         ``weights``: the weights version the order was made under (None: not
         said, as in step metadata). The answer goes back on ``link`` (an order
@@ -264,15 +248,15 @@ class TierWorker:
             current = self.weights
             stale = current is None or (weights is not None and weights != current)
             if not stale:
-                self.staged.order(identifiers)
+                self.staged.order(identifiers, rows)
                 generation = self._generation
         if stale:  # ordered under other weights, or none known yet: nothing to load
             self._count("stage_refused_weights", len(identifiers))
-            self._answer(_Order(identifiers, link, -1, weights, number), [], identifiers)
+            self._answer(QueuedOrder(identifiers, link, -1, weights, number), [], identifiers)
             return
-        self._stage_queue.put(_Order(identifiers, link, generation, current, number))
+        self._stage_queue.put(QueuedOrder(identifiers, link, generation, current, number))
 
-    def _answer(self, order: _Order, staged: list[str], failed: list[str]) -> None:
+    def _answer(self, order: QueuedOrder, staged: list[str], failed: list[str]) -> None:
         """Report how ``order`` went, under the weights it was made under."""
         link, weights = order.link, order.weights or ""
         if isinstance(link, StageLink):
@@ -314,31 +298,8 @@ class TierWorker:
                 self.staged.take(identifier)
             self._copy_taken.notify_all()
 
-    def _next_orders(self) -> list[list[_Order]] | None:
-        """The orders queued now (waiting for the first), in batches; None once closed.
-
-        Consecutive orders to answer alike (same link, generation and weights)
-        make one batch: one read for many small orders.
-        """
-        first = self._stage_queue.get()
-        if first is None:
-            return None
-        batches = [[first]]
-        while True:
-            try:
-                order = self._stage_queue.get_nowait()
-            except queue.Empty:
-                return batches
-            if order is None:
-                self._stage_queue.put(None)  # ends the loop after these
-                return batches
-            if order.answered_alike(batches[-1][-1]):
-                batches[-1].append(order)
-            else:
-                batches.append([order])
-
     def _stage_loop(self) -> None:
-        while (batches := self._next_orders()) is not None:
+        while (batches := self._stage_queue.next_batches()) is not None:
             for batch in batches:
                 self._stage_one(batch)
             if self._stage_queue.empty():
@@ -362,7 +323,7 @@ class TierWorker:
         if promoted:
             self._count("promoted_after_staging", promoted)
 
-    def _stage_one(self, batch: list[_Order]) -> None:
+    def _stage_one(self, batch: list[QueuedOrder]) -> None:
         """Read the items of ``batch`` (orders answered alike) at once; answer each order."""
         identifiers = list(dict.fromkeys(i for order in batch for i in order.ids))
         started = time.perf_counter()
@@ -395,6 +356,17 @@ class TierWorker:
                 if not self.staged.is_wanted(identifier):
                     continue  # released while in flight
                 (staged if self.staged.hold(identifier, tensor) else failed).add(identifier)
+            wrong, self.staged.wrong_rows = self.staged.wrong_rows, []
+            if wrong:
+                self._counters["stage_wrong_rows"] = self._counters.get(
+                    "stage_wrong_rows", 0
+                ) + len(wrong)
+        for identifier, rows, expected in wrong:
+            logger.warning(
+                "Encoder output %.24s has %d rows, its request %d placeholders (a client "
+                "multimodal UUID reused for other content?): not staged",
+                *(identifier, rows, expected),
+            )
         read_at = time.time()
         for order in batch:
             self._answer(

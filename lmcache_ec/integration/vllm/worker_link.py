@@ -170,7 +170,7 @@ class WorkerLink:
         order: int = (  # its number; 0 (or False): not sent over the channel
             self.connected
             and self._send_releases()
-            and self.channel.send(dispatched, self.weights or "")
+            and self.channel.send(dispatched, self.weights or "", self.rows_of(dispatched))
         )
         direct = order > 0
         if not direct:
@@ -227,6 +227,11 @@ class WorkerLink:
             self._send_releases()
         if self.channel is not None:
             self.channel.flush()
+
+    def rows_of(self, identifiers: list[str]) -> dict[str, int]:
+        """The rows each of ``identifiers`` is staged for (those said)."""
+        said = ((i, self.prefetch.rows(i)) for i in identifiers)
+        return {identifier: rows for identifier, rows in said if rows}
 
     def take_orders(self) -> tuple[list[str], list[str], int]:
         """This step's stage and release orders for the step metadata (releases the
