@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from ..remote_names import check_url, redact
 from .common import (
+    chart_file,
     console,
     fail,
     human_bytes,
@@ -88,7 +89,8 @@ def bench_all(
     chart: Annotated[
         Path | None,
         typer.Option(
-            parser=output_file, help="PNG chart path (default: next to --json, else ./bench.png)."
+            parser=chart_file,
+            help="Chart path: .png, .svg or .pdf (default: next to --json, else ./bench.png).",
         ),
     ] = None,
     no_chart: Annotated[bool, typer.Option("--no-chart", help="Do not draw the chart.")] = False,

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from .common import fail, non_negative_float, output_file, run_with_status, write_report
+from .common import chart_file, fail, non_negative_float, output_file, run_with_status, write_report
 
 
 def _numbers(text: str, name: str) -> tuple[int, ...]:
@@ -36,8 +36,8 @@ def serve(
     chart: Annotated[
         Path | None,
         typer.Option(
-            parser=output_file,
-            help="PNG chart path (default: next to --json, else ./bench-serve.png).",
+            parser=chart_file,
+            help="Chart: .png, .svg or .pdf (default: next to --json, else ./bench-serve.png).",
         ),
     ] = None,
     no_chart: Annotated[bool, typer.Option("--no-chart", help="Do not draw the chart.")] = False,

@@ -160,6 +160,18 @@ def output_file(text: str) -> Path:
     return path
 
 
+CHART_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def chart_file(text: str) -> Path:
+    """Parser of ``--chart``: a writable path whose suffix names a format matplotlib
+    writes (else it raises after the benchmark ran)."""
+    path = output_file(text)
+    if path.suffix.lower() not in CHART_SUFFIXES:
+        raise typer.BadParameter(f"a chart is {', '.join(CHART_SUFFIXES)}, not {text!r}")
+    return path
+
+
 def write_text(path: str | Path, text: str) -> None:
     """Write an output file; an error of the filesystem (read-only, full) exits 2, one line."""
     try:

@@ -79,6 +79,17 @@ def test_an_output_file_that_is_a_directory_or_under_a_file_is_refused(
     assert (tmp_path / "a-file").read_text() == "kept"
 
 
+@pytest.mark.parametrize("command", [("bench",), ("bench", "serve")], ids=["bench", "serve"])
+def test_a_chart_of_a_format_matplotlib_does_not_write_is_refused_before_the_run(
+    tmp_path, monkeypatch, invoke, command
+):
+    """matplotlib picks the format from the suffix and raises on one it does not
+    know: after the whole benchmark ran."""
+    monkeypatch.chdir(tmp_path)
+    said = _refused(invoke(*command, "--chart", "out.foo", expect=None))
+    assert "Invalidvaluefor'--chart':achartis.png,.svg,.pdf,not'out.foo'" in said
+
+
 def test_an_output_file_that_can_be_written_is_written(tmp_path, invoke):
     out = tmp_path / "fingerprint.json"
     shown = "".join(invoke(*FINGERPRINT, "--json", out).stdout.split())

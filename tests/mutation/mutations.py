@@ -6322,6 +6322,27 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "chart-format-unchecked",
+        "a --chart of a format matplotlib does not write is refused when parsed, not after the run",
+        "lmcache_ec/cli/common.py",
+        (
+            "    if path.suffix.lower() not in CHART_SUFFIXES:\n"
+            "        raise typer.BadParameter(f\"a chart is {', '.join(CHART_SUFFIXES)}, "
+            'not {text!r}")\n'
+        ),
+        "",
+        (
+            (
+                "tests/cli/test_bench_option_refusals.py::test_a_chart_of_a_format_matplotli"
+                "b_does_not_write_is_refused_before_the_run[bench]"
+            ),
+            (
+                "tests/cli/test_bench_option_refusals.py::test_a_chart_of_a_format_matplotli"
+                "b_does_not_write_is_refused_before_the_run[serve]"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
