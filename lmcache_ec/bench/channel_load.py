@@ -171,8 +171,10 @@ class ChannelEngine(SimEngine):
         channel = self.scheduler.ec_connector.scheduler.channel
         send = channel.send
 
-        def counted(identifiers: list[str], weights: str = "") -> bool:
-            sent = send(identifiers, weights)
+        def counted(
+            identifiers: list[str], weights: str = "", rows: dict[str, int] | None = None
+        ) -> int:
+            sent = send(identifiers, weights, rows)
             self._ordered_now += len(identifiers) if sent else 0
             return sent
 

@@ -26,7 +26,7 @@ def run_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
     import torch
 
     from ..integration.vllm.plugin import register
-    from .steps import SimEngine, StepBenchSettings, sim_vllm_config
+    from .steps import SimEngine, StepBenchSettings, sim_item, sim_vllm_config
     from .subjects import TINY_MODEL_DIR
 
     register()  # what vLLM's plugin loading does in a served engine
@@ -43,8 +43,7 @@ def run_node(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
     # The simulated runner calls the connector in idle steps too, as vLLM's V2
     # runner does (set after the config: VllmConfig refuses V2 without Triton).
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
-    rows, cols = job["shape"]
-    item = torch.randn(rows, cols, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    item = sim_item(vllm_config, tuple(job["shape"]), torch.Generator().manual_seed(1))
     steps = StepBenchSettings(
         model_dir=TINY_MODEL_DIR, encode_ms=job["encode_ms"], forward_ms=job["forward_ms"]
     )

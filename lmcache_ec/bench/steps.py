@@ -62,6 +62,18 @@ def _image_hash(tag: str) -> str:
     return hashlib.sha256(tag.encode()).hexdigest()
 
 
+def sim_item(
+    vllm_config: Any, shape: tuple[int, int], generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """An encoder output of ``shape``'s bytes in as many rows as the simulated
+    requests have placeholders: one of other rows is refused when staged (vLLM
+    could not place it)."""
+    rows, cols = shape
+    num_embeds = vllm_config.model_config.hf_config.num_query_tokens
+    width = -(-rows * cols // num_embeds)
+    return torch.randn(num_embeds, width, generator=generator).to(torch.bfloat16)
+
+
 class SimEngine:
     """vLLM's Scheduler plus one worker-side connector, with sleeps for compute."""
 
@@ -251,8 +263,7 @@ def _run_mode(mode: str, settings: StepBenchSettings, redis_url: str) -> dict[st
             "claim_encodes": False,  # one instance: nobody to share encodes with
         },
     )
-    rows, cols = settings.item_shape
-    item = torch.randn(rows, cols).to(torch.bfloat16)
+    item = sim_item(vllm_config, settings.item_shape)
     remote_images = [_image_hash(f"{namespace}-remote-{i}") for i in range(settings.arrivals)]
     identity = identity_from_vllm(vllm_config, model=None, namespace=namespace)
     with ECCache(load_config(dict(ec, remote_url=redis_url)), identity) as seed:

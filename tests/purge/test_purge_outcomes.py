@@ -285,9 +285,11 @@ def test_a_purge_behind_a_stopped_purger_ends_naming_the_untold_namespaces(
     for good: the next purge waits ``APPEND_LOCK_S``, then says whom it did not
     tell and how to tell them (exit 1), never waits for good."""
     monkeypatch.setattr(marker_module, "APPEND_LOCK_S", 0.2)
+    monkeypatch.chdir(tmp_path)  # a short --config in the command said: not wrapped
     config = write_config(
         tmp_path / "disk.yaml", local_cpu=True, max_local_cpu_size=0.0625, local_disk=str(disk_dir)
     )
+    config = "disk.yaml"
     populate(config, MODEL, "default", 1)
     stopped = os.open(disk_dir, os.O_RDONLY | os.O_DIRECTORY)  # another open description
     try:
