@@ -377,12 +377,8 @@ class Engine:
                 if self.runner == "v1":
                     connector.save_caches(encoder_cache=cache, mm_hash=identifier)
         gather = connector.is_consumer or not connector.is_producer  # no LM when encode-only
-        for req_id in output.num_scheduled_tokens if gather else ():  # _gather_mm_embeddings
-            for feature in self.features.get(req_id, []):
-                if feature.identifier not in cache:
-                    raise RuntimeError(f"Encoder cache miss for {feature.identifier}.")
-                if rank == 0:
-                    self.gathered[feature.identifier] = cache[feature.identifier]
+        if gather:
+            self._gather(rank, output, cache)
         if self.runner == "v2" and connector.is_producer:
             for identifier in cache.keys() - before:
                 connector.save_caches(encoder_cache=cache, mm_hash=identifier)
@@ -395,6 +391,25 @@ class Engine:
         if self.runner == "v1" and not connector.is_consumer:
             return None  # V1's encode-only output (make_empty_encoder_model_runner_output)
         return result
+
+    def _gather(self, rank: int, output, cache: dict[str, torch.Tensor]) -> None:
+        """What ``_gather_mm_embeddings`` reads: the features overlapping the tokens
+        scheduled this step (a chunk of a prefill needs only its own items)."""
+        computed = {new.req_id: new.num_computed_tokens for new in output.scheduled_new_reqs}
+        cached = output.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        for req_id, num_tokens in output.num_scheduled_tokens.items():
+            start = computed[req_id]
+            for feature in self.features.get(req_id, []):
+                position = feature.mm_position
+                if position.offset + position.length <= start:
+                    continue  # computed in an earlier step
+                if position.offset >= start + num_tokens:
+                    continue  # in a later chunk
+                if feature.identifier not in cache:
+                    raise RuntimeError(f"Encoder cache miss for {feature.identifier}.")
+                if rank == 0:
+                    self.gathered[feature.identifier] = cache[feature.identifier]
 
     def run_until_finished(self, request_ids: list[str], max_steps: int = 1000) -> int:
         for steps in range(1, max_steps + 1):
