@@ -98,25 +98,26 @@ def _read_order(value: Any, name: str) -> int:
     return value
 
 
-def _read_orders(value: Any, name: str) -> dict[str, int]:
+def _read_numbers_by_id(value: Any, name: str, what: str, least: int) -> dict[str, int]:
+    """A mapping of identifiers to whole numbers from ``least`` on."""
     if not isinstance(value, dict) or len(value) > MAX_IDS:
-        raise BadFrame(f"'{name}' is not a mapping of at most {MAX_IDS} order numbers")
+        raise BadFrame(f"'{name}' is not a mapping of at most {MAX_IDS} {what}")
     for key, number in value.items():
         if len(key) > MAX_ID_CHARS:
             raise BadFrame(f"'{name}' holds a key that is not an identifier")
-        _read_order(number, name)
+        if isinstance(number, bool) or not isinstance(number, int):
+            raise BadFrame(f"'{name}' holds {str(number)[:40]}, not one of its {what}")
+        if not least <= number < MAX_NUMBER:
+            raise BadFrame(f"'{name}' holds {number}, out of the range of its {what}")
     return value
+
+
+def _read_orders(value: Any, name: str) -> dict[str, int]:
+    return _read_numbers_by_id(value, name, "order numbers", 0)
 
 
 def _read_rows(value: Any, name: str) -> dict[str, int]:
-    if not isinstance(value, dict) or len(value) > MAX_IDS:
-        raise BadFrame(f"'{name}' is not a mapping of at most {MAX_IDS} row counts")
-    for key, rows in value.items():
-        if len(key) > MAX_ID_CHARS or isinstance(rows, bool) or not isinstance(rows, int):
-            raise BadFrame(f"'{name}' holds an entry that is not an identifier's row count")
-        if not 0 < rows < MAX_NUMBER:
-            raise BadFrame(f"'{name}' holds a row count out of range")
-    return value
+    return _read_numbers_by_id(value, name, "row counts", 1)
 
 
 def _wire(read: Callable[[Any, str], Any], **default: Any) -> Any:
