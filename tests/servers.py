@@ -23,16 +23,19 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -264,15 +267,21 @@ def black_hole() -> Iterator[BlackHole]:
         server.close()
 
 
+DRIP_SERVER_SCRIPT = Path(__file__).with_name("drip_server.py")
+
+
 class Drip:
     """Accepts TCP connections and answers slowly enough that no answer ends.
 
     ``protocol="redis"``: ``EXISTS`` is answered ``1`` and ``PING`` ``PONG`` at
     once; the command ``drip_on`` (default ``GETRANGE``, a read of a value) is
     answered with a 1 MiB bulk string (``DEL``: an integer of no end) sent a
-    byte every ``interval`` seconds; ``replies`` answers others at once.
+    byte every ``interval`` seconds; ``replies`` answers others at once
+    (``{port}`` in a reply is the server's port).
     ``protocol="http"``: any request gets a status line, then header bytes a
-    byte at a time. ``cut`` is set when a client hangs up on a dripping answer.
+    byte at a time. ``dripping`` is set once an answer has begun to drip,
+    ``cut`` when a client hangs up on one. The server is a process of its own
+    (``tests/drip_server.py``), so the test's threads never delay its answers.
     """
 
     def __init__(
@@ -282,84 +291,39 @@ class Drip:
         drip_on: bytes = b"GETRANGE",
         replies: dict[bytes, bytes] | None = None,
     ) -> None:
-        self.protocol, self.interval = protocol, interval
-        self.drip_on = drip_on
-        self.replies = {**_RESP_REPLIES, **(replies or {})}
+        spec = {
+            "protocol": protocol,
+            "interval": interval,
+            "drip_on": drip_on.decode("latin-1"),
+            "replies": {
+                k.decode("latin-1"): v.decode("latin-1") for k, v in (replies or {}).items()
+            },
+        }
         self.dripping, self.cut = threading.Event(), threading.Event()
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind((HOST, 0))
-        self.sock.listen(128)
-        self.sock.settimeout(0.1)
-        self.port = self.sock.getsockname()[1]
-        self._stop = threading.Event()
-        threading.Thread(target=self._accept, name="drip", daemon=True).start()
+        self._process = subprocess.Popen(
+            [sys.executable, "-I", str(DRIP_SERVER_SCRIPT), json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        first = self._process.stdout.readline()
+        if not first.startswith("port "):
+            self.close()
+            raise RuntimeError(f"the drip server did not start: {first!r}")
+        self.port = int(first.split()[1])
+        threading.Thread(target=self._follow, name="drip-events", daemon=True).start()
 
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except (TimeoutError, OSError):
-                continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            buffer = b""
-            while not self._stop.is_set() and (data := conn.recv(65536)):
-                buffer += data
-                if self.protocol == "http":
-                    if b"\r\n\r\n" in buffer:
-                        conn.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
-                        return self._drip(conn)
-                    continue
-                commands, buffer = _resp_commands(buffer)
-                for command in commands:
-                    name = command[0].upper()
-                    if name == self.drip_on:
-                        conn.sendall(b":" if name == b"DEL" else b"$%d\r\n" % (1 << 20))
-                        return self._drip(conn)
-                    conn.sendall(self.replies.get(name, b"+OK\r\n"))
-
-    def _drip(self, conn: socket.socket) -> None:
-        self.dripping.set()
-        while not self._stop.is_set():
-            try:
-                conn.sendall(b"1")
-            except OSError:
-                self.cut.set()
-                return
-            time.sleep(self.interval)
+    def _follow(self) -> None:
+        events = {"dripping": self.dripping, "cut": self.cut}
+        for line in self._process.stdout:
+            if event := events.get(line.strip()):
+                event.set()
+        self._process.stdout.close()
 
     def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
-
-
-_RESP_REPLIES = {
-    b"HELLO": b"%1\r\n$5\r\nproto\r\n:3\r\n",  # RESP3, which redis-py asks for
-    b"PING": b"+PONG\r\n",
-    b"EXISTS": b":1\r\n",
-}
-
-
-def _resp_commands(buffer: bytes) -> tuple[list[list[bytes]], bytes]:
-    """The whole RESP commands at the start of ``buffer``, and what is left."""
-    commands = []
-    while buffer.startswith(b"*") and b"\r\n" in buffer:
-        head, rest = buffer.split(b"\r\n", 1)
-        words = []
-        for _ in range(int(head[1:])):
-            if b"\r\n" not in rest:
-                return commands, buffer
-            size, rest = rest.split(b"\r\n", 1)
-            length = int(size[1:])
-            if len(rest) < length + 2:
-                return commands, buffer
-            words.append(rest[:length])
-            rest = rest[length + 2 :]
-        commands.append(words)
-        buffer = rest
-    return commands, buffer
+        self._process.kill()
+        self._process.wait(timeout=10)
+        self._process.stdin.close()
 
 
 def redis_commands(url: str, action: Callable[[], T]) -> tuple[T, list[list[str]]]:

@@ -59,7 +59,7 @@ def test_stats_gives_up_on_a_metrics_endpoint_that_trickles_its_answer(
         lambda: invoke("stats", "--config", config_file, "--metrics-url", url, expect=None)
     )
     assert f"cannot read metrics from {url}: no whole answer within 1s" in _said(result)
-    assert trickle.dripping.is_set()  # it did answer, a byte at a time
+    assert trickle.dripping.wait(BOUND_S)  # it did answer, a byte at a time
 
 
 class _Large(BaseHTTPRequestHandler):

@@ -218,16 +218,16 @@ def test_a_hung_primary_never_keeps_the_tier_down(redis_cluster, make_cache):
         os.kill(hung.proc.pid, signal.SIGCONT)
 
 
-def _slots_reply(port: int) -> bytes:
-    """``CLUSTER SLOTS``: every slot on 127.0.0.1:``port``."""
-    node = b"*3\r\n$9\r\n127.0.0.1\r\n:%d\r\n$40\r\n%s\r\n" % (port, b"0" * 40)
+def _slots_reply() -> bytes:
+    """``CLUSTER SLOTS``: every slot on the answering server (``Drip`` fills in ``{port}``)."""
+    node = b"*3\r\n$9\r\n127.0.0.1\r\n:{port}\r\n$40\r\n%s\r\n" % (b"0" * 40)
     return b"*1\r\n*3\r\n:0\r\n:16383\r\n" + node
 
 
 def test_a_range_read_answered_with_an_integer_is_damage_not_an_allocation():
     huge = 1 << 40  # bytes(huge) would ask for a terabyte
-    node = Drip("redis", interval=1.0, drip_on=b"NONE", replies={b"GETRANGE": b":%d\r\n" % huge})
-    node.replies[b"CLUSTER"] = _slots_reply(node.port)
+    replies = {b"GETRANGE": b":%d\r\n" % huge, b"CLUSTER": _slots_reply()}
+    node = Drip("redis", interval=1.0, drip_on=b"NONE", replies=replies)
     store = _store(f"redis-cluster://{HOST}:{node.port}")
     try:
         assert store.read_range(_name(1), 0, 4096) == b""  # present, damaged: no header

@@ -184,7 +184,7 @@ def test_a_server_that_answers_a_byte_at_a_time_holds_no_read_past_the_timeout(
     cache, _ = _within(BOUND, ECCache.from_config, config, model=MODEL)
     try:
         answer, seconds = _within(BOUND, cache.get, "dripped")
-        assert answer is None and drip.dripping.is_set()
+        assert answer is None and drip.dripping.wait(BOUND)
         remote = snapshot(cache)["tiers"]["remote"]
         assert remote["available"] is False and remote["late_reads"] == 1
         assert _within(BOUND, cache.get, "dripped-too")[0] is None  # skipped while down
@@ -211,7 +211,7 @@ def test_removing_a_damaged_entry_from_a_slow_server_holds_no_read_past_the_time
     cache, _ = _within(BOUND, ECCache.from_config, config, model=MODEL)
     try:
         answer, _ = _within(2 * BOUND, cache.get, "damaged")
-        assert answer is None and drip.dripping.is_set()
+        assert answer is None and drip.dripping.wait(BOUND)
         assert snapshot(cache)["integrity_failures"] == 1
         assert snapshot(cache)["tiers"]["remote"]["late_reads"] == 1
     finally:

@@ -167,7 +167,7 @@ def test_a_store_sending_a_byte_at_a_time_holds_no_read_past_the_timeout(kind, a
             assert _answer_within(bound, catalog.read_header, "ec1.a.b." + "0" * 64) is None
             failure = _answer_within(bound, catalog.read_log, "ec-purge-log", 4096)
             assert isinstance(failure, OSError)
-            assert drip.dripping.is_set()
+            assert drip.dripping.wait(bound)
     finally:
         drip.close()
 

@@ -116,7 +116,7 @@ def test_a_write_whose_reply_drips_is_given_up_and_cut_within_the_bound(drip):
             return cache.stats.snapshot()["tiers"]["remote"]
 
         assert _poll(lambda: remote()["available"] is False, BOUND), remote()
-        assert server.dripping.is_set() and server.cut.wait(BOUND)  # the write was cut
+        assert server.dripping.wait(BOUND) and server.cut.wait(BOUND)  # the write was cut
         assert remote()["awaiting_resend"] == 1  # re-sent once the tier answers again
         assert _poll(lambda: remote()["pending"] == 0, BOUND)
     finally:
@@ -173,7 +173,7 @@ def test_a_process_whose_upload_drips_when_it_closes_exits(kind, drip, aws_env):
     server = drip("redis", b"EXEC", WRITES_DRIP) if kind == "redis" else drip("http")
     config = _config(kind, server, remote_timeout=30, close_timeout=0.5)
     assert _exited(_CHILD, config) == ["closed"]
-    assert server.dripping.is_set()  # it closed while the answer was dripping
+    assert server.dripping.wait(BOUND)  # it closed while the answer was dripping
 
 
 _LOOKUP_CHILD = """
@@ -200,7 +200,7 @@ def test_a_listing_whose_page_drips_fails_within_the_bound(kind, drip, aws_env):
     with open_catalog(load_config(_config(kind, server))) as catalog:
         failure = _answer_within(BOUND, lambda: list(catalog.list()))
         assert isinstance(failure, RemoteCatalogError), failure
-        assert server.dripping.is_set()
+        assert server.dripping.wait(BOUND)
         if kind == "redis":  # the abandoned page was cut, not left to drip
             assert server.cut.wait(BOUND)
 
@@ -250,10 +250,10 @@ def test_a_claim_and_a_delete_whose_answer_drips_are_given_up_within_the_bound(d
     delete_drips = drip("redis", drip_on=b"DEL")
     with open_catalog(load_config(_config("redis", claim_drips))) as catalog:
         assert _answer_within(BOUND, catalog.claim, NAME, 60.0) is True  # go ahead
-        assert claim_drips.dripping.is_set()
+        assert claim_drips.dripping.wait(BOUND)
     with open_catalog(load_config(_config("redis", delete_drips))) as catalog:
         assert _answer_within(BOUND, catalog.delete, NAME) is False
-        assert delete_drips.dripping.is_set()
+        assert delete_drips.dripping.wait(BOUND)
 
 
 def test_an_abandoned_s3_call_frees_its_thread_within_the_timeout(black_hole, aws_env):
