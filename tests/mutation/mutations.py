@@ -6340,6 +6340,22 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "let-through-request-leaves-step-idle",
+        (
+            "once a request is let through, a later request's wait in that step is held to "
+            "the busy budget"
+        ),
+        "lmcache_ec/integration/vllm/scheduler.py",
+        "lambda: bool(self._active or self._passed),",
+        "lambda: bool(self._active),",
+        (
+            (
+                "tests/vllm/test_stage_channel.py::test_a_request_let_through_makes_the_rest"
+                "_of_its_step_busy"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

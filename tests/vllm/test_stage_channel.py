@@ -114,6 +114,39 @@ def test_busy_engine_waits_briefly_then_defers(model_config, extra):
         engine.shutdown()
 
 
+def test_a_request_let_through_makes_the_rest_of_its_step_busy(model_config, extra):
+    """Two requests arrive at an idle engine: once the first is let through, vLLM
+    is scheduling it, so the second's staging may not hold that step for the
+    idle budget; it waits at most the busy budget and loads a step later."""
+    first, second = image_hash("let-through.png"), image_hash("behind-it.png")
+    _store(model_config, extra, [first, second])
+    budgets = {**extra, "idle_stage_wait_s": 30.0, "busy_stage_wait_s": 0.0}
+    engine = Engine(make_vllm_config(model_config, "ec_both", budgets), runner="v1")
+    worker_cache = engine.workers[0].worker.cache
+    get_many = worker_cache.get_many
+
+    def slow_for_second(identifiers, *args, **kwargs):
+        if second in identifiers:
+            time.sleep(0.5)  # far under the idle budget, far over the busy one
+        return get_many(identifiers, *args, **kwargs)
+
+    worker_cache.get_many = slow_for_second
+    try:
+        requests = [engine.add_request([first]), engine.add_request([second])]
+        engine.run_until_finished(requests)
+        first_steps = [
+            next(i for i, step in enumerate(engine.scheduled) if request in step)
+            for request in requests
+        ]
+        assert first_steps[0] == 0  # the first loaded in the step it arrived
+        assert first_steps[1] > 0  # the second did not hold that step for its read
+        assert engine.encoded == []  # and still loaded, in a later step
+        for image in (first, second):
+            assert bit_equal(engine.gathered[image], encoder_output(image))
+    finally:
+        engine.shutdown()
+
+
 def test_without_a_channel_orders_ride_step_metadata(model_config, extra, monkeypatch):
     """A rank the scheduler cannot reach: the old path, never a failed request.
 

@@ -33,8 +33,9 @@ Keys (all optional)::
     idle_stage_wait_s         with no request running, how long the scheduler
                               waits for a prefetch to land before deferring the
                               request by a step; nobody is stalled (0.5)
-    busy_stage_wait_s         the same while requests run: the wait delays
-                              their step as a read inside it would (0.01)
+    busy_stage_wait_s         the same while requests run, or once the step let
+                              one through: the wait delays their step as a
+                              read inside it would (0.01)
     remote_lookup_timeout_s   how long a request waits for the remote existence
                               check before its encoder runs instead (0.05)
     negative_lookup_ttl_s     how long a remote "absent" answer is trusted (5.0)

@@ -180,9 +180,9 @@ class RequestWaits:
         """Wait for the workers' answers about ``wait``'s stagings, within this step's
         budget and never past their deadline; False if no time was left.
 
-        With nothing else running, a wait stalls nobody (``idle_stage_wait_s``);
-        otherwise it delays the running batch as a read inside the step would
-        (``busy_stage_wait_s``).
+        With nothing else running or let through this step, a wait stalls nobody
+        (``idle_stage_wait_s``); otherwise it delays their step as a read inside
+        it would (``busy_stage_wait_s``).
         """
         budget = self._step.left()
         if budget <= 0:

@@ -77,8 +77,13 @@ class TierScheduler:
         )
         self.items = ItemTable()  # every item's state: see items.py
         self._active: set[str] = set()  # requests scheduled and not finished
+        # Requests this step let through (``ensure_cache_available``): vLLM is
+        # scheduling them now, so a later request's wait would delay their step.
+        self._passed: set[str] = set()
         self.step = StepWait(
-            settings.idle_stage_wait_s, settings.busy_stage_wait_s, lambda: bool(self._active)
+            settings.idle_stage_wait_s,
+            settings.busy_stage_wait_s,
+            lambda: bool(self._active or self._passed),
         )
         # Given by the connector on ec_both with claim_encodes only (see encode_claims.py).
         self.claims = (
@@ -205,6 +210,7 @@ class TierScheduler:
         if wait is None:
             needed = self.waits.still_needed(request, num_computed_tokens)
             if not needed:
+                self._passed.add(request_id)
                 return True
             wait = self.waits.start(request, needed)
             self._look(wait, needed)
@@ -215,6 +221,7 @@ class TierScheduler:
             self.count("deferred_steps")
             return False
         self.waits.forget(request_id)
+        self._passed.add(request_id)
         return True
 
     def _look(self, wait: Wait, identifiers: Iterable[str]) -> None:
@@ -417,6 +424,7 @@ class TierScheduler:
                 self.items.move(identifier, S.UNKNOWN)
         for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
             self._active.add(new.req_id)
+        self._passed.clear()
         self.step.new_step()
         self._polled = False
         now = time.monotonic()

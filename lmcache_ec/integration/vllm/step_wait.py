@@ -4,8 +4,9 @@ The scheduler waits within a step for answers that are a round trip away (a
 remote lookup, a claim, a staging on the stage channel) rather than deferring
 the request to a later step. The budget is long when nothing runs
 (``idle_stage_wait_s``: a lone request loads in the step it arrives) and
-short while requests run (``busy_stage_wait_s``: the cost of a read inside
-the step, which the running batch pays).
+short while requests run, or once the step has let one through
+(``busy_stage_wait_s``: the cost of a read inside the step, which the
+batch pays).
 """
 
 from __future__ import annotations
