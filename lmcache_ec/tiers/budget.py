@@ -78,6 +78,7 @@ import stat as stat_mode
 import threading
 import time
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from ..flocks import close_inherited, drop_locks_in_child, flock_within
 from ..runtime_dirs import (
@@ -95,6 +96,15 @@ from .disk_layout import DirectoryLayout, Scan, file_bytes
 from .group_ledger import GROUP_LEDGER, open_group_ledger
 
 LEDGER_LOCK_WAIT_S = 5.0
+
+
+class Trimmed(NamedTuple):
+    """What ``DirectoryBudget.trim`` did: entries evicted, and entries kept."""
+
+    evicted: int
+    kept: int
+
+
 LOW_WATER = 15 / 16  # evict down to this share of the limit
 BLOCK = 4096  # tmpfs and most filesystems allocate whole pages
 FREE_RESERVE_MAX = 256 * 1024**2  # what a capped directory leaves its filesystem's other users
@@ -414,9 +424,10 @@ class DirectoryBudget:
                     self._write(used - freed)
         return True
 
-    def trim(self) -> int:
+    def trim(self) -> Trimmed:
         """Evict (LRU, no residency protection) to the limit; at start-up, where
-        the limit may have shrunk. The number of entries evicted."""
+        the limit may have shrunk. How many entries were evicted and kept (from
+        the one scan this takes: a large directory is slow to list)."""
         with self._locked():
             scan = self.layout.scan(max_reserved=self.limit)
             used = scan.total
@@ -430,7 +441,7 @@ class DirectoryBudget:
                     continue  # read-only: it stays, and counts
                 used -= entry.size
             self._write(used)
-        return evicted
+        return Trimmed(evicted, len(scan.entries) - evicted)
 
     def _make_room(self, size: int) -> int | None:
         """Under the lock: the true usage after evicting for ``size`` more

@@ -47,7 +47,7 @@ from ..codec import PREFIX_SIZE, CorruptEntryError, FrameRead, check_stored_size
 from ..key import ECKey
 from ..runtime_dirs import DEFAULT_BASE, Reason, RuntimeDirUnavailable, owner_of
 from ..tier_contract import TierDefaults
-from .budget import DirectoryBudget
+from .budget import DirectoryBudget, Trimmed
 from .disk_layout import (
     PRIVATE,
     DirectoryLayout,
@@ -119,16 +119,15 @@ class FrameDirectoryTier(TierDefaults, StorageBackendInterface):
         try:
             trimmed = self.budget.trim()
         except OSError as exc:  # e.g. no room for the ledger: writes will say so too
-            trimmed = 0
+            trimmed = Trimmed(0, len(self.layout.scan(reclaim=False).entries))
             logger.warning("%s tier %s: size check at start failed: %s", self.name, path, exc)  # type: ignore[attr-defined]
-        self.rebuilt_entries = len(self.layout.scan(reclaim=False).entries)
-        if self.rebuilt_entries or trimmed:
+        if trimmed.kept or trimmed.evicted:
             logger.info(
                 "%s tier %s: %d entries (%d evicted to fit %d bytes)",
                 self.name,  # type: ignore[attr-defined]
                 path,
-                self.rebuilt_entries,
-                trimmed,
+                trimmed.kept,
+                trimmed.evicted,
                 limit,
             )
 

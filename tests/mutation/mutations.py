@@ -6356,6 +6356,21 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "start-lists-directory-twice",
+        (
+            "a disk tier's start lists its directory once (the trim's listing gives the "
+            "count it reports)"
+        ),
+        "lmcache_ec/tiers/frame_directory.py",
+        "        if trimmed.kept or trimmed.evicted:\n",
+        (
+            "        trimmed = Trimmed(trimmed.evicted, "
+            "len(self.layout.scan(reclaim=False).entries))\n"
+            "        if trimmed.kept or trimmed.evicted:\n"
+        ),
+        ("tests/tiers/test_disk_tier.py::test_a_restart_lists_the_directory_once",),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

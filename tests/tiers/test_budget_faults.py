@@ -72,7 +72,7 @@ def test_a_temp_name_reserving_more_than_the_limit_evicts_nothing(disk_dir):
         publish(writer, name, 100)
     planted = _plant(disk_dir, os.getpid(), HUGE, content=bytes(10))
     other = DirectoryBudget(DirectoryLayout(str(disk_dir)), LIMIT, 0.0)
-    assert other.trim() == 0
+    assert other.trim().evicted == 0
     publish(other, names[3], 100)
     entries = DirectoryLayout(str(disk_dir)).scan(max_reserved=LIMIT).entries
     assert sorted(e.name for e in entries) == sorted(names)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from lmcache_ec import ECCache
-from lmcache_ec.tiers.disk_layout import TEMP_PREFIX
+from lmcache_ec.tiers.disk_layout import TEMP_PREFIX, DirectoryLayout
 from tests.conftest import bit_equal, make_tensor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,6 +126,30 @@ def test_lru_order_survives_restart(disk_dir, make_cache):
         assert _stored(cache, names) == ["img-1", "img-3"]
     cache = make_cache(_disk_only(disk_dir, 2.5, frame))
     assert _stored(cache, names) == ["img-1", "img-3"]
+
+
+def test_a_restart_lists_the_directory_once(disk_dir, make_cache, monkeypatch, caplog):
+    # Listing a directory of 100,000 entries takes over a second: the start-up
+    # trim's listing also gives the count it reports, none is taken for it alone.
+    frame = 64 * 1024 * 4 + 4096
+    names = [f"img-{i}" for i in range(4)]
+    with make_cache(_disk_only(disk_dir, 1024, frame)) as cache:
+        for i, name in enumerate(names):
+            assert cache.put(name, make_tensor((64, 1024), torch.float32, seed=i))
+        assert cache.flush()
+    listings = []
+    scan = DirectoryLayout.scan
+
+    def counted(layout, *args, **kwargs):
+        listings.append(layout.path)
+        return scan(layout, *args, **kwargs)
+
+    monkeypatch.setattr(DirectoryLayout, "scan", counted)
+    with caplog.at_level(logging.INFO, logger="lmcache_ec.tiers.frame_directory"):
+        cache = make_cache(_disk_only(disk_dir, 2.5, frame))
+    assert listings == [str(disk_dir)]
+    assert f"{disk_dir}: 2 entries (2 evicted to fit" in caplog.text
+    assert _stored(cache, names) == ["img-2", "img-3"]
 
 
 def test_stale_temporary_files_are_cleaned_and_fresh_ones_kept(disk_dir, make_cache):
