@@ -247,8 +247,10 @@ SCHEMA: dict[str, Option] = {
             "Reads fall through CPU -> disk -> remote; writes reach the remote asynchronously. "
             "Redis URL options that set timeouts or retries (socket_timeout=, retry_on_timeout= "
             "…) are refused: remote_timeout bounds them; so are a path other than /<db>, port "
-            "0, and a URL option a connection of its scheme does not take (ssl_* only with "
-            "rediss://).",
+            "0, a URL option a connection of its scheme does not take (ssl_* only with "
+            "rediss://), and a whole-number option out of the range redis-py takes (db= below "
+            "0, socket_read_size= below 1, max_connections= below 0, protocol= other than 2 or "
+            "3).",
             lmcache=True,
             check=_remote_url,
         ),

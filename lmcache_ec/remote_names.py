@@ -178,6 +178,14 @@ _REDIS_INT_OPTIONS = (
     "ssl_min_version",
     "protocol",
 )
+# Their ranges, where redis-py refuses others only at connect (the tier would
+# be down for good): least and greatest value (None: no greatest).
+_REDIS_INT_RANGES: dict[str, tuple[int, int | None]] = {
+    "db": (0, None),
+    "socket_read_size": (1, None),
+    "max_connections": (0, None),  # 0: no limit
+    "protocol": (2, 3),
+}
 # The other URL options a connection takes (redis-py's URL_QUERY_ARGUMENT_PARSERS
 # and its string options): redis-py hands any name to the connection's
 # constructor, where one it does not take fails every connect (TypeError).
@@ -282,8 +290,16 @@ def _check_redis_options(query: str, scheme: str) -> None:
         value = values[0]
         if name in _REDIS_INT_OPTIONS and value and not value.strip().lstrip("+-").isdecimal():
             raise ValueError(f"the URL option {name}={value!r} is not a whole number")
+        if name in _REDIS_INT_RANGES and value:
+            _check_range(name, int(value), *_REDIS_INT_RANGES[name])
         if name == "ssl_cert_reqs" and value and value not in _SSL_CERT_REQS:
             raise ValueError(f"the URL option ssl_cert_reqs= must be one of {_SSL_CERT_REQS}")
+
+
+def _check_range(name: str, value: int, least: int, greatest: int | None) -> None:
+    if value < least or (greatest is not None and value > greatest):
+        allowed = f"{least} to {greatest}" if greatest is not None else f"{least} or more"
+        raise ValueError(f"the URL option {name}={value} is out of range ({allowed})")
 
 
 STORES: tuple[StoreKind, ...] = (

@@ -19,6 +19,7 @@ setting that loads but cannot work.
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import pytest
@@ -216,6 +217,24 @@ def test_redis_url_options_redis_py_cannot_parse_are_refused_and_others_load():
         load_config({"remote_url": "redis://h:6379?db=x"}, environ={})
     url = "redis://h:6379?db=2&max_connections=8"
     assert load_config({"remote_url": url}, environ={}).remote.url == url
+
+
+@pytest.mark.parametrize(
+    ("query", "refusal"),
+    [
+        ("db=-1", "db=-1 is out of range (0 or more)"),
+        ("socket_read_size=0", "socket_read_size=0 is out of range (1 or more)"),
+        ("max_connections=-1", "max_connections=-1 is out of range (0 or more)"),
+        ("protocol=4", "protocol=4 is out of range (2 to 3)"),
+    ],
+    ids=["db", "socket_read_size", "max_connections", "protocol"],
+)
+def test_redis_url_options_out_of_range_are_refused_at_load(query, refusal):
+    # redis-py takes them, then fails every connect: the tier would stay down for good.
+    with pytest.raises(ConfigError, match=re.escape(refusal)):
+        load_config({"remote_url": f"redis://h:6379/?{query}"}, environ={})
+    for url in ("redis://h:6379/?max_connections=0", "redis://h:6379/?protocol=2&db=15"):
+        assert load_config({"remote_url": url}, environ={}).remote.url == url
 
 
 def _s3_environment(monkeypatch, tmp_path) -> None:

@@ -6371,6 +6371,19 @@ MUTATIONS += [
         ),
         ("tests/tiers/test_disk_tier.py::test_a_restart_lists_the_directory_once",),
     ),
+    Mutation(
+        "redis-url-option-range-unchecked",
+        (
+            "a Redis URL option redis-py refuses only at connect (db=-1, protocol=4, …) is "
+            "a config error at load"
+        ),
+        "lmcache_ec/remote_names.py",
+        "            _check_range(name, int(value), *_REDIS_INT_RANGES[name])\n",
+        "            pass\n",
+        (
+            "tests/test_config_inputs.py::test_redis_url_options_out_of_range_are_refused_at_load[protocol]",
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
