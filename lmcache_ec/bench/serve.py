@@ -397,6 +397,7 @@ def run_serve(
     root = Path(tempfile.mkdtemp(prefix="lmcache-ec-serve-", dir=settings.directory))
     blocks: list[Block] = []
     fleet: Fleet | None = None
+    stopped: str | None = None  # why the run ended before its last block
     with contextlib.ExitStack() as stack:
         if "lmcache-redis" in settings.subjects and settings.redis_url is None:
             progress("starting redis-server")
@@ -431,11 +432,19 @@ def run_serve(
                             for name in later
                         }
                         blocks += fleet.run_block(later, patterns, mode, ids, [True] * len(ids))
+        except (ServerError, RuntimeError) as exc:
+            if not blocks:  # nothing measured: the error is the whole answer
+                raise
+            # Hours of rows are not thrown away for one failed request: they are
+            # reported, marked as a run that stopped early.
+            stopped = str(exc)
         finally:
             fleet.stop()
             if not settings.keep:
                 shutil.rmtree(root, ignore_errors=True)
-    return build_result(settings, blocks, fleet, command, time.monotonic() - began, root)
+    result = build_result(settings, blocks, fleet, command, time.monotonic() - began, root)
+    result["stopped"] = stopped
+    return result
 
 
 def build_result(

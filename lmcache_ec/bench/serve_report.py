@@ -172,6 +172,7 @@ def summary_line(result: dict[str, Any]) -> str:
         f"{min_pairs()} rounds)"
         + (f", {other} without an interval (a request without a first token)" if other else "")
         + f" — {result['elapsed_s']} s on {result['machine']['cpus']} CPUs"
+        + (f"; STOPPED EARLY: {result['stopped']}" if result.get("stopped") else "")
     )
 
 

@@ -145,3 +145,5 @@ def serve(
         no_chart=no_chart,
         default_chart="bench-serve.png",
     )
+    if result.get("stopped"):
+        fail(f"stopped early, after the rows shown: {result['stopped']}", 1)

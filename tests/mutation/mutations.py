@@ -6381,7 +6381,23 @@ MUTATIONS += [
         "            _check_range(name, int(value), *_REDIS_INT_RANGES[name])\n",
         "            pass\n",
         (
-            "tests/test_config_inputs.py::test_redis_url_options_out_of_range_are_refused_at_load[protocol]",
+            (
+                "tests/test_config_inputs.py::test_redis_url_options_out_of_range_are_refuse"
+                "d_at_load[protocol]"
+            ),
+        ),
+    ),
+    Mutation(
+        "serve-partial-rows-dropped",
+        "bench serve that stops partway still writes the rows it measured, marked stopped, exit 1",
+        "lmcache_ec/bench/serve.py",
+        "            stopped = str(exc)\n",
+        "            raise\n",
+        (
+            (
+                "tests/cli/test_bench_serve_partial.py::test_a_run_that_stops_partway_keeps_"
+                "the_rows_it_measured"
+            ),
         ),
     ),
 ]
