@@ -77,6 +77,11 @@ def validate_tensor(tensor: Any, pinned_dtype: str = "") -> None:
         raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided:
         raise ValueError(f"expected a dense tensor, got layout {tensor.layout}")
+    if tensor.is_nested:  # strided in layout, but no one shape (torch fails at its bytes)
+        raise ValueError("expected one dense [tokens, hidden] tensor, got a nested tensor")
+    # A ZeroTensor (autograd's) has no memory behind it to store.
+    if getattr(tensor, "_is_zerotensor", lambda: False)():
+        raise ValueError("a ZeroTensor has no data to store; materialize it (.clone())")
     if tensor.is_meta:
         raise ValueError("meta tensors have no data to store")
     if tensor.dim() != 2:
@@ -435,6 +440,6 @@ def copy_out(
     if device.type != "cpu":
         return source.to(device=device, non_blocking=non_blocking and not payload.owned, copy=True)
     if pin_memory:
-        out = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=True)
+        out = torch.empty(payload.shape, dtype=payload.dtype, device="cpu", pin_memory=True)
         return out.copy_(source)
     return source if payload.owned else source.clone()

@@ -101,6 +101,8 @@ def test_cpu_tier_evicts_least_recently_used(make_cache):
         (torch.zeros(4, 4, dtype=torch.float64), ValueError, "unsupported encoder dtype"),
         (torch.zeros(4, 4, device="meta"), ValueError, "meta"),
         (torch.eye(4).to_sparse(), ValueError, "dense"),
+        (torch.nested.nested_tensor([torch.zeros(3), torch.zeros(5)]), ValueError, "nested"),
+        (torch._efficientzerotensor(4, 4), ValueError, "ZeroTensor"),
     ],
 )
 def test_bad_tensors_raise_clear_errors_and_store_nothing(cache, value, error, message):
@@ -108,6 +110,16 @@ def test_bad_tensors_raise_clear_errors_and_store_nothing(cache, value, error, m
         cache.put("x", value)
     assert cache.contains("x") is None
     assert cache.stats.snapshot()["puts"] == 0
+
+
+def test_a_cache_built_under_another_default_device_keeps_its_pool_on_the_host(make_cache):
+    # A library caller may build it inside ``with torch.device("cuda"):`` (meta
+    # here, for want of a GPU): the pool made there could take no host bytes.
+    with torch.device("meta"):
+        cache = make_cache()
+    tensor = make_tensor((16, 64), torch.float32, seed=3)
+    assert cache.put("x", tensor)
+    assert bit_equal(cache.get("x"), tensor)
 
 
 def test_pinned_dtype_rejects_other_dtypes(make_cache):

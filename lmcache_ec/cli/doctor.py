@@ -389,7 +389,7 @@ def check_engine(config: ECConfig) -> Check:
 
         from ..engine import ECCache
 
-        tensor = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+        tensor = torch.arange(64, dtype=torch.float32, device="cpu").reshape(8, 8)
         with ECCache(config, _probe_identity()) as cache:
             mm_hash = f"doctor-{os.getpid()}-{time.time_ns()}"
             cache.put(mm_hash, tensor)

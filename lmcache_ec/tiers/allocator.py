@@ -150,8 +150,8 @@ def _page_locked(size: int) -> torch.Tensor:
     5 GB pool would lock 8 GiB. Locked for the life of the process, as torch's
     cached pinned blocks are. ``RuntimeError`` when the host refuses."""
     if not torch.cuda.is_available():  # another accelerator: its runtime's pinning
-        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    buffer = torch.empty(size, dtype=torch.uint8)
+        return torch.empty(size, dtype=torch.uint8, device="cpu", pin_memory=True)
+    buffer = torch.empty(size, dtype=torch.uint8, device="cpu")
     cudart = torch.cuda.cudart()
     error = int(cudart.cudaHostRegister(buffer.data_ptr(), size, 0))
     if error != 0:
@@ -180,7 +180,10 @@ def host_buffer(size: int, pinned: bool) -> torch.Tensor:
     wanted, refusal = size, None
     while True:
         try:
-            buffer = _page_locked(size) if pinned else torch.empty(size, dtype=torch.uint8)
+            # On the host whatever the caller's default device (torch.set_default_device).
+            buffer = (
+                _page_locked(size) if pinned else torch.empty(size, dtype=torch.uint8, device="cpu")
+            )
         except RuntimeError as exc:
             if size // 2 < MIN_POOL:
                 raise

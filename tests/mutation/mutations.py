@@ -3450,10 +3450,15 @@ MUTATIONS += [
         "with an accelerator the CPU pool locks exactly its size, not torch's power-of-two block",
         "lmcache_ec/tiers/allocator.py",
         (
-            "            buffer = _page_locked(size) if pinned else torch.empty(size, "
-            "dtype=torch.uint8)\n"
+            "            buffer = (\n"
+            "                _page_locked(size) if pinned else torch.empty(size, "
+            'dtype=torch.uint8, device="cpu")\n'
+            "            )\n"
         ),
-        "            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)\n",
+        (
+            "            buffer = torch.empty(size, dtype=torch.uint8, "
+            'device="cpu", pin_memory=pinned)\n'
+        ),
         ("tests/storage/test_device_copies.py::test_the_pool_locks_exactly_its_size",),
     ),
     Mutation(
@@ -6397,6 +6402,56 @@ MUTATIONS += [
             (
                 "tests/cli/test_bench_serve_partial.py::test_a_run_that_stops_partway_keeps_"
                 "the_rows_it_measured"
+            ),
+        ),
+    ),
+    Mutation(
+        "pool-on-default-device",
+        (
+            "a cache built under another default torch device keeps its pool on the host "
+            "(put/get work)"
+        ),
+        "lmcache_ec/tiers/allocator.py",
+        (
+            "                _page_locked(size) if pinned else torch.empty(size, "
+            'dtype=torch.uint8, device="cpu")\n'
+        ),
+        "                _page_locked(size) if pinned else torch.empty(size, dtype=torch.uint8)\n",
+        (
+            (
+                "tests/test_engine.py::test_a_cache_built_under_another_default_device_keeps"
+                "_its_pool_on_the_host"
+            ),
+        ),
+    ),
+    Mutation(
+        "nested-tensor-taken",
+        "a nested tensor is refused with a clear ValueError, never a torch RuntimeError",
+        "lmcache_ec/codec.py",
+        (
+            "    if tensor.is_nested:  # strided in layout, but no one shape (torch fails "
+            "at its bytes)\n"
+            '        raise ValueError("expected one dense [tokens, hidden] tensor, got a '
+            'nested tensor")\n'
+        ),
+        "",
+        (
+            (
+                "tests/test_engine.py::test_bad_tensors_raise_clear_errors_and_store_nothing"
+                "[value9-ValueError-nested]"
+            ),
+        ),
+    ),
+    Mutation(
+        "zero-tensor-taken",
+        "a ZeroTensor is refused with a clear ValueError, never a torch RuntimeError",
+        "lmcache_ec/codec.py",
+        '    if getattr(tensor, "_is_zerotensor", lambda: False)():\n',
+        "    if False:\n",
+        (
+            (
+                "tests/test_engine.py::test_bad_tensors_raise_clear_errors_and_store_nothing"
+                "[value10-ValueError-ZeroTensor]"
             ),
         ),
     ),

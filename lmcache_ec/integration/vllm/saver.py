@@ -73,7 +73,7 @@ class SaveQueue:
         if tensor.is_cpu:  # a flag: tensor.device builds an object per call
             return tensor, None
         if tensor.is_cuda:
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
             host.copy_(tensor, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
