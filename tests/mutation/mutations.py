@@ -6455,6 +6455,99 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "running-request-waits-again",
+        (
+            "a request let through waits again on none of the items it had then (chunked "
+            "prefill never livelocks on the prefetch bounds)"
+        ),
+        "lmcache_ec/integration/vllm/scheduler.py",
+        "                may_wait=identifier not in passed_with,\n",
+        "                may_wait=True,\n",
+        (
+            (
+                "tests/vllm/test_prefetch_bounds_chunked.py::test_a_running_request_with_mor"
+                "e_stored_items_than_the_bounds_finishes[ec_both]"
+            ),
+        ),
+    ),
+    Mutation(
+        "staged-item-released-while-waited-on",
+        (
+            "a staged item a deferred request still waits on is kept past its deadline "
+            "(requests holding staged items do not take turns for ever)"
+        ),
+        "lmcache_ec/integration/vllm/scheduler.py",
+        "        if self.prefetch.waited_on(identifier):\n",
+        "        if False:\n",
+        (
+            (
+                "tests/vllm/test_prefetch_bounds_chunked.py::test_requests_holding_staged_it"
+                "ems_while_waiting_for_room_all_finish[ec_both]"
+            ),
+        ),
+    ),
+    Mutation(
+        "no-room-waiters-queue-again",
+        (
+            "a prefetch given up for want of room is computed by every request waiting on "
+            "it, not queued again"
+        ),
+        "lmcache_ec/integration/vllm/item_decisions.py",
+        (
+            "            self.owner.give_up(identifier, now, why, fetch_failed=False, "
+            "waiters_compute=True)\n"
+        ),
+        "            self.owner.give_up(identifier, now, why, fetch_failed=False)\n",
+        (
+            (
+                "tests/vllm/test_prefetch_bounds_chunked.py::test_requests_holding_staged_it"
+                "ems_while_waiting_for_room_all_finish[ec_consumer]"
+            ),
+        ),
+    ),
+    Mutation(
+        "no-room-give-up-fails-consumer",
+        (
+            "a prefetch never ordered for want of room fails no request on an ec_consumer: "
+            "it is computed"
+        ),
+        "lmcache_ec/integration/vllm/item_decisions.py",
+        (
+            "            self.owner.give_up(identifier, now, why, fetch_failed=False, "
+            "waiters_compute=True)\n"
+        ),
+        "            self.owner.give_up(identifier, now, why, waiters_compute=True)\n",
+        (
+            (
+                "tests/vllm/test_prefetch_bounds_chunked.py::test_requests_holding_staged_it"
+                "ems_while_waiting_for_room_all_finish[ec_consumer]"
+            ),
+        ),
+    ),
+    Mutation(
+        "computed-answer-not-final",
+        (
+            "an item a deferred request was told to compute stays computed while it waits, "
+            "never queued again behind others"
+        ),
+        "lmcache_ec/integration/vllm/scheduler.py",
+        (
+            "            if answer is ItemAnswer.COMPUTE:\n"
+            "                wait.computed.add(identifier)\n"
+        ),
+        "",
+        (
+            (
+                "tests/vllm/test_prefetch_bounds_chunked.py::test_requests_holding_staged_it"
+                "ems_while_waiting_for_room_all_finish[ec_consumer]"
+            ),
+            (
+                "tests/vllm/test_prefetch_bounds_chunked.py::test_requests_holding_staged_it"
+                "ems_while_waiting_for_room_all_finish[ec_both]"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

@@ -326,6 +326,10 @@ class Engine:
         time.sleep(0.005)
         for new in output.scheduled_new_reqs:
             self.features[new.req_id] = new.mm_features
+        # The model runner samples no token for a chunk of a longer prompt.
+        partial = {
+            r for r in output.num_scheduled_tokens if self.scheduler.requests[r].is_prefill_chunk
+        }
         ec_outputs = [self._run_worker(rank, output) for rank in range(len(self.workers))]
         ec_output = None
         for item in ec_outputs:
@@ -344,7 +348,7 @@ class Engine:
         runner_output = ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=[[7] for _ in req_ids],
+            sampled_token_ids=[[] if r in partial else [7] for r in req_ids],
             ec_connector_output=ec_output,
         )
         outputs = self.scheduler.update_from_output(output, runner_output)

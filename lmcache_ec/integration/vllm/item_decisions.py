@@ -32,7 +32,15 @@ _FETCHED = (S.QUEUED, S.STAGING, S.READY, S.PROMISED)
 class DecisionOwner(LinkOwner, Protocol):
     """What the decisions ask of their scheduler (``scheduler.py``), beyond the link's."""
 
-    def give_up(self, identifier: str, now: float, why: str, *, fetch_failed: bool = True) -> None:
+    def give_up(
+        self,
+        identifier: str,
+        now: float,
+        why: str,
+        *,
+        fetch_failed: bool = True,
+        waiters_compute: bool = False,
+    ) -> None:
         """Stop waiting for ``identifier``: compute it, or fail its requests."""
 
     def fail(self, identifier: str, now: float) -> None:
@@ -68,10 +76,18 @@ class ItemDecisions:
         self.held_back = held_back
 
     def decide(
-        self, identifier: str, now: float, nbytes: int, request_id: str, room: Room, rows: int = 0
+        self,
+        identifier: str,
+        now: float,
+        nbytes: int,
+        request_id: str,
+        room: Room,
+        rows: int = 0,
+        *,
+        may_wait: bool = True,
     ) -> ItemAnswer:
         """``identifier``'s answer for ``request_id``, which has ``room`` left and
-        ``rows`` placeholders for it (0: not said)."""
+        ``rows`` placeholders for it (0: not said); never WAIT unless ``may_wait``."""
         state = self.items.state(identifier)
         queued_rows = self.prefetch.rows(identifier)
         if rows and queued_rows and queued_rows != rows and state in _FETCHED:
@@ -82,10 +98,16 @@ class ItemDecisions:
             return ItemAnswer.HELD
         if self.settings.in_step_reads:
             return self._approve_at_once(identifier, now)
+        if not may_wait:
+            return ItemAnswer.COMPUTE
         if state is S.QUEUED:
             if now < self.items.get(identifier).deadline:
                 return ItemAnswer.WAIT
-            self.owner.give_up(identifier, now, "no room to prefetch it in time")
+            # Never ordered: nothing failed, so it is computed (on a consumer too, as
+            # an item beyond a request's room is) and not held off the tiers; every
+            # request waiting on it computes it, rather than queue it again.
+            why = "no room to prefetch it in time"
+            self.owner.give_up(identifier, now, why, fetch_failed=False, waiters_compute=True)
             return ItemAnswer.COMPUTE
         if state is S.STAGING:
             item = self.items.get(identifier)

@@ -65,7 +65,8 @@ ALLOWED: dict[ItemState, frozenset[ItemState]] = {
     S.AWAITING: frozenset({S.QUEUED, *_GIVE_UP}),
     S.QUEUED: frozenset({S.STAGING, *_GIVE_UP}),
     S.STAGING: frozenset({S.READY, *_GIVE_UP}),
-    S.READY: frozenset({S.PROMISED, *_GIVE_UP}),
+    # READY -> READY: its deadline moved on, for a request that still waits on it.
+    S.READY: frozenset({S.READY, S.PROMISED, *_GIVE_UP}),
     S.PROMISED: frozenset({S.READY, S.LOADED, S.UNKNOWN, S.FAILED}),
     S.LOADED: frozenset({S.UNKNOWN}),
     S.RESIDENT: frozenset({S.UNKNOWN}),

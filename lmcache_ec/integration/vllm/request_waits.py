@@ -34,6 +34,9 @@ class Wait:
     pending: set[str] = field(default_factory=set)  # answered WAIT
     direct: set[str] = field(default_factory=set)  # pending, staging over the stage channel
     changed: set[str] = field(default_factory=set)  # moved (or due) since last looked at
+    # Answered COMPUTE: final while it waits. Looked at again once the prefetch
+    # given up for it moved, it would be queued anew behind other requests'.
+    computed: set[str] = field(default_factory=set)
 
     @property
     def request_id(self) -> str:
@@ -132,6 +135,15 @@ class RequestWaits:
                 waiting.discard(request_id)
                 if not waiting:
                     del self._needed_by[identifier]
+
+    def compute(self, identifier: str, request_ids: Iterable[str]) -> None:
+        """The deferred ones of ``request_ids`` compute ``identifier`` (its prefetch
+        was given up): none of them waits on it again."""
+        for request_id in request_ids:
+            wait = self._waiting.get(request_id)
+            if wait is not None:
+                wait.computed.add(identifier)
+                wait.changed.add(identifier)
 
     def needs(self, identifier: str) -> bool:
         """Whether a deferred request still needs ``identifier``."""

@@ -80,6 +80,10 @@ class TierScheduler:
         # Requests this step let through (``ensure_cache_available``): vLLM is
         # scheduling them now, so a later request's wait would delay their step.
         self._passed: set[str] = set()
+        # Request id -> the items it still needed when first let through. vLLM asks
+        # about a running request's items at every step of its prefill; it waits
+        # on none of these again (only on items a later chunk of input adds).
+        self._passed_with: dict[str, frozenset[str]] = {}
         self.step = StepWait(
             settings.idle_stage_wait_s,
             settings.busy_stage_wait_s,
@@ -210,7 +214,7 @@ class TierScheduler:
         if wait is None:
             needed = self.waits.still_needed(request, num_computed_tokens)
             if not needed:
-                self._passed.add(request_id)
+                self._let_through(request_id, ())
                 return True
             wait = self.waits.start(request, needed)
             self._look(wait, needed)
@@ -221,8 +225,13 @@ class TierScheduler:
             self.count("deferred_steps")
             return False
         self.waits.forget(request_id)
-        self._passed.add(request_id)
+        self._let_through(request_id, wait.needed)
         return True
+
+    def _let_through(self, request_id: str, needed: Iterable[str]) -> None:
+        self._passed.add(request_id)
+        if request_id not in self._passed_with:
+            self._passed_with[request_id] = frozenset(needed)
 
     def _look(self, wait: Wait, identifiers: Iterable[str]) -> None:
         """Decide each of ``identifiers`` for the request, then order what can start."""
@@ -231,13 +240,31 @@ class TierScheduler:
         identifiers = list(identifiers)
         others = wait.pending.difference(identifiers)
         room = self.prefetch.room([wait.needed[other] for other in others])
+        # A request let through before waits again on none of the items it had then:
+        # deferred, it would hold the staged copies of its later items, which take
+        # the room in flight, while waiting for room only they free. What it still
+        # needs and no one holds is computed.
+        passed_with = self._passed_with.get(request_id, frozenset())
         # The record each decision left: every write makes a new one, so a record
         # still identical after the dispatch below was moved by nothing else.
         decided: dict[str, Item | None] = {}
         for identifier in identifiers:
+            if identifier in wait.computed:
+                wait.record(identifier, waits=False, direct=False)
+                continue
             nbytes = wait.needed[identifier]
             rows = wait.rows.get(identifier, 0)
-            answer = self.decisions.decide(identifier, now, nbytes, request_id, room, rows)
+            answer = self.decisions.decide(
+                identifier,
+                now,
+                nbytes,
+                request_id,
+                room,
+                rows,
+                may_wait=identifier not in passed_with,
+            )
+            if answer is ItemAnswer.COMPUTE:
+                wait.computed.add(identifier)
             decided[identifier] = self.items.get(identifier)
             waits = answer is ItemAnswer.WAIT
             if waits:
@@ -282,11 +309,20 @@ class TierScheduler:
         """Compute ``identifier`` and fetch it again at the earliest after ``failed_retry_s``."""
         self.items.fail(identifier, now + self.settings.failed_retry_s)
 
-    def give_up(self, identifier: str, now: float, why: str, *, fetch_failed: bool = True) -> None:
+    def give_up(
+        self,
+        identifier: str,
+        now: float,
+        why: str,
+        *,
+        fetch_failed: bool = True,
+        waiters_compute: bool = False,
+    ) -> None:
         """Stop waiting for ``identifier``: compute it, or fail its requests on a consumer.
 
         Only a fetch that failed (``fetch_failed``) holds the item off the tiers for
-        ``failed_retry_s``; an order an idle step dropped, or a weights change, does not.
+        ``failed_retry_s``; an order an idle step dropped, or a weights change, does not:
+        its requests fetch it again, unless ``waiters_compute`` (no room came in time).
         """
         state = self.items.state(identifier)
         waiters = self.prefetch.take_waiters(identifier)
@@ -302,6 +338,8 @@ class TierScheduler:
             self.items.move(identifier, S.UNKNOWN)
         else:
             logger.info("Encoder output %.24s will be computed: %s", identifier, why)
+            if waiters_compute:
+                self.waits.compute(identifier, waiters)
             if fetch_failed and self.is_producer:
                 self.fail(identifier, now)
             else:  # nothing failed, or a consumer: the next request fetches it again
@@ -320,7 +358,7 @@ class TierScheduler:
         for identifier in self.items.take_due(now):
             state = self.items.state(identifier)
             if state is S.READY:
-                self.link.release_unused(identifier)
+                self._staged_past_deadline(identifier, now)
             elif state in (S.QUEUED, S.STAGING) and not self.prefetch.waited_on(identifier):
                 self._give_up_unwanted(identifier, state, now)
             elif state is S.FAILED:  # its retry time: the record says nothing any more
@@ -329,6 +367,17 @@ class TierScheduler:
                 self._look_again_if_needed(identifier)
             else:
                 self.waits.wake_later((identifier,))
+
+    def _staged_past_deadline(self, identifier: str, now: float) -> None:
+        """A staged item's deadline passed unused: its copy is released, unless a
+        deferred request still waits on it (for its other items). Released then,
+        it would be queued again behind other requests' prefetches, and requests
+        holding staged items while waiting for room would take turns for ever;
+        kept, they wait at most their other items' deadlines."""
+        if self.prefetch.waited_on(identifier):
+            self.items.move(identifier, S.READY, now + self.settings.stage_timeout_s)
+        else:
+            self.link.release_unused(identifier)
 
     def _give_up_unwanted(self, identifier: str, state: ItemState, now: float) -> None:
         """A prefetch past its deadline that no request waits for. One still
@@ -402,6 +451,7 @@ class TierScheduler:
                 self._give_up_unwanted(identifier, item.state, now)
         self.waits.finished(request_id)
         self._active.discard(request_id)
+        self._passed_with.pop(request_id, None)
         if self.claims is not None:  # claimed and never computed: others need not wait
             self.claims.release_for(request_id)
 
@@ -430,10 +480,9 @@ class TierScheduler:
         now = time.monotonic()
         for identifier in self.items.having(S.PROMISED):  # approved, then not scheduled
             deadline = self.items.get(identifier).deadline
+            self.items.move(identifier, S.READY, deadline)
             if now >= deadline:
-                self.link.release_unused(identifier)
-            else:
-                self.items.move(identifier, S.READY, deadline)
+                self._staged_past_deadline(identifier, now)
         self._expire_due(now)
         self.link.dispatch()
         self.link.flush()
