@@ -37,6 +37,7 @@ import sys
 import threading
 from typing import Any
 
+import lmcache.utils
 import torch
 from lmcache import torch_dev
 from lmcache.v1.memory_allocators.mixed_memory_allocator import MixedMemoryAllocator
@@ -46,6 +47,16 @@ from lmcache.v1.memory_management import MemoryObj
 from ..config_schema import GB
 
 logger = logging.getLogger(__name__)
+
+# LMCache's stats methods (``thread_safe``) hold one process-wide lock, and
+# freeing a pool buffer calls one. A buffer dropped in a reference cycle is
+# freed by the garbage collector (``MemoryObj.__del__``), which may run inside
+# one of those methods, in the thread holding the lock: with a plain Lock that
+# thread waits on itself for good (an engine step or a library call stalled).
+# Re-entrant, the nested stats update runs. ``thread_safe`` reads the module
+# global at each call; pinned in tests/upstream/test_lmcache_contract.py.
+if not isinstance(lmcache.utils._shared_observability_lock, type(threading.RLock())):
+    lmcache.utils._shared_observability_lock = threading.RLock()
 
 PREFAULT_AHEAD = 128 * 1024**2  # populated beyond the highest allocation so far
 _PREFAULT_STEP = 2 * 1024**2  # per madvise call, which holds the mmap lock malloc waits for

@@ -6548,6 +6548,22 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "stats-lock-not-reentrant",
+        (
+            "a pool buffer the garbage collector frees inside LMCache's stats lock stalls "
+            "nobody (the lock is re-entrant)"
+        ),
+        "lmcache_ec/tiers/allocator.py",
+        "    lmcache.utils._shared_observability_lock = threading.RLock()\n",
+        "    pass\n",
+        (
+            (
+                "tests/tiers/test_pool_freed_by_gc.py::test_a_buffer_freed_by_the_collector_"
+                "inside_the_stats_lock_stalls_nobody"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

@@ -116,6 +116,22 @@ def test_the_encoder_tier_calls_none_of_lmcaches_device_ops(monkeypatch, tmp_pat
     assert calls == [], f"the encoder tier now calls LMCache's device ops {sorted(set(calls))}"
 
 
+def test_thread_safe_takes_the_shared_lock_from_the_module_at_each_call():
+    """``tiers/allocator.py`` makes ``lmcache.utils._shared_observability_lock``
+    re-entrant (a pool buffer the collector frees inside a stats method would
+    otherwise deadlock its thread); that only works while ``thread_safe`` looks
+    the lock up in the module's globals at each call, not once at decoration."""
+    import lmcache.utils
+
+    wrapper = lmcache.utils.thread_safe(lambda: None)
+    assert "_shared_observability_lock" in wrapper.__code__.co_names
+    assert wrapper.__globals__ is vars(lmcache.utils)
+    lock = lmcache.utils._shared_observability_lock
+    assert lock.acquire(blocking=False) and lock.acquire(blocking=False)  # re-entrant
+    lock.release()
+    lock.release()
+
+
 def test_tensor_allocator_counts_allocated_bytes():
     """``ECLocalCPUBackend.used_bytes`` (stats) reads
     ``TensorMemoryAllocator.total_allocated_size``: no public usage counter."""
