@@ -6485,6 +6485,10 @@ MUTATIONS += [
                 "tests/vllm/test_prefetch_bounds_chunked.py::test_requests_holding_staged_it"
                 "ems_while_waiting_for_room_all_finish[ec_both]"
             ),
+            (
+                "tests/vllm/test_prefetch_bounds_chunked.py::test_requests_holding_staged_it"
+                "ems_while_waiting_for_room_all_finish[ec_consumer]"
+            ),
         ),
     ),
     Mutation(
@@ -6522,29 +6526,6 @@ MUTATIONS += [
             (
                 "tests/vllm/test_prefetch_bounds_chunked.py::test_requests_holding_staged_it"
                 "ems_while_waiting_for_room_all_finish[ec_consumer]"
-            ),
-        ),
-    ),
-    Mutation(
-        "computed-answer-not-final",
-        (
-            "an item a deferred request was told to compute stays computed while it waits, "
-            "never queued again behind others"
-        ),
-        "lmcache_ec/integration/vllm/scheduler.py",
-        (
-            "            if answer is ItemAnswer.COMPUTE:\n"
-            "                wait.computed.add(identifier)\n"
-        ),
-        "",
-        (
-            (
-                "tests/vllm/test_prefetch_bounds_chunked.py::test_requests_holding_staged_it"
-                "ems_while_waiting_for_room_all_finish[ec_consumer]"
-            ),
-            (
-                "tests/vllm/test_prefetch_bounds_chunked.py::test_requests_holding_staged_it"
-                "ems_while_waiting_for_room_all_finish[ec_both]"
             ),
         ),
     ),

@@ -34,8 +34,9 @@ class Wait:
     pending: set[str] = field(default_factory=set)  # answered WAIT
     direct: set[str] = field(default_factory=set)  # pending, staging over the stage channel
     changed: set[str] = field(default_factory=set)  # moved (or due) since last looked at
-    # Answered COMPUTE: final while it waits. Looked at again once the prefetch
-    # given up for it moved, it would be queued anew behind other requests'.
+    # Computed for want of room (``RequestWaits.compute``): final while it waits.
+    # Looked at again once its given-up prefetch moved, it would be queued anew
+    # behind other requests'.
     computed: set[str] = field(default_factory=set)
 
     @property

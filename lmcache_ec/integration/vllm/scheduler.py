@@ -263,8 +263,6 @@ class TierScheduler:
                 rows,
                 may_wait=identifier not in passed_with,
             )
-            if answer is ItemAnswer.COMPUTE:
-                wait.computed.add(identifier)
             decided[identifier] = self.items.get(identifier)
             waits = answer is ItemAnswer.WAIT
             if waits:
