@@ -326,10 +326,7 @@ class Engine:
         time.sleep(0.005)
         for new in output.scheduled_new_reqs:
             self.features[new.req_id] = new.mm_features
-        # The model runner samples no token for a chunk of a longer prompt.
-        partial = {
-            r for r in output.num_scheduled_tokens if self.scheduler.requests[r].is_prefill_chunk
-        }
+        partial = self._partial_prefills(output)
         ec_outputs = [self._run_worker(rank, output) for rank in range(len(self.workers))]
         ec_output = None
         for item in ec_outputs:
@@ -344,6 +341,16 @@ class Engine:
                     if meta is None
                     else meta.aggregate(item.ec_connector_worker_meta)
                 )
+        self._apply(output, partial, ec_output)
+
+    def _partial_prefills(self, output) -> set[str]:
+        """The requests given a chunk of a longer prompt: the model runner samples
+        no token for them."""
+        requests = self.scheduler.requests
+        return {r for r in output.num_scheduled_tokens if requests[r].is_prefill_chunk}
+
+    def _apply(self, output, partial: set[str], ec_output) -> None:
+        """The scheduler's update with the step's results; finishes and counters kept."""
         req_ids = list(output.num_scheduled_tokens)
         runner_output = ModelRunnerOutput(
             req_ids=req_ids,

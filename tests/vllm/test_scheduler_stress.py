@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 from . import harness
@@ -110,11 +109,7 @@ class StressEngine(Engine):
         self.loads.append(list(meta.loads) if meta is not None else [])
         for new in output.scheduled_new_reqs:
             self.features[new.req_id] = new.mm_features
-        partial = {
-            req_id
-            for req_id in output.num_scheduled_tokens
-            if self.scheduler.requests[req_id].is_prefill_chunk
-        }
+        partial = self._partial_prefills(output)
         self.partial_prefills += len(partial)
         time.sleep(0.005)  # a forward pass takes time; staging runs meanwhile
         if not self.case.batch_queue:
@@ -145,24 +140,6 @@ class StressEngine(Engine):
     def _check_gathered(self) -> None:
         for identifier, tensor in self.gathered.items():
             assert torch.equal(tensor, encoder_output(identifier)), identifier
-
-    def _apply(self, output, partial: set[str], ec_output) -> None:
-        req_ids = list(output.num_scheduled_tokens)
-        runner_output = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={req_id: index for index, req_id in enumerate(req_ids)},
-            sampled_token_ids=[[] if req_id in partial else [7] for req_id in req_ids],
-            ec_connector_output=ec_output,
-        )
-        outputs = self.scheduler.update_from_output(output, runner_output)
-        for client_outputs in outputs.values():
-            stats = client_outputs.scheduler_stats
-            for name, value in ((stats and stats.ec_connector_stats) or {}).items():
-                if not name.startswith("feature_off:"):
-                    self.ec_stats[name] = self.ec_stats.get(name, 0) + value
-            for item in client_outputs.outputs:
-                if item.finish_reason is not None:
-                    self.finished[item.request_id] = str(item.finish_reason)
 
 
 def run_workload(engine: StressEngine, rng: random.Random) -> list[str]:
