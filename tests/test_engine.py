@@ -122,6 +122,28 @@ def test_a_cache_built_under_another_default_device_keeps_its_pool_on_the_host(m
     assert bit_equal(cache.get("x"), tensor)
 
 
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [("meta", "holds no data"), ("mps", "not usable here"), ("gpu", "not a torch device")]
+    + ([] if torch.cuda.is_available() else [("cuda", "not usable here")]),
+)
+def test_a_device_the_process_cannot_use_is_refused_before_any_read_or_compute(
+    cache, device, message
+):
+    tensor = make_tensor((8, 16), torch.float32)
+    assert cache.put("stored", tensor)
+    computed = []
+    for call in (
+        lambda: cache.get("stored", device=device),
+        lambda: cache.get_many(["stored"], device=device),
+        lambda: cache.get_or_compute("new", lambda: computed.append(1) or tensor, device=device),
+    ):
+        with pytest.raises(ValueError, match=message):
+            call()
+    assert computed == [] and cache.contains("new") is None
+    assert cache.stats.snapshot()["hits"] == {}
+
+
 def test_pinned_dtype_rejects_other_dtypes(make_cache):
     cache = make_cache(dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="differs from the encoder dtype"):

@@ -6545,6 +6545,32 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "unusable-device-taken",
+        "a device the process cannot use, or meta, is a ValueError before any read or compute",
+        "lmcache_ec/engine.py",
+        "        torch.empty(0, device=parsed)\n",
+        "        pass\n",
+        (
+            (
+                "tests/test_engine.py::test_a_device_the_process_cannot_use_is_refused_before_any"
+                "_read_or_compute[mps-not usable here]"
+            ),
+        ),
+    ),
+    Mutation(
+        "meta-device-hit",
+        'get(device="meta") is a ValueError, never a hit with no data',
+        "lmcache_ec/engine.py",
+        '    if parsed.type == "meta":',
+        '    if parsed.type == "no-such-device":',
+        (
+            (
+                "tests/test_engine.py::test_a_device_the_process_cannot_use_is_refused_before_any"
+                "_read_or_compute[meta-holds no data]"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
