@@ -88,6 +88,8 @@ def purge(
             # cached an entry; engines apply it again and count one purge.
             after = dataclasses.replace(marker, time=time.time())
             marked = _mark_purged(session, tuple(told), after, reached, rerun)
+            if "remote" in marked and "remote" not in failed:
+                _check_replicas(session)
     finally:
         session.close()
     verb = "would delete" if dry_run else "deleted"
@@ -141,6 +143,26 @@ def _delete(
             f"there, still served: run the purge again once the {tier} tier allows it"
         )
     return set(first)
+
+
+def _check_replicas(session: EntrySession) -> None:
+    """A warning unless every replica of the remote store holds the deletes: a
+    failover to one that does not would serve the purged entries again."""
+    try:
+        replication = session.catalog.replicate()
+    except Exception as exc:
+        session.problems.append(
+            f"remote: cannot tell whether the replicas hold the purge ({type(exc).__name__}: "
+            f"{exc}); a failover before they do serves the purged entries again"
+        )
+        return
+    if replication is not None and replication.acked < replication.replicas:
+        session.problems.append(
+            f"remote: {replication.acked} of {replication.replicas} replicas confirmed the "
+            f"purge within {session.catalog.timeout / 2:g}s; a failover to another before it "
+            f"catches up serves the purged entries again: check replication, then run the "
+            f"purge again"
+        )
 
 
 def _purge_command(

@@ -34,7 +34,7 @@ import torch
 from .. import codec
 from .deadline import GRACE, Deadline
 from .redis_store import _wrong_type
-from .store import RemoteStore, open_store
+from .store import RemoteStore, Replication, open_store
 
 if TYPE_CHECKING:
     from ..config import ECConfig
@@ -122,6 +122,11 @@ class RemoteCatalog:
                 raise
             logger.warning("Remote delete(%s) failed: %s", storage_name, exc)
             return False
+
+    def replicate(self) -> Replication | None:
+        """Wait up to half of ``remote_timeout`` for the store's replicas to hold
+        every write made so far; None without replicas; raises on failure."""
+        return self._deadline.run(self.store.replicate, self.timeout / 2)
 
     def read_log(self, name: str, size: int) -> bytes | None:
         """The last ``size`` bytes of a log (the purge log); None if absent, raises on failure."""

@@ -39,7 +39,7 @@ from ..remote_names import (
     redis_meta_key,
 )
 from .bounded import bounded_frame
-from .store import READ_BATCH, RemoteStore
+from .store import READ_BATCH, RemoteStore, Replication
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 # items, while a single reply stays bounded (32 x 1.3 MB frames = 42 MB).
 MGET_BATCH = READ_BATCH
 SCAN_BATCH = 500
+# The write ``replicate`` waits for: no entry, claim or log name (never listed).
+REPLICATION_MARK = "lmcache-ec.replication-mark"
 _NODE_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 # A claim's value is its owner. Taken if free or already ours (renewed), and
@@ -239,6 +241,20 @@ class RedisStore(RemoteStore):
 
     def append_log(self, name: str, line: bytes, limit: int) -> None:
         self._client.eval(APPEND_LOG, 1, name, line, limit)
+
+    def replicate(self, timeout_s: float) -> Replication | None:
+        replicas = int(self._client.info("replication").get("connected_slaves", 0))
+        if replicas == 0:
+            return None
+        wait_ms = max(1, int(timeout_s * 1000))
+        with self._client.pipeline(transaction=False) as pipe:
+            # WAIT waits for the replication offset its connection last saw (Redis
+            # 7.0: after any command; later releases: after its own writes): a write
+            # made here, after every earlier one in the stream, covers them all.
+            pipe.set(REPLICATION_MARK, b"", px=wait_ms + 60_000)
+            pipe.execute_command("WAIT", replicas, wait_ms)
+            acked = pipe.execute()[1]
+        return Replication(int(acked), replicas)
 
     def claim(self, name: str, ttl_s: float) -> bool:
         # SET … PX inside the script: gone by itself when it expires.

@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import importlib
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..claims import owner_token
@@ -40,6 +41,14 @@ class StoreError(OSError):
 
 class ShardUnavailable(StoreError):
     """The shard holding the entry is down; other entries are unaffected."""
+
+
+@dataclass(frozen=True)
+class Replication:
+    """How far a store's writes reached its replicas (``RemoteStore.replicate``)."""
+
+    acked: int  # replicas holding every write made before the call
+    replicas: int  # replicas connected to the primary
 
 
 class RemoteStore(abc.ABC):
@@ -98,6 +107,11 @@ class RemoteStore(abc.ABC):
         """Append ``line`` (one record ending in a newline) to the log ``name``
         atomically: appends made at the same time are all kept, in some order.
         The log keeps its newest whole lines within ``limit`` bytes (``appended``)."""
+
+    def replicate(self, timeout_s: float) -> Replication | None:
+        """Wait up to ``timeout_s`` for the store's replicas to hold every write
+        made so far (from any connection); None where there is none to wait for."""
+        return None
 
     @property
     def claim_owner(self) -> str:

@@ -6571,6 +6571,32 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "purge-replicas-unconfirmed-silent",
+        "a purge whose deletes a Redis replica has not confirmed warns and exits 1",
+        "lmcache_ec/cli/purge_entries.py",
+        "    if replication is not None and replication.acked < replication.replicas:\n",
+        "    if False:\n",
+        (
+            (
+                "tests/purge/test_purge_replicas.py::test_a_purge_a_replica_has_not_confirmed_war"
+                "ns_and_exits_1"
+            ),
+        ),
+    ),
+    Mutation(
+        "purge-waits-for-no-replica",
+        "a purge on a Redis primary waits for its replicas before it ends",
+        "lmcache_ec/cli/purge_entries.py",
+        "                _check_replicas(session)\n",
+        "                pass\n",
+        (
+            (
+                "tests/purge/test_purge_replicas.py::test_a_purge_a_replica_has_not_confirmed_war"
+                "ns_and_exits_1"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
