@@ -50,7 +50,7 @@ from .key import DTYPE_NAMES, ECKey, EncoderIdentity, dtype_name
 from .metrics import ECStats
 from .purge.follow import PurgeFollower
 from .storage import ECStorageManager
-from .storage.copy_out import HitCopier
+from .storage.copy_out import HitCopier, usable_device
 from .storage.get_or_compute import DEFAULT_WAIT_S, ComputeMany, GetOrCompute
 from .storage.read_pool import ReadPool
 from .storage.reads import TierReader, remember_payload
@@ -64,31 +64,6 @@ Compute = Callable[[], torch.Tensor]
 
 _KEY_MEMO_SIZE = 65536  # keys remembered by mm_hash (cleared when full)
 _KEY_MEMO_MAX_LEN = 512  # longer mm_hashes are hashed on every call
-_CPU = torch.device("cpu")
-
-
-_USABLE_DEVICES: set[torch.device] = {_CPU}
-
-
-def _device(device: str | torch.device) -> torch.device:
-    """``device`` as a torch device this process can put a tensor on; a clear
-    ``ValueError`` otherwise, before any read or compute (checked once per device)."""
-    if device == "cpu":
-        return _CPU
-    try:
-        parsed = device if isinstance(device, torch.device) else torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device {device!r} is not a torch device: {exc}") from None
-    if parsed in _USABLE_DEVICES:
-        return parsed
-    if parsed.type == "meta":  # holds no data: a "hit" there would return nothing
-        raise ValueError("device 'meta' holds no data; ask for a real device")
-    try:
-        torch.empty(0, device=parsed)
-    except (RuntimeError, AssertionError, AttributeError) as exc:
-        raise ValueError(f"device {str(parsed)!r} is not usable here: {exc}") from None
-    _USABLE_DEVICES.add(parsed)
-    return parsed
 
 
 def _lmcache_metadata(model: str) -> LMCacheMetadata:
@@ -372,7 +347,7 @@ class ECCache:
             key = self.key(mm_hash)
         if device == "cpu":
             return self._copier.to_host(key, pin_memory)
-        device = _device(device)
+        device = usable_device(device)
         if device.type == "cpu":
             return self._copier.to_host(key, pin_memory)
         return self._copier.batch([key], device, pin_memory)[0]
@@ -423,7 +398,7 @@ class ECCache:
         CPU hits are copied on the calling thread; the reads below the CPU tier
         run on up to ``read_threads`` threads, the calling one included.
         """
-        return self._read([self.key(h) for h in mm_hashes], _device(device), pin_memory)
+        return self._read([self.key(h) for h in mm_hashes], usable_device(device), pin_memory)
 
     def _read(
         self, keys: list[ECKey], device: torch.device, pin_memory: bool = False
@@ -477,7 +452,7 @@ class ECCache:
             raise TypeError("mm_hashes must be a sequence of hashes, not one string")
         if not (isinstance(wait_s, (int, float)) and math.isfinite(wait_s) and wait_s >= 0):
             raise ValueError(f"wait_s must be a finite number >= 0, got {wait_s!r}")
-        return self._get_or_compute.run(mm_hashes, compute, _device(device), float(wait_s))
+        return self._get_or_compute.run(mm_hashes, compute, usable_device(device), float(wait_s))
 
     # -- lifecycle -----------------------------------------------------------
 

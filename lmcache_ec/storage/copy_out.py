@@ -23,6 +23,28 @@ from .read_pool import ReadPool
 from .reads import Prefetched, TierReader
 
 _CPU = torch.device("cpu")
+_USABLE_DEVICES: set[torch.device] = {_CPU}
+
+
+def usable_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch device this process can put a tensor on; a clear
+    ``ValueError`` otherwise, before any read or compute (checked once per device)."""
+    if device == "cpu":
+        return _CPU
+    try:
+        parsed = device if isinstance(device, torch.device) else torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device {device!r} is not a torch device: {exc}") from None
+    if parsed in _USABLE_DEVICES:
+        return parsed
+    if parsed.type == "meta":  # holds no data: a "hit" there would return nothing
+        raise ValueError("device 'meta' holds no data; ask for a real device")
+    try:
+        torch.empty(0, device=parsed)
+    except (RuntimeError, AssertionError, AttributeError) as exc:
+        raise ValueError(f"device {str(parsed)!r} is not usable here: {exc}") from None
+    _USABLE_DEVICES.add(parsed)
+    return parsed
 
 
 class HitCopier:

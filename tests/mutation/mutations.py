@@ -6548,7 +6548,7 @@ MUTATIONS += [
     Mutation(
         "unusable-device-taken",
         "a device the process cannot use, or meta, is a ValueError before any read or compute",
-        "lmcache_ec/engine.py",
+        "lmcache_ec/storage/copy_out.py",
         "        torch.empty(0, device=parsed)\n",
         "        pass\n",
         (
@@ -6561,7 +6561,7 @@ MUTATIONS += [
     Mutation(
         "meta-device-hit",
         'get(device="meta") is a ValueError, never a hit with no data',
-        "lmcache_ec/engine.py",
+        "lmcache_ec/storage/copy_out.py",
         '    if parsed.type == "meta":',
         '    if parsed.type == "no-such-device":',
         (

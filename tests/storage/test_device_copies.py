@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import lmcache_ec.codec as codec
-import lmcache_ec.engine as engine
+import lmcache_ec.storage.copy_out as hit_copies
 import lmcache_ec.tiers.allocator as allocator
 from lmcache_ec import ECCache
 from lmcache_ec.tiers.allocator import HostPoolAllocator
@@ -58,7 +58,7 @@ def stream(monkeypatch) -> FakeStream:
     monkeypatch.setattr(codec, "copy_out", copy_out)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(engine, "_USABLE_DEVICES", {torch.device("cpu"), torch.device("cuda")})
+    monkeypatch.setattr(hit_copies, "_USABLE_DEVICES", {torch.device("cpu"), torch.device("cuda")})
     stream.to_device = to_device
     return stream
 
