@@ -230,7 +230,8 @@ SCHEMA: dict[str, Option] = {
             help="Node-local directory (shared memory) under which this user's private runtime "
             "directory is made (mode 0700): the node tier's entries, the size ledgers of the "
             "disk and node tiers (but a group-shared disk directory's, kept in it), and the "
-            "vLLM stage channel's sockets when $XDG_RUNTIME_DIR is unset. Give every process "
+            "vLLM stage channel's sockets when $XDG_RUNTIME_DIR is unset or not this user's "
+            "private directory. Give every process "
             "on the node the same.",
             lmcache=False,
             check=_non_empty_path,

@@ -362,7 +362,7 @@ def _print_flat(title: str, rows: list[dict[str, Any]]) -> None:
 @bench_app.command()
 def remote(
     redis_url: Annotated[
-        str | None, typer.Option(help="Measure this Redis (redis://, rediss://).")
+        str | None, typer.Option(help="Measure this Redis (redis://, rediss://, unix://).")
     ] = None,
     s3_url: Annotated[str | None, typer.Option(help="Measure this S3 prefix (s3://b/p).")] = None,
     s3_endpoint_url: Annotated[

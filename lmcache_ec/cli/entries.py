@@ -71,7 +71,7 @@ def ls(
     limit: Annotated[int, typer.Option(min=0, help="Show at most this many entries (0: all).")] = 0,
     as_json: JsonOption = False,
 ) -> None:
-    """List cached entries of the disk and remote tiers (from their frame headers)."""
+    """List cached entries of the disk, node and remote tiers (from their frame headers)."""
     tiers = tiers_named(tier)
     selector = Selector(namespace, model, parse_duration(older_than), weights)
     session = EntrySession(load(config), tiers)

@@ -43,10 +43,10 @@ def purge(
         bool, typer.Option("--dry-run", help="Show what would be deleted; delete nothing.")
     ] = False,
 ) -> None:
-    """Delete entries from the disk and remote tiers by model, namespace, weights, age, or all.
+    """Delete entries of the disk, node and remote tiers by model, namespace, weights, age or all.
 
     Running engines sharing a purged tier notice it through a purge marker
-    and stop serving the selected entries within their ``purge_check_s``.
+    and stop serving the selected entries within their purge_check_s.
     """
     if not (everything or model or namespace or older_than or weights is not None):
         fail("say what to purge: --model, --namespace, --weights, --older-than, or --all", 2)
