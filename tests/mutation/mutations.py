@@ -6597,6 +6597,51 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "scheduler-close-unbounded",
+        (
+            "the scheduler side's shutdown returns within one close_timeout with its remote threa"
+            "ds stuck"
+        ),
+        "lmcache_ec/integration/vllm/index.py",
+        "            self._thread.join(max(deadline - time.monotonic(), 0.0))\n",
+        "            self._thread.join(2.0)\n",
+        (
+            (
+                "tests/vllm/test_scheduler_io.py::test_the_scheduler_side_shuts_down_within_one_c"
+                "lose_timeout"
+            ),
+        ),
+    ),
+    Mutation(
+        "killed-at-shutdown-unsaid",
+        (
+            "a producer started with vLLM's shutdown_timeout 0 says at start that writes queued a"
+            "t SIGTERM are lost"
+        ),
+        "lmcache_ec/integration/vllm/connector.py",
+        '    if getattr(vllm_config, "shutdown_timeout", None) == 0:\n',
+        "    if False:\n",
+        (
+            (
+                "tests/vllm/test_shutdown_warning.py::test_a_producer_killed_at_shutdown_says_so_"
+                "once_with_the_timeout_to_pass[ec_both]"
+            ),
+        ),
+    ),
+    Mutation(
+        "killed-at-shutdown-said-by-consumer",
+        "a consumer, which writes nothing, gives no shutdown_timeout warning",
+        "lmcache_ec/integration/vllm/connector.py",
+        "            if self.is_producer and position.rank == 0:\n",
+        "            if position.rank == 0:\n",
+        (
+            (
+                "tests/vllm/test_shutdown_warning.py::test_no_warning_with_a_shutdown_timeout_or_"
+                "on_a_consumer"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

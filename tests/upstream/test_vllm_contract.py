@@ -310,3 +310,11 @@ def test_what_the_encoder_identity_reads_from_vllm():
     assert "model_impl" in {field.name for field in dataclasses.fields(ModelConfig)}
     assert callable(MultiModalMixin.get_mm_mapping)
     assert "language_model" in {field.name for field in dataclasses.fields(MultiModelKeys)}
+
+
+def test_shutdown_timeout_is_a_config_field_and_0_by_default():
+    """The connector warns a producer started with 0: vLLM then kills the engine at
+    SIGTERM before any connector shuts down (EngineCore's abort mode)."""
+    from vllm.config import VllmConfig
+
+    assert VllmConfig().shutdown_timeout == 0

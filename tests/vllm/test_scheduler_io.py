@@ -108,3 +108,35 @@ def test_lookups_asked_meanwhile_share_one_round_trip(model_config, redis_url, r
     finally:
         connector.shutdown()
         proxy.close()
+
+
+def test_the_scheduler_side_shuts_down_within_one_close_timeout(model_config, black_hole, tmp_path):
+    """A remote lookup and a claim stuck on a remote that never answers: the
+    scheduler side's shutdown (claims, index threads, channel) still returns
+    within ``close_timeout`` in all, not a fixed 2 s per thread."""
+    close_s = 0.5
+    extra = {
+        "lmcache_config": {
+            "max_local_cpu_size": 0.01,
+            "local_disk": str(tmp_path / "disk"),
+            "remote_url": f"redis://127.0.0.1:{black_hole.port}",
+            "remote_timeout": 30.0,
+            "close_timeout": close_s,
+        },
+        "remote_lookup_timeout_s": 0.1,
+        "weights_fingerprint": False,
+    }
+    config = make_vllm_config(model_config, "ec_both", extra)
+    connector = ECConnectorFactory.create_connector(config, ECConnectorRole.SCHEDULER)
+    request = lone_request(image_hash("stuck.png"))
+    deadline = time.monotonic() + 10
+    while not connector.ensure_cache_available(request, 0):  # lookup given up: encode
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert connector.scheduler.index._thread.is_alive()  # its lookup still waits
+
+    started = time.monotonic()
+    connector.shutdown()
+    took = time.monotonic() - started
+
+    assert took < 2 * close_s, f"shutdown took {took:.2f} s, close_timeout {close_s} s"

@@ -16,6 +16,7 @@ Options: see ``settings.py``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -154,6 +155,19 @@ def _stage_socket(vllm_config: VllmConfig, node_dir: str, rank: int) -> str:
     return socket_path(engine_id, dp_rank, rank, node_dir, instance=instance)
 
 
+def _warn_if_killed_at_shutdown(vllm_config: VllmConfig, close_timeout: float) -> None:
+    """vLLM's ``shutdown_timeout`` 0 (its default) kills the engine processes at
+    SIGTERM before any connector shuts down: writes still queued then are lost."""
+    if getattr(vllm_config, "shutdown_timeout", None) == 0:
+        logger.warning(
+            "vLLM's shutdown_timeout is 0: at SIGTERM vLLM kills the engine without "
+            "shutting the EC connector down, and encoder outputs still being written "
+            "then are lost (computed again when next asked for). Pass "
+            "--shutdown-timeout %d (close_timeout) to let it write them",
+            math.ceil(close_timeout),
+        )
+
+
 def _bytes_per_embed(vllm_config: VllmConfig) -> int:
     """Bytes of one encoder-output row, for the prefetch byte bound (0: unknown)."""
     try:
@@ -179,6 +193,7 @@ class LMCacheECTierConnector(ECConnectorBase):
         )
         self.scheduler: TierScheduler | None = None
         self.worker: TierWorker | None = None
+        self._close_timeout = config.close_timeout  # the scheduler side's shutdown bound
         # A loading instance's threads must get the GIL from vLLM's spinning waits.
         self._switch_interval = SwitchInterval()
         if self.is_consumer:
@@ -249,6 +264,8 @@ class LMCacheECTierConnector(ECConnectorBase):
             )
             if config.timeline_path:
                 self.worker.timeline = WorkerTimeline(config.timeline_path, position.rank)
+            if self.is_producer and position.rank == 0:
+                _warn_if_killed_at_shutdown(vllm_config, config.close_timeout)
             if position.pp_rank == 0:  # only the first pipeline stage runs the encoder
                 try:
                     self._listener = StageListener(
@@ -454,9 +471,4 @@ class LMCacheECTierConnector(ECConnectorBase):
         if self.worker is not None:
             self.worker.close()
         if self.scheduler is not None:
-            self.scheduler.close()
-            self.scheduler.index.close()
-            if self.scheduler.channel is not None:
-                self.scheduler.channel.close()
-            if self.scheduler.timeline is not None:
-                self.scheduler.timeline.close()
+            self.scheduler.close(self._close_timeout)

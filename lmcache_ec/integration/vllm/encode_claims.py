@@ -118,7 +118,8 @@ class EncodeClaims:
         for identifier in list(self._held):
             self.release(identifier)
 
-    def close(self) -> None:
-        """Withdraw claims still held (their outputs will not land from here)."""
+    def close(self, timeout: float) -> None:
+        """Withdraw claims still held (their outputs will not land from here),
+        within ``timeout`` seconds."""
         self.release_all()
-        self.agent.close()
+        self.agent.close(timeout)

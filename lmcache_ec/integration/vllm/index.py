@@ -392,10 +392,13 @@ class TierIndex:
         return batch
 
     def close(self, timeout: float = 2.0) -> None:
-        if self._disk is not None:
-            self._disk.close(timeout)
-        if self._thread is not None:
+        """Stop the listing and lookup threads, within ``timeout`` seconds in all."""
+        deadline = time.monotonic() + timeout
+        if self._thread is not None:  # told first: both stop side by side
             self._closing.set()
             self._queue.put(None)
-            self._thread.join(timeout)
+        if self._disk is not None:
+            self._disk.close(max(deadline - time.monotonic(), 0.0))
+        if self._thread is not None:
+            self._thread.join(max(deadline - time.monotonic(), 0.0))
             self._thread = None

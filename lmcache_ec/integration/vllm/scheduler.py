@@ -1,20 +1,19 @@
 """Scheduler side: decide per step which items workers stage and load.
 
-The flow, states, bounds and options are described once, in docs/vllm.md
-("Flow per engine step": what each of vLLM's hooks below does); each item's
-state, and the transitions allowed, in ``items.py``; each item's answer for a
-request in ``item_decisions.py``. Prefetches are ordered by ``prefetch.py``,
-carried by the stage channel (``channel.py``), waited for within a step's
-budget (``step_wait.py``); claims are ``encode_claims.py``'s.
+The flow, states, bounds and options: docs/vllm.md ("Flow per engine step":
+what each hook below does); item states and transitions: ``items.py``; an
+item's answer for a request: ``item_decisions.py``. Prefetches are ordered by
+``prefetch.py``, carried by the stage channel (``channel.py``), waited for
+within a step's budget (``step_wait.py``); claims: ``encode_claims.py``.
 
 A deferred request costs nothing per step until something it waits on
 changes (``request_waits.py`` keeps the books and says how). Orders reach the
 workers, and their answers come back, through ``worker_link.py``.
 
-vLLM asks ``has_cache_item`` only for an item its encoder cache lacks: an item
+vLLM asks ``has_cache_item`` only for an item its encoder cache lacks: one
 recorded LOADED or RESIDENT there was dropped without a free notice (its
-``reset_encoder_cache``, which also reaches ``weight_updates.py``), so the
-record is stale and dropped; the item is fetched from the tiers again.
+``reset_encoder_cache``, also seen by ``weight_updates.py``): the stale record
+is dropped and the item fetched from the tiers again.
 
 Items are keyed under the encoder-weights fingerprint the workers announce
 (``known_weights.py``); a change gives up every prefetch. Until it is known
@@ -112,9 +111,8 @@ class TierScheduler:
         )
         self._loads: dict[str, int] = {}  # this step's loads, handed out by build_connector_meta
         # Loads handed out last step: their room in flight is free once that step
-        # ran (its load takes the worker's copy), at the next step's start; freed
-        # when scheduled, an order dispatched in the same step would find the
-        # worker's memory still full and fail.
+        # ran (its load takes the worker's copy). Freed when scheduled, an order
+        # of the same step would find the worker's memory still full and fail.
         self._loads_running: list[str] = []
         # Stagings ordered in step metadata when an idle step kept it from the
         # workers (V1 without a channel): their requests give them up. An order
@@ -241,9 +239,8 @@ class TierScheduler:
         others = wait.pending.difference(identifiers)
         room = self.prefetch.room([wait.needed[other] for other in others])
         # A request let through before waits again on none of the items it had then:
-        # deferred, it would hold the staged copies of its later items, which take
-        # the room in flight, while waiting for room only they free. What it still
-        # needs and no one holds is computed.
+        # deferred, it would hold staged copies of its later items (room in flight)
+        # while waiting for room only they free. What no one holds is computed.
         passed_with = self._passed_with.get(request_id, frozenset())
         # The record each decision left: every write makes a new one, so a record
         # still identical after the dispatch below was moved by nothing else.
@@ -520,7 +517,14 @@ class TierScheduler:
             merged[name] = merged.get(name, 0) + change  # a worker's may share the name
         return merged
 
-    def close(self) -> None:
-        """Withdraw claims still held (their outputs will not land from here)."""
+    def close(self, timeout: float) -> None:
+        """Withdraw claims still held, stop the index, close the channel: within
+        ``timeout`` seconds in all."""
+        deadline = time.monotonic() + timeout
         if self.claims is not None:
-            self.claims.close()
+            self.claims.close(timeout)
+        self.index.close(max(deadline - time.monotonic(), 0.0))
+        if self.channel is not None:
+            self.channel.close()
+        if self.timeline is not None:
+            self.timeline.close()
