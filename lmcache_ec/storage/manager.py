@@ -157,6 +157,7 @@ def _watch_exit() -> None:
             break
         waiting[0].join()
     for manager in list(_unclosed):
+        manager.warn_unwritten()
         with contextlib.suppress(Exception):  # closed already: its loop is gone
             manager.loop.call_soon_threadsafe(manager.loop.stop)
 
@@ -218,6 +219,24 @@ class ECStorageManager(StorageManager):
             if isinstance(backend, FrameDirectoryTier) and backend.budget.unshared is not None:
                 off[Feature.SHARED_LEDGER.value] = backend.budget.unshared.reason.value
         return off
+
+    def close(self) -> None:
+        super().close()
+        self.closed = True  # its writes were flushed, or counted by ECCache.close
+
+    def warn_unwritten(self) -> None:
+        """At exit, never closed: say how many accepted writes die with the process
+        (the tiers' writer threads are daemons)."""
+        if self.__dict__.get("closed"):
+            return
+        with contextlib.suppress(Exception):  # a tier half built or torn down
+            lost = sum(tier.pending_writes() for tier in self.every_tier())
+            if lost:
+                logger.warning(
+                    "Exiting with %d accepted writes not yet on every tier: lost (close() "
+                    "or a `with` block waits for them, at most close_timeout)",
+                    lost,
+                )
 
     def create_backends(self) -> dict[str, str]:
         try:

@@ -6642,6 +6642,19 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "exit-loses-writes-silently",
+        "a process exiting without close() says how many accepted writes it loses",
+        "lmcache_ec/storage/manager.py",
+        "        manager.warn_unwritten()\n",
+        "        pass\n",
+        (
+            (
+                "tests/remote/test_exit_unwritten.py::test_an_exit_without_close_says_how_many_wr"
+                "ites_it_loses"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
