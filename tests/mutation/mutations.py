@@ -6655,6 +6655,38 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "language-embeddings-unfingerprinted",
+        (
+            "where the encoder output holds rows of the language model's embedding table, an upda"
+            "te of that table changes the fingerprint"
+        ),
+        "lmcache_ec/integration/vllm/weights.py",
+        "        return kept + [(n, t) for n, t in _language_embeddings(model) if id(t) in skip]\n",
+        "        return kept\n",
+        (
+            (
+                "tests/vllm/test_weights.py::test_a_language_embedding_update_changes_the_fingerp"
+                "rint_where_outputs_hold_its_rows[Molmo2ForConditionalGeneration-attributes0]"
+            ),
+        ),
+    ),
+    Mutation(
+        "unpruned-qwen3-vl-counts-language-embeddings",
+        (
+            "a Qwen3-VL without video pruning keeps its entries across a language-model update (i"
+            "ts outputs hold no embedding rows)"
+        ),
+        "lmcache_ec/integration/vllm/weights.py",
+        '        getattr(m, "is_multimodal_pruning_enabled", False)\n',
+        "        True\n",
+        (
+            (
+                "tests/vllm/test_weights.py::test_a_subclass_inherits_the_rule_and_other_models_s"
+                "kip_the_language_embeddings"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

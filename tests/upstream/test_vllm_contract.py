@@ -318,3 +318,35 @@ def test_shutdown_timeout_is_a_config_field_and_0_by_default():
     from vllm.config import VllmConfig
 
     assert VllmConfig().shutdown_timeout == 0
+
+
+def test_the_models_whose_encoder_output_holds_language_embedding_rows():
+    """weights.LANGUAGE_EMBEDDINGS_IN_OUTPUT names the model classes whose
+    embed_multimodal returns rows of the language model's input embedding table
+    (their fingerprint then hashes that table). A vLLM model file that starts or
+    stops doing so fails here, naming it: update the table."""
+    import importlib.util
+    from pathlib import Path
+
+    from lmcache_ec.integration.vllm.weights import LANGUAGE_EMBEDDINGS_IN_OUTPUT
+
+    spec = importlib.util.find_spec("vllm.model_executor.models")
+    assert spec is not None and spec.submodule_search_locations
+    models = Path(next(iter(spec.submodule_search_locations)))
+    # How each of them embeds token ids inside its multimodal embedding path.
+    patterns = (
+        "get_language_model().embed_input_ids(",
+        "self.text.embed_input_ids(bos_ids)",
+        "embed_tokens(repl_token_ids)",
+    )
+    found = {}
+    for path in sorted(models.glob("*.py")):
+        text = path.read_text()
+        if any(pattern in text for pattern in patterns) and "def embed_multimodal" in text:
+            found[path.stem] = re.findall(r"^class (\w+)\(", text, re.MULTILINE)
+    # Files whose only match is the text-merge path (embed_input_ids), not the encoder's.
+    merge_only = {"qwen2_5_omni_thinker"}
+    expected = {"molmo2", "moondream3", "nano_nemotron_vl", "qwen3_vl"}
+    assert set(found) - merge_only == expected, sorted(found)
+    for stem in expected:
+        assert set(found[stem]) & set(LANGUAGE_EMBEDDINGS_IN_OUTPUT), stem

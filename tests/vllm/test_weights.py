@@ -12,6 +12,7 @@ import os
 import types
 
 import numpy as np
+import pytest
 import torch
 
 from lmcache_ec.integration.vllm import weights as weights_module
@@ -453,3 +454,57 @@ def test_a_language_model_holding_every_weight_fingerprints_them_all(caplog, mon
         assert weights_fingerprint(model) != before
     # One error line, not one at every weight update.
     assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
+
+
+class _LanguageModel(torch.nn.Module):
+    """A language model with an input embedding table and an output head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed_tokens = torch.nn.Embedding(16, 8)
+        self.layer = torch.nn.Linear(8, 8)
+
+
+def _vlm_named(class_name: str, **attributes) -> torch.nn.Module:
+    """A TinyVLM whose class carries ``class_name`` (the name vLLM's model class has)."""
+    cls = type(class_name, (TinyVLM,), dict(attributes))
+    model = cls(W1)
+    model.language_model = _LanguageModel()
+    return model
+
+
+@pytest.mark.parametrize(
+    ("class_name", "attributes"),
+    [
+        ("Molmo2ForConditionalGeneration", {}),
+        ("Moondream3ForCausalLM", {}),
+        ("NemotronH_Nano_VL_V2", {}),
+        ("Qwen3VLForConditionalGeneration", {"is_multimodal_pruning_enabled": True}),
+    ],
+)
+def test_a_language_embedding_update_changes_the_fingerprint_where_outputs_hold_its_rows(
+    class_name, attributes
+):
+    model = _vlm_named(class_name, **attributes)
+    before = weights_fingerprint(model)
+    with torch.no_grad():
+        model.language_model.layer.weight.add_(1.0)
+    assert weights_fingerprint(model) == before  # the rest of the language model is not
+    with torch.no_grad():
+        model.language_model.embed_tokens.weight[3, 5] += 1e-3
+    assert weights_fingerprint(model) != before
+
+
+def test_a_subclass_inherits_the_rule_and_other_models_skip_the_language_embeddings():
+    pruned = _vlm_named("Qwen3VLForConditionalGeneration", is_multimodal_pruning_enabled=True)
+    moe = type("Qwen3VLMoeForConditionalGeneration", (type(pruned),), {})(W1)
+    moe.language_model = _LanguageModel()
+    for model, counted in (
+        (moe, True),
+        (_vlm_named("Qwen3VLForConditionalGeneration", is_multimodal_pruning_enabled=False), False),
+        (_vlm_named("Blip2ForConditionalGeneration"), False),
+    ):
+        before = weights_fingerprint(model)
+        with torch.no_grad():
+            model.language_model.embed_tokens.weight[3, 5] += 1e-3
+        assert (weights_fingerprint(model) != before) is counted, type(model).__name__

@@ -9,7 +9,10 @@ taken once the model is resident and again after every weight update (see
 What is hashed: every parameter and buffer of the model outside its language
 model (``get_language_model()``, which multimodal vLLM models implement) —
 the vision/audio tower, projector, Q-Former… — by name, shape, dtype and
-content, so any changed value changes the fingerprint. Where the language
+content, so any changed value changes the fingerprint; and the language
+model's input embedding table where the encoder output holds rows of it
+(``LANGUAGE_EMBEDDINGS_IN_OUTPUT``: an update of the language model alone
+changes those outputs). Where the language
 model holds every tensor (vLLM's Transformers backend returns a view of the
 whole model), what lies outside ``get_mm_mapping()``'s language-model
 prefixes is hashed, and without those every tensor: never an empty set.
@@ -51,6 +54,20 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 MIX_CHUNK = 1 << 20  # positions per multiplier table (8 MB on the device, once per digest)
 MIX_GROUP = 16  # chunks per kernel: a 128 MB int64 temporary at most, few launches
 _LOGGED: set[str] = set()  # model classes whose whole weights are fingerprinted
+# Models whose encoder output holds rows of the language model's own input
+# embedding table (vLLM 0.32 and 0.33, inside embed_multimodal): for them that
+# table is encoder weights too. Class name (anywhere in the model's MRO) -> whether
+# this instance does it. Pinned by tests/upstream/test_vllm_contract.py.
+LANGUAGE_EMBEDDINGS_IN_OUTPUT: dict[str, Callable[[torch.nn.Module], bool]] = {
+    # timestamp and frame-separator rows between the kept tokens of a pruned video
+    "Qwen3VLForConditionalGeneration": lambda m: bool(
+        getattr(m, "is_multimodal_pruning_enabled", False)
+    ),
+    "Molmo2ForConditionalGeneration": lambda m: True,  # every row that is not a patch
+    "Moondream3ForCausalLM": lambda m: True,  # each image's BOS row
+    "NemotronH_Nano_VL_V2": lambda m: True,  # frame separators of every video
+}
+_EMBEDDING_MODULES = ("VocabParallelEmbedding", "Embedding")  # not ParallelLMHead
 
 
 def _language_tensor_ids(model: torch.nn.Module) -> set[int]:
@@ -87,8 +104,33 @@ def _outside_language_prefixes(
     ]
 
 
+def _language_embeddings(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The language model's input embedding tables, where the encoder output holds
+    rows of them (``LANGUAGE_EMBEDDINGS_IN_OUTPUT``); else none."""
+    rule = next(
+        (
+            LANGUAGE_EMBEDDINGS_IN_OUTPUT[c.__name__]
+            for c in type(model).__mro__
+            if c.__name__ in LANGUAGE_EMBEDDINGS_IN_OUTPUT
+        ),
+        None,
+    )
+    getter = getattr(model, "get_language_model", None)
+    if rule is None or not rule(model) or not callable(getter):
+        return []
+    language = getter()
+    return [
+        (f"language_model.{name}.{part}", tensor)
+        for name, module in language.named_modules()
+        if type(module).__name__ in _EMBEDDING_MODULES
+        for part, tensor in module.named_parameters(recurse=False)
+    ]
+
+
 def encoder_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every parameter and buffer outside the language model.
+    """(name, tensor) of every parameter and buffer outside the language model,
+    and the language model's input embeddings where the encoder output holds rows
+    of them.
 
     Never an empty set while the model has tensors: when the language model
     covers them all (vLLM's Transformers backend returns a wrapper sharing the
@@ -100,7 +142,7 @@ def encoder_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     skip = _language_tensor_ids(model)
     kept = [(name, tensor) for name, tensor in named if id(tensor) not in skip]
     if kept or not named:
-        return kept
+        return kept + [(n, t) for n, t in _language_embeddings(model) if id(t) in skip]
     kept = _outside_language_prefixes(model, named)
     if kept:
         return kept
