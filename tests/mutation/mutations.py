@@ -6687,6 +6687,62 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "remote-code-not-in-identity",
+        "a trust_remote_code model's own code is part of the encoder identity",
+        "lmcache_ec/integration/vllm/identity.py",
+        '        "remote_code": remote_code(model_config),\n',
+        "",
+        (
+            (
+                "tests/vllm/test_identity_inputs.py::test_remote_code_of_a_model_directory_is_par"
+                "t_of_the_fingerprint"
+            ),
+            (
+                "tests/vllm/test_identity_inputs.py::test_a_hub_models_remote_code_is_named_by_it"
+                "s_snapshot"
+            ),
+        ),
+    ),
+    Mutation(
+        "library-releases-not-in-identity",
+        (
+            "another vLLM or transformers release, or transformers without torchvision, gives ano"
+            "ther encoder identity"
+        ),
+        "lmcache_ec/integration/vllm/identity.py",
+        '        "code": code_versions(),\n',
+        "",
+        (
+            (
+                "tests/vllm/test_identity_inputs.py::test_another_release_of_vllm_or_transformers"
+                "_changes_the_fingerprint[transformers]"
+            ),
+            (
+                "tests/vllm/test_identity_inputs.py::test_transformers_falling_back_to_its_pil_pr"
+                "ocessors_changes_the_fingerprint"
+            ),
+        ),
+    ),
+    Mutation(
+        "hub-remote-code-by-revision-only",
+        (
+            "a hub model's remote code is named by the snapshot it is read from, not the revision"
+            " asked for"
+        ),
+        "lmcache_ec/integration/vllm/identity.py",
+        (
+            '    return {"snapshot": snapshot or str(revision or ""), "code_revision": str(code_r'
+            "evision)}\n"
+        ),
+        '    return {"snapshot": str(revision or ""), "code_revision": str(code_revision)}\n',
+        (
+            (
+                "tests/vllm/test_identity_inputs.py::test_a_hub_models_remote_code_is_named_by_it"
+                "s_snapshot"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

@@ -169,6 +169,22 @@ def test_a_hub_models_processor_config_is_read_from_its_snapshot(
     assert encoder_fingerprint(hub) != before
 
 
+def test_a_hub_models_remote_code_is_named_by_its_snapshot(model_config, tmp_path, monkeypatch):
+    """``trust_remote_code`` with the revision unpinned: "main" moving to a commit
+    with other code gives another key, though every config file is the same."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    hub = copy.deepcopy(model_config)
+    hub.model, hub.revision, hub.trust_remote_code = "org/tiny-vlm", None, True
+    for commit in ("a" * 40, "b" * 40):
+        _snapshot(tmp_path, hub.model, commit, {"image_processor": {"image_mean": [0.4]}})
+        (tmp_path / "models--org--tiny-vlm" / "snapshots" / commit / "config.json").write_text("{}")
+    (tmp_path / "models--org--tiny-vlm" / "refs" / "main").write_text("a" * 40)
+    before = encoder_fingerprint(hub)
+    (tmp_path / "models--org--tiny-vlm" / "refs" / "main").write_text("b" * 40)
+    assert encoder_fingerprint(hub) != before
+
+
 # --- tower LoRA ------------------------------------------------------------
 
 
@@ -200,3 +216,46 @@ def test_an_item_under_a_tower_lora_is_computed_and_never_saved(model_config, di
         finally:
             engine.shutdown()
     assert [n for n in os.listdir(disk_dir) if n.endswith(".pt")] == []
+
+
+# --- the code around the model -----------------------------------------------
+
+
+def test_remote_code_of_a_model_directory_is_part_of_the_fingerprint(tmp_path):
+    """An edited ``image_processing_*.py`` of a ``trust_remote_code`` model decides
+    other pixels under the same config files."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(cpu_env.MODEL_DIR, model_dir)
+    code = model_dir / "image_processing_tiny.py"
+    code.write_text("SCALE = 1.0\n")
+    trusted = _model_config(str(model_dir), trust_remote_code=True)
+    plain = _model_config(str(model_dir))
+    before, before_plain = encoder_fingerprint(trusted), encoder_fingerprint(plain)
+    code.write_text("SCALE = 0.5\n")
+    assert encoder_fingerprint(trusted) != before
+    assert encoder_fingerprint(plain) == before_plain  # no remote code runs without trust
+
+
+@pytest.mark.parametrize("package", ["vllm", "transformers"])
+def test_another_release_of_vllm_or_transformers_changes_the_fingerprint(
+    model_config, monkeypatch, package
+):
+    import importlib.metadata
+
+    before = encoder_fingerprint(model_config)
+    installed = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "99.0" if name == package else installed(name)
+    )
+    assert encoder_fingerprint(model_config) != before
+
+
+def test_transformers_falling_back_to_its_pil_processors_changes_the_fingerprint(
+    model_config, monkeypatch
+):
+    import transformers.utils
+
+    before = encoder_fingerprint(model_config)
+    available = transformers.utils.is_torchvision_available()
+    monkeypatch.setattr(transformers.utils, "is_torchvision_available", lambda: not available)
+    assert encoder_fingerprint(model_config) != before

