@@ -350,17 +350,40 @@ class RedisClusterStore(RemoteStore):
 
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         # Each primary is scanned for frame (data) keys, the entries (``_scan``),
-        # then each frame is sized on the primary owning its slot now.
+        # then each frame is sized on the primary owning its slot now. A key that
+        # moves between primaries during the scan is missed or seen twice: the
+        # slots must not have moved from before the first scan to after the last.
+        before = self._slot_owners()
+        seen: set[str] = set()
         for node in self._primaries():
             try:
                 batches = list(_scan(self._node_client(node), prefix))
             except _NODE_ERRORS as exc:
                 raise self._shard_failed(node, exc) from exc
             for names in batches:
+                names = [name for name in names if name not in seen]
+                seen.update(names)
                 sizes = self._per_node([redis_data_key(name) for name in names], "strlen")
                 if any(size is None for size in sizes):
                     raise ShardUnavailable("a shard did not answer: the listing is partial")
                 yield from _sized(names, sizes)
+        if self._slot_owners() != before:
+            raise ShardUnavailable("slots moved during the listing: it may be partial")
+
+    def _slot_owners(self) -> tuple[Any, ...]:
+        """Each primary's slots as it tells them itself; raises while a slot is
+        being moved (``MIGRATING``/``IMPORTING``: its keys are on two primaries)."""
+        owners = []
+        for node in self._primaries():
+            try:
+                view = self._node_client(node).cluster("nodes")
+            except _NODE_ERRORS as exc:
+                raise self._shard_failed(node, exc) from exc
+            mine = next((v for v in view.values() if "myself" in v["flags"]), None)
+            if mine is None or mine["migrations"]:
+                raise ShardUnavailable(f"slots are being moved ({node.name}): no listing now")
+            owners.append((mine["node_id"], sorted(map(tuple, mine["slots"]))))
+        return tuple(sorted(owners))
 
     def read_range(self, name: str, start: int, length: int) -> bytes | None:
         key = redis_data_key(name)

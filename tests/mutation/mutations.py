@@ -6743,6 +6743,30 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "cluster-listing-ignores-slot-moves",
+        (
+            "a Redis Cluster listing fails when slots moved during it (a purge would leave the mo"
+            "ved entries, served)"
+        ),
+        "lmcache_ec/remote/redis_cluster.py",
+        "        if self._slot_owners() != before:\n",
+        "        if False:\n",
+        ("tests/cluster/test_cluster_topology.py::test_a_slot_moved_during_a_listing_fails_it",),
+    ),
+    Mutation(
+        "cluster-listing-during-migration",
+        "a Redis Cluster listing fails while a slot is being moved",
+        "lmcache_ec/remote/redis_cluster.py",
+        '            if mine is None or mine["migrations"]:\n',
+        "            if mine is None:\n",
+        (
+            (
+                "tests/cluster/test_cluster_topology.py::test_a_listing_while_a_slot_is_being_mov"
+                "ed_fails_rather_than_miss_entries"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
