@@ -77,15 +77,24 @@ class RemoteReplayer:
                 )
                 return
             keys = remote.take_missed()
+            resent = remote.counters["resent"]
             for done, key in enumerate(keys):
                 if not self._room_to_send(remote) or not self._replay(key, remote):
                     remote.remember_missed(keys[done:])
                     return
-            if keys:
+            resent = remote.counters["resent"] - resent
+            if resent:
                 logger.info(
                     "Remote tier %s: %d entries written during the outage re-sent",
                     remote.name,
-                    len(keys),
+                    resent,
+                )
+            if len(keys) > resent:  # no local tier holds them any more (or damaged)
+                logger.warning(
+                    "Remote tier %s: %d entries written during the outage are held by no "
+                    "local tier now (evicted, or no local tier): they never reach it",
+                    remote.name,
+                    len(keys) - resent,
                 )
         except Exception as exc:  # never let a replay failure escape the thread
             logger.warning("Re-sending entries to %s failed: %s", remote.name, exc)

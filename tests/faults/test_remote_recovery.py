@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import redis
@@ -106,3 +107,25 @@ def test_a_purge_recorded_during_an_outage_is_not_undone_by_the_replay(
     assert _stored_in(redis_process.url) == 0  # not re-sent
     assert cache.get("written-while-cut-off") is None  # and purged here too
     assert snapshot(cache)["purges_seen"] == 1
+
+
+def test_writes_no_local_tier_holds_are_said_lost_not_re_sent(redis_process, make_cache, caplog):
+    """Without a CPU or disk tier (``local_cpu: false``), what was written during the
+    outage has no copy to re-send: one warning says how many never reach the store."""
+    caplog.set_level(logging.INFO, logger="lmcache_ec.storage.replay")
+    config = outage_config(redis_process.url, local_cpu=False)
+    cache = make_cache(config, model=MODEL)
+    redis_process.kill()
+    written = 5
+    for i in range(written):
+        cache.put(f"outage-{i}", make_tensor((4, 8), torch.bfloat16, seed=i))
+    wait_for(lambda: _remote(cache)["awaiting_resend"] == written, 30, "every key remembered")
+    redis_process.restart()
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "during the outage" in r.getMessage()]
+
+    wait_for(said, 30, "the replay ran")
+    (line,) = said()  # nothing claims they were re-sent
+    assert f"{written} entries written during the outage are held by no local tier" in line
+    assert _remote(cache).get("resent", 0) == 0 and _stored_in(redis_process.url) == 0

@@ -6767,6 +6767,19 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "replay-claims-lost-writes-re-sent",
+        "after an outage, writes no local tier holds are said lost, never counted as re-sent",
+        "lmcache_ec/storage/replay.py",
+        "            if resent:\n",
+        "            if keys:\n",
+        (
+            (
+                "tests/faults/test_remote_recovery.py::test_writes_no_local_tier_holds_are_said_l"
+                "ost_not_re_sent"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
