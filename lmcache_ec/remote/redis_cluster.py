@@ -28,7 +28,14 @@ import redis
 from redis.client import Pipeline
 from redis.cluster import ClusterNode
 from redis.crc import key_slot
-from redis.exceptions import AskError, MovedError, ResponseError, SlotNotCoveredError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..config import RemoteSettings
@@ -59,6 +66,10 @@ from .redis_store import (
 from .store import RemoteStore, ShardUnavailable, StoreError
 
 logger = logging.getLogger(__name__)
+
+# Replies of a node that answers but does not serve its slots now (MasterDownError
+# is a ClusterDownError).
+_NOT_SERVING = (ClusterDownError, TryAgainError)
 
 Queue = Callable[[Any], object]  # queues one call's commands on a pipeline
 KeyQueue = Callable[[Any, str], object]  # queues one key's commands on a pipeline
@@ -232,6 +243,11 @@ class RedisClusterStore(RemoteStore):
             replies = pipe.execute(raise_on_error=False)
         except _NODE_ERRORS as exc:
             raise self._shard_failed(node, exc) from exc
+        # A node that answers but does not serve (CLUSTERDOWN, MASTERDOWN while it
+        # rejoins; TRYAGAIN): its shard is down for now, not the tier, nor back yet.
+        refused = next((r for r in replies if isinstance(r, _NOT_SERVING)), None)
+        if refused is not None:
+            raise self._shard_failed(node, refused)
         self._answered(node)
         return replies[1::2] if asking else replies
 

@@ -12,6 +12,7 @@ a damaged value, never an allocation of that size.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from redis.exceptions import ClusterDownError
 
 from lmcache_ec.config import load_config
 from lmcache_ec.remote.redis_cluster import RedisClusterStore
@@ -164,6 +166,49 @@ def test_a_slot_moved_during_a_listing_fails_it(redis_cluster, store, monkeypatc
     monkeypatch.setattr(cluster_module, "_scan", scan_then_move)
     with pytest.raises(ShardUnavailable, match="moved during the listing"):
         list(store.list())
+
+
+def test_a_node_answering_clusterdown_is_its_shard_down_not_the_tier(
+    redis_cluster, store, monkeypatch, caplog
+):
+    """A restarted primary answers ``CLUSTERDOWN`` until the cluster takes it back:
+    its keys miss, the other shards keep hitting, and it is not "available again"
+    until it serves."""
+    caplog.set_level(logging.WARNING, logger="lmcache_ec.remote.redis_cluster")
+    names = [_name(i) for i in range(24)]
+    for name in names:
+        store.put(name, name.encode())
+    rejoining = redis_cluster.primaries[0]
+    mine = [n for n in names if redis_cluster.node_of(redis_data_key(n)) is rejoining]
+    others = [n for n in names if n not in mine]
+    node = next(n for n in store._primaries() if n.port == rejoining.port)
+    client = store._client_of(node)
+    pipeline = client.pipeline
+
+    def refusing_pipeline(*args, **kwargs):
+        pipe = pipeline(*args, **kwargs)
+
+        def execute(raise_on_error=True):
+            count = len(pipe.command_stack)
+            pipe.reset()
+            return [ClusterDownError("The cluster is down")] * count
+
+        pipe.execute = execute
+        return pipe
+
+    monkeypatch.setattr(client, "pipeline", refusing_pipeline)
+    with pytest.raises(ShardUnavailable):
+        store.get(mine[0])
+    assert store.get_many(others) == [name.encode() for name in others]
+    time.sleep(RETRY + 0.1)  # tried again: still refusing, so not back
+    assert store.get_many(mine) == [None] * len(mine)
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("unavailable" in line for line in said) == 1
+    assert not any("available again" in line for line in said)
+    monkeypatch.undo()
+    time.sleep(RETRY + 0.1)
+    assert store.get(mine[0]) == mine[0].encode()
+    assert any("available again" in r.getMessage() for r in caplog.records)
 
 
 def test_after_a_failover_the_shards_keys_are_served_by_its_new_primary(

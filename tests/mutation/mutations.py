@@ -6780,6 +6780,19 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "clusterdown-takes-the-tier-down",
+        "a cluster node answering CLUSTERDOWN is its shard down: the other shards keep hitting",
+        "lmcache_ec/remote/redis_cluster.py",
+        "        if refused is not None:\n",
+        "        if False:\n",
+        (
+            (
+                "tests/cluster/test_cluster_topology.py::test_a_node_answering_clusterdown_is_its"
+                "_shard_down_not_the_tier"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
