@@ -4,8 +4,9 @@ Its settings are ``config.RemoteSettings`` (``ECConfig.remote``); its keys
 and URL schemes, ``remote_names`` (pure: config validation reads it).
 
 - ``store``: the ``RemoteStore`` contract and ``open_store``; ``redis_store``
-  (standalone, Sentinel), ``redis_cluster`` and ``s3_store`` implement it;
-  ``bounded``: reads that never allocate more than a frame may be.
+  (standalone, Sentinel: ``sentinel_watch`` follows its primary),
+  ``redis_cluster`` and ``s3_store`` implement it; ``bounded``: reads that
+  never allocate more than a frame may be.
 - ``connector``: any store as LMCache's ``RemoteConnector``; ``buffers``:
   frame bytes in and out of LMCache CPU buffers.
 - ``backend``: ``ECRemoteBackend``, LMCache's ``RemoteBackend`` with

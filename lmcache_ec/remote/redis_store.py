@@ -39,6 +39,7 @@ from ..remote_names import (
     redis_meta_key,
 )
 from .bounded import bounded_frame
+from .sentinel_watch import PrimaryWatch
 from .store import READ_BATCH, RemoteStore, Replication
 
 logger = logging.getLogger(__name__)
@@ -174,11 +175,14 @@ def _queue_read(pipe: Any, key: str, limit: int) -> None:
 class RedisStore(RemoteStore):
     """One Redis server (or the Sentinel-resolved primary) through one client."""
 
-    def __init__(self, client: redis.Redis, timeout: float, where: str, max_frame: int) -> None:
+    def __init__(
+        self, client: redis.Redis, timeout: float, where: str, max_frame: int, watch: Any = None
+    ) -> None:
         self.timeout = timeout
         self.max_frame = max_frame
         self._client = client
         self._where = where
+        self._watch = watch  # Sentinel: the PrimaryWatch following the primary
 
     def exists(self, name: str) -> bool:
         return bool(self._client.exists(redis_data_key(name)))
@@ -276,6 +280,8 @@ class RedisStore(RemoteStore):
         self._client.ping()
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
         self._client.close()
 
     def abort(self) -> None:
@@ -346,4 +352,6 @@ def open_redis_sentinel(settings: RemoteSettings) -> RedisStore:
         **options,
     )
     client = sentinel.master_for(nodes.service, **options)
-    return RedisStore(client, settings.timeout, redact(settings.url), settings.max_frame_bytes)
+    watch = PrimaryWatch(client.connection_pool, settings.retry_interval)
+    where = redact(settings.url)
+    return RedisStore(client, settings.timeout, where, settings.max_frame_bytes, watch)

@@ -6793,6 +6793,25 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "sentinel-failover-not-followed",
+        (
+            "after a planned Sentinel failover, writes go to the new primary (the pool's connecti"
+            "ons to the old one are closed)"
+        ),
+        "lmcache_ec/remote/sentinel_watch.py",
+        (
+            "            self._pool.disconnect()  # in use too: the old primary may drop what the"
+            "y write\n"
+        ),
+        "            pass\n",
+        (
+            (
+                "tests/remote/test_sentinel.py::test_after_a_planned_failover_writes_go_to_the_ne"
+                "w_primary"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -79,7 +79,8 @@ def test_two_instances_share_entries_through_sentinel(sentinel_url, redis_proces
 def test_a_sentinel_that_never_answers_is_asked_once_a_discovery(tmp_path):
     """A hung sentinel (it accepts, never replies): a read gives up after one
     attempt per discovery (the client's one retry makes two), each bounded by
-    remote_timeout — not redis-py's default of ten retries with backoff."""
+    remote_timeout — not redis-py's default of ten retries with backoff. (The
+    primary watch's first look at open is one more connection.)"""
     listener = socket.socket()
     listener.bind((HOST, 0))
     listener.listen(64)
@@ -92,13 +93,101 @@ def test_a_sentinel_that_never_answers_is_asked_once_a_discovery(tmp_path):
 
     threading.Thread(target=accept_and_stay_silent, daemon=True).start()
     url = f"redis-sentinel://{HOST}:{listener.getsockname()[1]}/{SERVICE}"
-    store = open_store(load_config(remote_config(url, remote_timeout=0.2)).remote)
+    config = remote_config(url, remote_timeout=0.2, remote_retry_interval=60)  # watch: one look
+    store = open_store(load_config(config).remote)
     try:
         with pytest.raises(RedisError):
             store.get("anything")
-        assert len(accepted) <= 2
+        assert len(accepted) <= 3
     finally:
         store.close()
         listener.close()
         for connection in accepted:
             connection.close()
+
+
+@pytest.fixture
+def failover(redis_process, tmp_path) -> Iterator[tuple[str, object, Callable[[], None]]]:
+    """A primary, its replica and a sentinel: (url, replica's client, fail over)."""
+    import redis
+
+    redis_process.client().config_set("repl-diskless-sync-delay", 0)
+    replica_port, sentinel_port = free_port(), free_port()
+    binary = shutil.which("redis-server")
+    replica = subprocess.Popen(
+        [
+            *(binary, "--bind", HOST, "--port", str(replica_port), "--dir", str(tmp_path)),
+            *("--save", "", "--appendonly", "no", "--protected-mode", "no"),
+            *("--replicaof", HOST, str(redis_process.port)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"bind {HOST}\nport {sentinel_port}\ndir {tmp_path}\nprotected-mode no\n"
+        f"sentinel monitor {SERVICE} {HOST} {redis_process.port} 1\n"
+        f"sentinel failover-timeout {SERVICE} 5000\n"
+    )
+    sentinel = subprocess.Popen(
+        [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        _wait_for_port(replica_port)
+        _wait_for_port(sentinel_port)
+        replica_client = redis.Redis(host=HOST, port=replica_port, socket_timeout=5)
+        sentinel_client = redis.Redis(host=HOST, port=sentinel_port, socket_timeout=5)
+        deadline = time.monotonic() + 30
+        while not sentinel_client.execute_command("SENTINEL", "REPLICAS", SERVICE) or (
+            replica_client.info("replication").get("master_link_status") != "up"
+        ):
+            assert time.monotonic() < deadline, "the sentinel never saw a synced replica"
+            time.sleep(0.1)
+
+        def fail_over() -> None:
+            deadline = time.monotonic() + 30
+            while True:  # NOGOODSLAVE until the sentinel has looked at the replica
+                try:
+                    sentinel_client.execute_command("SENTINEL", "FAILOVER", SERVICE)
+                    break
+                except redis.ResponseError as exc:
+                    assert time.monotonic() < deadline, f"no failover: {exc}"
+                    time.sleep(0.2)
+            while sentinel_client.sentinel_get_master_addr_by_name(SERVICE)[1] != replica_port:
+                assert time.monotonic() < deadline, "the failover never happened"
+                time.sleep(0.05)
+
+        yield f"redis-sentinel://{HOST}:{sentinel_port}/{SERVICE}", replica_client, fail_over
+    finally:
+        for proc in (sentinel, replica):
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_after_a_planned_failover_writes_go_to_the_new_primary(failover, make_cache, caplog):
+    """redis-py asks the sentinels only for new connections: without the watch, the
+    pooled ones kept writing to the old primary, which drops them as it turns
+    replica (for about 10 s here)."""
+    url, new_primary, fail_over = failover
+    config = remote_config(url, remote_retry_interval=0.2)
+    with make_cache(config, model=MODEL) as cache:
+        assert cache.put("before", make_tensor((3, 16), torch.bfloat16, seed=1))
+        assert cache.flush(10)
+        fail_over()
+        time.sleep(1.0)  # several of the watch's looks
+        assert cache.put("after", make_tensor((3, 16), torch.bfloat16, seed=2))
+        assert cache.flush(10)
+        name = cache.key("after").storage_name + "kv_bytes"
+    assert new_primary.exists(name)
+    moved = [r.getMessage() for r in caplog.records if "the primary of" in r.getMessage()]
+    assert len(moved) == 1 and SERVICE in moved[0]
+
+
+def test_redis_py_sentinel_pool_parts_the_primary_watch_uses():
+    """sentinel_watch.PrimaryWatch reads a redis-py SentinelConnectionPool's
+    ``sentinel_manager`` and ``service_name`` and calls ``disconnect()``."""
+    from redis.sentinel import Sentinel
+
+    pool = Sentinel([(HOST, free_port())]).master_for(SERVICE).connection_pool
+    assert pool.service_name == SERVICE
+    assert callable(pool.sentinel_manager.discover_master) and callable(pool.disconnect)
