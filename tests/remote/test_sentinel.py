@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -26,20 +27,32 @@ MODEL = "test/sentinel-model"
 SERVICE = "ec-primary"
 
 
-@pytest.fixture
-def sentinel_url(redis_process, tmp_path) -> Iterator[str]:
+def _redis_server() -> str:
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.fail("redis-server not found on PATH (Debian package redis-server)")
+    return binary
+
+
+def _start_sentinel(tmp_path, primary_port: int, settings: str = "") -> tuple[Any, int]:
+    """A sentinel watching the primary on ``primary_port``: (its process, its port)."""
     port = free_port()
     conf = tmp_path / "sentinel.conf"  # sentinel rewrites its file: a private copy
     conf.write_text(
         f"bind {HOST}\nport {port}\ndir {tmp_path}\nprotected-mode no\n"
-        f"sentinel monitor {SERVICE} {HOST} {redis_process.port} 1\n"
+        f"sentinel monitor {SERVICE} {HOST} {primary_port} 1\n{settings}"
     )
     proc = subprocess.Popen(
-        [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [_redis_server(), str(conf), "--sentinel"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
+    return proc, port
+
+
+@pytest.fixture
+def sentinel_url(redis_process, tmp_path) -> Iterator[str]:
+    proc, port = _start_sentinel(tmp_path, redis_process.port)
     try:
         _wait_for_port(port)
         import redis
@@ -112,26 +125,18 @@ def failover(redis_process, tmp_path) -> Iterator[tuple[str, object, Callable[[]
     import redis
 
     redis_process.client().config_set("repl-diskless-sync-delay", 0)
-    replica_port, sentinel_port = free_port(), free_port()
-    binary = shutil.which("redis-server")
+    replica_port = free_port()
     replica = subprocess.Popen(
         [
-            *(binary, "--bind", HOST, "--port", str(replica_port), "--dir", str(tmp_path)),
+            *(_redis_server(), "--bind", HOST, "--port", str(replica_port), "--dir", str(tmp_path)),
             *("--save", "", "--appendonly", "no", "--protected-mode", "no"),
             *("--replicaof", HOST, str(redis_process.port)),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    conf = tmp_path / "sentinel.conf"
-    conf.write_text(
-        f"bind {HOST}\nport {sentinel_port}\ndir {tmp_path}\nprotected-mode no\n"
-        f"sentinel monitor {SERVICE} {HOST} {redis_process.port} 1\n"
-        f"sentinel failover-timeout {SERVICE} 5000\n"
-    )
-    sentinel = subprocess.Popen(
-        [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    settings = f"sentinel failover-timeout {SERVICE} 5000\n"
+    sentinel, sentinel_port = _start_sentinel(tmp_path, redis_process.port, settings)
     try:
         _wait_for_port(replica_port)
         _wait_for_port(sentinel_port)
