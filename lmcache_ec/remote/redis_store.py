@@ -176,7 +176,12 @@ class RedisStore(RemoteStore):
     """One Redis server (or the Sentinel-resolved primary) through one client."""
 
     def __init__(
-        self, client: redis.Redis, timeout: float, where: str, max_frame: int, watch: Any = None
+        self,
+        client: redis.Redis,
+        timeout: float,
+        where: str,
+        max_frame: int,
+        watch: PrimaryWatch | None = None,
     ) -> None:
         self.timeout = timeout
         self.max_frame = max_frame

@@ -118,7 +118,10 @@ def _language_embeddings(model: torch.nn.Module) -> list[tuple[str, torch.Tensor
     getter = getattr(model, "get_language_model", None)
     if rule is None or not rule(model) or not callable(getter):
         return []
-    language = getter()
+    try:
+        language = getter()
+    except Exception:  # no language model: nothing was skipped as its own
+        return []
     return [
         (f"language_model.{name}.{part}", tensor)
         for name, module in language.named_modules()
