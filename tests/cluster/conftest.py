@@ -147,9 +147,15 @@ class RedisCluster:
         self._assign(slot, to)
 
     def _assign(self, slot: int, to: ClusterNode) -> None:
+        # The new owner first, with a config epoch above every other: gossip of an
+        # earlier owner's claim (it may have bumped its epoch taking the slot) still
+        # in flight would otherwise win over this assignment on some nodes for good
+        # (seen on a loaded machine as "the nodes disagree on the slots").
         owner = self.node_id(to)
+        to.client().execute_command("CLUSTER SETSLOT", slot, "NODE", owner)
+        to.client().execute_command("CLUSTER BUMPEPOCH")
         for node in self.nodes:
-            if node.alive:
+            if node.alive and node is not to:
                 node.client().execute_command("CLUSTER SETSLOT", slot, "NODE", owner)
 
     def wait_ok(self, timeout: float = 30.0) -> None:
@@ -169,23 +175,36 @@ class RedisCluster:
         self.wait_ok()
         for node in self.nodes:
             node.client().flushall()
-        for slot in sorted(self.moved):
+        moved = sorted(self.moved)
+        self.moved.clear()
+        self._put_back(moved)
+        self._wait_slots(moved)
+
+    def _put_back(self, slots: list[int]) -> None:
+        for slot in slots:
             for node in self.nodes:
                 node.client().execute_command("CLUSTER SETSLOT", slot, "STABLE")
             self._assign(slot, self._node(self.owners[slot]))
-        self.moved.clear()
-        self._wait_slots()
 
-    def _wait_slots(self, timeout: float = 30.0) -> None:
-        """Until every node's map puts every slot where the cluster was created."""
+    def _wait_slots(self, slots: list[int], timeout: float = 30.0) -> None:
+        """Until every node's map puts every slot where the cluster was created, and
+        no slot is being moved; the moved ones are put back again each second."""
         deadline = time.monotonic() + timeout
+        again = time.monotonic() + 1.0
         while not all(self._agrees(node) for node in self.nodes):
             if time.monotonic() > deadline:
                 raise RuntimeError("the nodes disagree on the slots")
+            if time.monotonic() > again:
+                self._put_back(slots)
+                again = time.monotonic() + 1.0
             time.sleep(0.05)
 
     def _agrees(self, node: ClusterNode) -> bool:
-        for start, end, owner, *_ in node.client().cluster("slots"):
+        client = node.client()
+        mine = next(v for v in client.cluster("nodes").values() if "myself" in v["flags"])
+        if mine["migrations"]:  # a slot left MIGRATING/IMPORTING here
+            return False
+        for start, end, owner, *_ in client.cluster("slots"):
             if any(self.owners.get(slot) != owner[1] for slot in range(start, end + 1)):
                 return False
         return True
