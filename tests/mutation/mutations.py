@@ -185,14 +185,6 @@ MUTATIONS: list[Mutation] = [
     ),
     # -- remote calls are bounded by remote_timeout
     Mutation(
-        "redis-unbounded-socket-timeout",
-        "Redis calls are bounded by remote_timeout",
-        "lmcache_ec/remote/redis_store.py",
-        '"socket_timeout": timeout,',
-        '"socket_timeout": None,',
-        (f"{T_OUTAGES}::test_silent_server_calls_return_within_the_timeout[redis]",),
-    ),
-    Mutation(
         "s3-long-read-timeout",
         "S3 calls end within remote_timeout, an abandoned one included (its thread comes back)",
         "lmcache_ec/remote/s3_store.py",
