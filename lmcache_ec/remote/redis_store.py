@@ -261,7 +261,7 @@ class RedisStore(RemoteStore):
             # 7.0: after any command; later releases: after its own writes): a write
             # made here, after every earlier one in the stream, covers them all.
             pipe.set(REPLICATION_MARK, b"", px=wait_ms + 60_000)
-            pipe.execute_command("WAIT", replicas, wait_ms)
+            pipe.wait(replicas, wait_ms)
             acked = pipe.execute()[1]
         return Replication(int(acked), replicas)
 
