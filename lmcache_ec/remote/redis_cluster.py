@@ -3,8 +3,10 @@
 The slot map is redis-py's ``NodesManager`` (``CLUSTER SLOTS``); each call goes
 to the owning primary's own client, so a shard that is down costs only its own
 keys: their calls raise ``ShardUnavailable`` (batched reads answer None for
-them) and the shard is skipped at once for ``remote_retry_interval`` before it
-is tried again. Batched reads send one pipeline per primary.
+them) and the shard is skipped at once. Every ``remote_retry_interval`` one
+ping in the background tries it again; callers keep skipping it until that
+ping answers, so a hung shard never holds a caller after its first failure.
+Batched reads send one pipeline per primary.
 
 The map (``cluster_slots.py``) is built again in the background when a call
 to a shard fails (a replica may take over its slots) and when a node answers
@@ -124,8 +126,9 @@ class RedisClusterStore(RemoteStore):
         # drop connection keywords they do not know (``command_packer``).
         self._clients: dict[str, redis.Redis] = {}
         self._down_until: dict[str, float] = {}
-        self._returning: set[str] = set()  # retried after an outage, not yet answered
+        self._returning: set[str] = set()  # pinged after an outage, no call answered yet
         self._pinging: set[str] = set()  # primaries whose ping is not answered yet
+        self._closed = False
 
     def _on_new_map(self, cluster: Any) -> None:
         with self._lock:
@@ -170,13 +173,53 @@ class RedisClusterStore(RemoteStore):
     def _node_client(self, node: Any) -> redis.Redis:
         down = self._down_until.get(node.name)
         if down is not None:
-            if time.monotonic() < down:
-                if self._all_down():
-                    raise StoreError("no Redis Cluster primary answers")
-                raise ShardUnavailable(f"shard {node.name} is down")
-            self._down_until.pop(node.name, None)
-            self._returning.add(node.name)
+            if time.monotonic() >= down:
+                self._try_shard(node)
+            if self._all_down():
+                raise StoreError("no Redis Cluster primary answers")
+            raise ShardUnavailable(f"shard {node.name} is down")
         return self._client_of(node)
+
+    def _try_shard(self, node: Any) -> None:
+        """Pings a down shard in the background: every caller goes on skipping
+        it until the ping answers (a hung shard would hold each one its timeout)."""
+        if not self._start_ping(node):
+            return
+        try:
+            threading.Thread(
+                target=self._trial, args=(node,), name="ec-cluster-shard-trial", daemon=True
+            ).start()
+        except RuntimeError as exc:  # no thread to be had: tried again after the interval
+            self._end_ping(node)
+            self._shard_failed(node, exc)
+
+    def _trial(self, node: Any) -> None:
+        try:
+            self._client_of(node).ping()
+        except Exception as exc:  # still down: skipped for another interval, no new warning
+            self._shard_failed(node, exc)
+        else:
+            self._ping_answered(node)
+        finally:
+            self._end_ping(node)
+
+    def _start_ping(self, node: Any) -> bool:
+        """Claims ``node``'s one ping in flight; False if it has one (or we are closed)."""
+        with self._lock:
+            if node.name in self._pinging or self._closed:
+                return False
+            self._pinging.add(node.name)
+            return True
+
+    def _end_ping(self, node: Any) -> None:
+        with self._lock:
+            self._pinging.discard(node.name)
+
+    def _ping_answered(self, node: Any) -> None:
+        """Callers go to a down shard again; it is back once one of them is answered."""
+        with self._lock:
+            if self._down_until.pop(node.name, None) is not None:
+                self._returning.add(node.name)
 
     def _client_of(self, node: Any) -> redis.Redis:
         client = self._clients.get(node.name)
@@ -448,20 +491,19 @@ class RedisClusterStore(RemoteStore):
             raise RedisConnectionError(f"no cluster primary answers: {answers}") from exc
 
     def _ping(self, node: Any) -> None:
-        with self._lock:
-            if node.name in self._pinging:
-                raise RedisConnectionError("its previous ping is still unanswered")
-            self._pinging.add(node.name)
+        if not self._start_ping(node):
+            raise RedisConnectionError("its previous ping is still unanswered")
         try:
             self._client_of(node).ping()
+            self._ping_answered(node)
         finally:
-            with self._lock:
-                self._pinging.discard(node.name)
+            self._end_ping(node)
 
     def close(self) -> None:
         # Never waits for a build in progress: its builder closes what it built.
         self._slots.close()
         with self._lock:
+            self._closed = True
             clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             client.connection_pool.disconnect()

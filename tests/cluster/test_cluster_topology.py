@@ -206,9 +206,62 @@ def test_a_node_answering_clusterdown_is_its_shard_down_not_the_tier(
     assert sum("unavailable" in line for line in said) == 1
     assert not any("available again" in line for line in said)
     monkeypatch.undo()
-    time.sleep(RETRY + 0.1)
-    assert store.get(mine[0]) == mine[0].encode()
+    _until(lambda: _answers(store, mine[0]), "the shard did not come back once it served")
     assert any("available again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_hung_shard_holds_no_caller_after_its_first_failure(redis_cluster, monkeypatch, caplog):
+    """Once a shard failed, callers skip it; after each retry interval one ping
+    in the background tries it, never every caller (each would wait out the
+    timeout: a hung shard cost every thread of a busy tier half its time)."""
+    caplog.set_level(logging.WARNING, logger="lmcache_ec.remote.redis_cluster")
+    store = _store(redis_cluster.url, remote_timeout=TIMEOUT, remote_retry_interval=RETRY)
+    names = [_name(i) for i in range(24)]
+    for name in names:
+        store.put(name, name.encode())
+    hung = redis_cluster.node_of(redis_data_key(names[0]))
+    mine = [n for n in names if redis_cluster.node_of(redis_data_key(n)) is hung]
+    client = store._client_of(next(n for n in store._primaries() if n.port == hung.port))
+    sent: list[int] = []
+    pipeline = client.pipeline
+    monkeypatch.setattr(client, "pipeline", lambda *a, **k: sent.append(1) or pipeline(*a, **k))
+    os.kill(hung.proc.pid, signal.SIGSTOP)  # accepts connections, never answers
+    try:
+        with pytest.raises(ShardUnavailable):
+            store.get(mine[0])  # the failure that marks it down
+        time.sleep(RETRY + 0.1)  # due to be tried again
+        sent.clear()
+        failures: list[BaseException] = []
+
+        def caller(name: str) -> None:
+            try:
+                store.get(name)
+            except ShardUnavailable as exc:
+                failures.append(exc)
+
+        threads = [threading.Thread(target=caller, args=(n,)) for n in mine * 2]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(LIVENESS)
+        assert len(failures) == len(threads)
+        assert sent == []  # no caller went to the hung shard: its ping did
+    finally:
+        os.kill(hung.proc.pid, signal.SIGCONT)
+    try:
+        _until(lambda: _answers(store, mine[0]), "the shard was not tried again once it answered")
+        said = [r.getMessage() for r in caplog.records]
+        assert sum("unavailable" in line for line in said) == 1
+        assert sum("available again" in line for line in said) == 1
+    finally:
+        store.close()
+
+
+def _answers(store: RedisClusterStore, name: str) -> bool:
+    try:
+        return store.get(name) == name.encode()
+    except ShardUnavailable:
+        return False
 
 
 def test_after_a_failover_the_shards_keys_are_served_by_its_new_primary(
@@ -285,9 +338,13 @@ def test_a_hung_primary_never_keeps_the_tier_down(redis_cluster, make_cache):
         owners = {
             h: redis_cluster.node_of(redis_data_key(writer.key(h).storage_name)) for h in tensors
         }
-    hung = redis_cluster.primaries[0]  # the first primary of every client's map
-    healthy = [h for h in tensors if owners[h] is not hung]
-    os.kill(hung.proc.pid, signal.SIGSTOP)  # accepts connections, never answers
+    # The first two primaries of every client's map: pinged in turn, they would
+    # cost twice the probe's bound (one alone could time out just inside it).
+    hung = redis_cluster.primaries[:2]
+    healthy = [h for h in tensors if owners[h] not in hung]
+    assert healthy
+    for node in hung:
+        os.kill(node.proc.pid, signal.SIGSTOP)  # accepts connections, never answers
     try:
         reader = make_cache(config, model=MODEL)
         remote = reader._storage.storage_backends["RemoteBackend"]
@@ -296,9 +353,10 @@ def test_a_hung_primary_never_keeps_the_tier_down(redis_cluster, make_cache):
         def hits() -> bool:  # the probe brought the tier back: healthy shards hit
             return remote.available and reader.get(healthy[0]) is not None
 
-        _until(hits, "one hung primary kept the whole tier down")
+        _until(hits, "hung primaries kept the whole tier down")
     finally:
-        os.kill(hung.proc.pid, signal.SIGCONT)
+        for node in hung:
+            os.kill(node.proc.pid, signal.SIGCONT)
 
 
 def _slots_reply() -> bytes:

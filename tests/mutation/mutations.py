@@ -6804,6 +6804,42 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "cluster-hung-shard-tried-by-every-caller",
+        (
+            "after a shard failed, callers skip it and one background ping tries it again; no cal"
+            "ler waits on it"
+        ),
+        "lmcache_ec/remote/redis_cluster.py",
+        "            if time.monotonic() >= down:\n                self._try_shard(node)\n",
+        (
+            "            if time.monotonic() >= down:  # every caller tries it\n                se"
+            "lf._down_until.pop(node.name, None)\n                self._returning.add(node.name)\n "
+            "               return self._client_of(node)\n"
+        ),
+        (
+            (
+                "tests/cluster/test_cluster_topology.py::test_a_hung_shard_holds_no_caller_after_"
+                "its_first_failure"
+            ),
+        ),
+    ),
+    Mutation(
+        "cluster-answered-ping-keeps-the-shard-down",
+        "a down shard whose ping answers is used again",
+        "lmcache_ec/remote/redis_cluster.py",
+        (
+            "            if self._down_until.pop(node.name, None) is not None:\n                se"
+            "lf._returning.add(node.name)\n"
+        ),
+        "            pass\n",
+        (
+            (
+                "tests/cluster/test_cluster_topology.py::test_a_hung_shard_holds_no_caller_after_"
+                "its_first_failure"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
