@@ -73,6 +73,10 @@ class Tier(Protocol):
 
     def remove(self, key: ECKey, force: bool = True) -> bool: ...
 
+    def remove_damaged(self, key: ECKey) -> bool:
+        """``remove`` of an entry read damaged from this tier (a remote store
+        may first confirm the damage is in what it holds)."""
+
     def snapshot(self) -> dict[str, Any] | None:
         """Health and counters for ``stats``; ``None`` when the tier keeps none."""
 
@@ -112,6 +116,9 @@ class TierDefaults:
     def write(self, key: ECKey, memory_obj: MemoryObj) -> None:
         # LMCache's StorageBackendInterface: every backend has it.
         self.batched_submit_put_task([key], [memory_obj])  # type: ignore[attr-defined]
+
+    def remove_damaged(self, key: ECKey) -> bool:
+        return self.remove(key)  # type: ignore[attr-defined]
 
     def snapshot(self) -> dict[str, Any] | None:
         return None

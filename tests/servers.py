@@ -11,6 +11,8 @@
 - ``black_hole`` (function): a TCP server that accepts and never answers.
 - ``Drip``: a server that answers, but sends a value (Redis) or a response
   (HTTP) a byte at a time, each byte within any socket timeout.
+- ``Gateway``: an HTTP proxy in front of a server (moto) that may answer a
+  request itself or send it to another path, as a misbehaving proxy would.
 - ``redis_commands(url, action)``: runs ``action`` and returns what it
   returned with every command the server ran meanwhile (``MONITOR``), so a
   test counts its own reads, not the background threads' ones.
@@ -324,6 +326,69 @@ class Drip:
         self._process.kill()
         self._process.wait(timeout=10)
         self._process.stdin.close()
+
+
+Answer = tuple[int, dict[str, str], bytes]  # status, headers, body
+
+
+class Gateway:
+    """An HTTP/1.1 proxy on 127.0.0.1 in front of ``upstream``.
+
+    ``route(method, path, headers)`` decides each request: None forwards it as is, a
+    path (``/bucket/key``) forwards it there instead, an ``Answer`` is sent
+    without asking upstream. ``endpoint`` is its URL."""
+
+    def __init__(
+        self, upstream: str, route: Callable[[str, str, dict[str, str]], str | Answer | None]
+    ) -> None:
+        import http.client
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import urlsplit
+
+        target = urlsplit(upstream)
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _answer(self, status: int, headers: dict[str, str], body: bytes) -> None:
+                self.send_response(status)
+                for name, value in headers.items():
+                    if name.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def _any(self) -> None:
+                sent = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                decided = route(self.command, self.path, dict(self.headers))
+                if isinstance(decided, tuple):
+                    return self._answer(*decided)
+                upstream_connection = http.client.HTTPConnection(target.hostname, target.port)
+                try:
+                    upstream_connection.request(
+                        self.command, decided or self.path, sent, dict(self.headers)
+                    )
+                    reply = upstream_connection.getresponse()
+                    body = reply.read()
+                finally:
+                    upstream_connection.close()
+                self._answer(reply.status, dict(reply.getheaders()), body)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _any
+
+        self._server = ThreadingHTTPServer((HOST, 0), Handler)
+        self._server.daemon_threads = True
+        self.endpoint = f"http://{HOST}:{self._server.server_port}"
+        threading.Thread(target=self._server.serve_forever, name="gateway", daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 def redis_commands(url: str, action: Callable[[], T]) -> tuple[T, list[list[str]]]:

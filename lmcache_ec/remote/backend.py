@@ -482,12 +482,24 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
             self.submit_put_task(key, memory_obj, on_complete_callback)
 
     def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        return self._remove(key, damaged=False)
+
+    def remove_damaged(self, key: CacheEngineKey) -> bool:
+        """``remove`` of an entry read damaged from this tier: the store deletes
+        it only once it confirms the damage is in what it holds (S3: not a
+        proxy's or gateway's answer in between)."""
+        return self._remove(key, damaged=True)
+
+    def _remove(self, key: CacheEngineKey, damaged: bool) -> bool:
         self._known.discard(key)
         connection = self.connection
         if connection is None or not self.health.up:
             return False
         if self._has_blocking_reads():  # ours: a whole call within the timeout
-            removed = self._blocking("remove", lambda c: c.remove_sync(key))
+            if damaged:
+                removed = self._blocking("remove", lambda c: c.remove_damaged_sync(key))
+            else:
+                removed = self._blocking("remove", lambda c: c.remove_sync(key))
             return removed is not _MISS and bool(removed)
         try:
             return bool(connection.remove_sync(key))

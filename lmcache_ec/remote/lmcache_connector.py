@@ -146,6 +146,9 @@ class ECStoreConnector(RemoteConnector):
     def remove_sync(self, key: CacheEngineKey) -> bool:
         return self.store.delete(key.to_string())
 
+    def remove_damaged_sync(self, key: CacheEngineKey) -> bool:
+        return self.store.delete_damaged(key.to_string())
+
     async def list(self) -> list[str]:
         return await self._run(lambda: [name for name, _ in self.store.list()])
 

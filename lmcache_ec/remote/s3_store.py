@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -39,6 +41,10 @@ logger = logging.getLogger(__name__)
 POOL_CONNECTIONS = 16  # upload threads of the connector + side-by-side lookups
 _LOOKUP_THREADS = 8  # S3 has no batch existence check or read: requests side by side
 _APPEND_TRIES = 32  # rounds of a log append racing others (each round, one of them wins)
+_READS_REMEMBERED = 4096  # (ETag, size) of recent reads, to confirm a damaged one
+# What a proxy or gateway answers instead of an object (an error page, an XML
+# or JSON error with status 200): a failed call, never an entry's bytes.
+_DOCUMENT_TYPES = ("text/", "html", "xml", "json")
 
 
 # botocore's service models, loaded once a process (~0.5 s a client otherwise).
@@ -108,6 +114,8 @@ class S3Store(RemoteStore):
         self.location: S3Location = parse_s3_url(settings.url)
         self._client = make_client(settings)
         self._pool: DaemonPool | None = None  # daemon: a call left dripping never holds the exit
+        self._reads: OrderedDict[str, tuple[str, int]] = OrderedDict()  # name -> (ETag, size)
+        self._reads_lock = threading.Lock()
 
     def _object(self, name: str) -> dict[str, str]:
         return {"Bucket": self.location.bucket, "Key": self.location.object_key(name)}
@@ -143,6 +151,11 @@ class S3Store(RemoteStore):
             raise
         length = int(response["ContentLength"])
         body = response["Body"]
+        content_type = str(response.get("ContentType", "")).lower()
+        if any(kind in content_type for kind in _DOCUMENT_TYPES):
+            body.close()
+            raise StoreError(f"{name} was answered with a document ({content_type}), not the entry")
+        self._remember_read(name, str(response.get("ETag", "")), length)
         try:
             head = body.read(PREFIX_SIZE)
             declared = declared_or_none(head)
@@ -161,6 +174,37 @@ class S3Store(RemoteStore):
 
     def get_many(self, names: Sequence[str]) -> list[bytes | None]:
         return self._side_by_side(self.get, names)
+
+    def _remember_read(self, name: str, etag: str, length: int) -> None:
+        with self._reads_lock:
+            self._reads[name] = (etag, length)
+            self._reads.move_to_end(name)
+            if len(self._reads) > _READS_REMEMBERED:
+                self._reads.popitem(last=False)
+
+    def delete_damaged(self, name: str) -> bool:
+        """Deletes ``name`` only if the object stored now is the one read (same
+        ETag and size): bytes damaged on the way (a proxy or gateway answering
+        with another object or a wrong length) leave a good entry in place."""
+        with self._reads_lock:
+            read = self._reads.pop(name, None)
+        try:
+            stored = self._client.head_object(**self._object(name))
+        except Exception as exc:
+            if is_not_found(exc):
+                return False
+            raise
+        if read is None:  # its read is no longer remembered: unconfirmed, kept
+            return False
+        if read != (str(stored.get("ETag", "")), int(stored["ContentLength"])):
+            logger.warning(
+                "S3 entry %s kept: the damaged bytes read were not the object stored "
+                "(its ETag or size differ): is a proxy or gateway changing answers?",
+                name,
+            )
+            return False
+        self._client.delete_object(**self._object(name))
+        return True
 
     def put(self, name: str, data: bytes | memoryview) -> None:
         self._client.put_object(
@@ -313,7 +357,15 @@ class S3Store(RemoteStore):
     # -- lifecycle -------------------------------------------------------------
 
     def ping(self) -> None:
-        self._client.head_bucket(Bucket=self.location.bucket)
+        try:
+            self._client.head_bucket(Bucket=self.location.bucket)
+        except Exception:
+            # Credentials may have changed since the client was made (a rotated
+            # or refreshed credentials file, a token that expired): the next
+            # probe signs with what the AWS chain gives then.
+            old, self._client = self._client, make_client(self.settings)
+            old.close()
+            raise
 
     def close(self) -> None:
         if self._pool is not None:

@@ -84,6 +84,11 @@ class RemoteStore(abc.ABC):
     def delete(self, name: str) -> bool:
         """Remove entry ``name``; True if it existed."""
 
+    def delete_damaged(self, name: str) -> bool:
+        """``delete`` of an entry whose bytes, as read, did not decode: the store
+        may first confirm that they are the bytes it holds (``S3Store``)."""
+        return self.delete(name)
+
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         """(storage name, frame bytes) of entries whose name starts with ``prefix``.

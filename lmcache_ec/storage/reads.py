@@ -384,7 +384,7 @@ class TierReader:
         self._stats.add("integrity_failures")
         if self._first_drop(key, tier):
             logger.warning("Dropping corrupt entry %s from %s: %s", key, tier.name, reason)
-        self.remove_everywhere(key)
+        self.remove_everywhere(key, damaged_in=tier)
         raise _Dropped from None
 
     def _first_drop(self, key: ECKey, tier: Tier) -> bool:
@@ -475,12 +475,15 @@ class TierReader:
 
     # -- shared with the rest of the engine -----------------------------------
 
-    def remove_everywhere(self, key: ECKey) -> None:
+    def remove_everywhere(self, key: ECKey, damaged_in: Tier) -> None:
         # Not StorageManager.remove: one tier failing (a read-only disk) must
         # neither stop the others nor reach the caller.
         for tier in self._storage.every_tier():
             try:
-                tier.remove(key)
+                if tier.name == damaged_in.name:
+                    tier.remove_damaged(key)
+                else:
+                    tier.remove(key)
             except Exception as exc:
                 self.tier_failed(tier, "remove", exc)
 

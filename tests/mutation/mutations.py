@@ -166,7 +166,7 @@ MUTATIONS: list[Mutation] = [
         "corrupt-entry-kept",
         "an entry that fails verification is removed from every tier",
         "lmcache_ec/storage/reads.py",
-        "        self.remove_everywhere(key)\n        raise _Dropped from None",
+        "        self.remove_everywhere(key, damaged_in=tier)\n        raise _Dropped from None",
         "        raise _Dropped from None",
         (
             "tests/storage/test_reads.py::test_truncated_disk_entry_is_a_counted_miss_and_removed",
@@ -6837,6 +6837,75 @@ MUTATIONS += [
             (
                 "tests/cluster/test_cluster_topology.py::test_a_hung_shard_holds_no_caller_after_"
                 "its_first_failure"
+            ),
+        ),
+    ),
+    Mutation(
+        "s3-damage-in-transit-deletes-the-entry",
+        (
+            "an S3 answer that is not the stored object (another entry's bytes, a cut body) is a "
+            "miss; the good entry stays in the bucket"
+        ),
+        "lmcache_ec/storage/reads.py",
+        "                    tier.remove_damaged(key)\n",
+        "                    tier.remove(key)\n",
+        (
+            (
+                "tests/remote/test_s3_answers.py::test_an_answer_that_is_not_the_stored_entry_is_"
+                "a_miss_and_the_entry_stays[another-entry]"
+            ),
+            (
+                "tests/remote/test_s3_answers.py::test_an_answer_that_is_not_the_stored_entry_is_"
+                "a_miss_and_the_entry_stays[cut-body]"
+            ),
+        ),
+    ),
+    Mutation(
+        "s3-document-answer-taken-for-an-entry",
+        (
+            "an S3 read answered with a document (a gateway's error page, status 200) is a failed"
+            " call, not a damaged entry"
+        ),
+        "lmcache_ec/remote/s3_store.py",
+        "        if any(kind in content_type for kind in _DOCUMENT_TYPES):\n",
+        "        if False:\n",
+        (
+            (
+                "tests/remote/test_s3_answers.py::test_an_answer_that_is_not_the_stored_entry_is_"
+                "a_miss_and_the_entry_stays[error-page]"
+            ),
+        ),
+    ),
+    Mutation(
+        "s3-confirmed-damage-kept",
+        "an S3 entry whose stored bytes are damaged is removed",
+        "lmcache_ec/remote/s3_store.py",
+        '        if read != (str(stored.get("ETag", "")), int(stored["ContentLength"])):\n',
+        "        if True:\n",
+        (
+            (
+                "tests/faults/test_corruption.py::test_damaged_remote_entry_is_a_miss_and_is_remo"
+                "ved[s3-flip-payload]"
+            ),
+            (
+                "tests/faults/test_corruption.py::test_damaged_remote_entry_is_a_miss_and_is_remo"
+                "ved[s3-truncate]"
+            ),
+        ),
+    ),
+    Mutation(
+        "s3-probe-keeps-old-credentials",
+        "credentials rewritten while the S3 tier is down are used by its next probe",
+        "lmcache_ec/remote/s3_store.py",
+        (
+            "            old, self._client = self._client, make_client(self.settings)\n           "
+            " old.close()\n"
+        ),
+        "            pass\n",
+        (
+            (
+                "tests/remote/test_s3_answers.py::test_credentials_rewritten_while_the_tier_is_do"
+                "wn_are_used_by_its_probe"
             ),
         ),
     ),
