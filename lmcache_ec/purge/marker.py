@@ -89,6 +89,12 @@ _SLUG = re.compile(r"[A-Za-z0-9-]{1,64}")  # what ``key.slug`` makes
 # hostile ``time``) would look new to every engine started before that time,
 # each deleting the entries written since the purge: it is rejected.
 FUTURE_LIMIT_S = 60.0
+# An entry's "created" is its writer's clock, a purge's time the purger's: an
+# engine applying a purge counts entries created up to this much after it as
+# before it, so a writer whose clock runs ahead of the purger's by up to that
+# has its entries purged (the cost: entries written in the minute after a
+# purge applied late are purged too, misses only).
+CLOCK_SKEW_S = FUTURE_LIMIT_S
 _REMEMBERED = 4096  # generations remembered as handled (a log holds far fewer)
 _REPORTED = 1024  # problems remembered as logged
 
@@ -136,13 +142,14 @@ class PurgeMarker:
 
     def selector(self, namespace: str) -> Selector:
         """What the purge selected in ``namespace`` (the log's), as of its time:
-        entries created before it (``--older-than`` moves that cut-off back), so
-        applying it later never selects entries written after the purge."""
+        entries created before it, give or take ``CLOCK_SKEW_S`` (``--older-than``
+        moves that cut-off back), so applying it later does not select entries
+        written well after the purge."""
         return Selector(
             namespace=namespace,
             model=self.model,
             weights=self.weights,
-            created_before=self.time - (self.older_than or 0.0),
+            created_before=self.time + CLOCK_SKEW_S - (self.older_than or 0.0),
         )
 
     def describe(self) -> str:

@@ -6909,6 +6909,22 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "purge-cut-off-without-clock-skew",
+        (
+            "an engine applying a purge purges entries of a writer whose clock runs up to 60 s ah"
+            "ead of the purger's"
+        ),
+        "lmcache_ec/purge/marker.py",
+        "            created_before=self.time + CLOCK_SKEW_S - (self.older_than or 0.0),\n",
+        "            created_before=self.time - (self.older_than or 0.0),\n",
+        (
+            (
+                "tests/purge/test_purge_reach.py::test_entries_of_a_writer_whose_clock_runs_ahead"
+                "_are_purged"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

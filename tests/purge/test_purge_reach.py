@@ -27,8 +27,10 @@ import yaml
 from lmcache_ec.config import load_config
 from lmcache_ec.key import slug
 from lmcache_ec.purge import inventory
+from lmcache_ec.purge import marker as marker_module
 from lmcache_ec.purge.inventory import Selector
 from lmcache_ec.purge.marker import (
+    CLOCK_SKEW_S,
     PurgeMarker,
     append_disk,
     append_remote,
@@ -288,11 +290,10 @@ def _node_files(base: str) -> list[str]:
     return [n for d in node_dirs(base) for n in os.listdir(d) if entry_stem(n) is not None]
 
 
-def test_entries_written_after_a_purge_are_kept(tmp_path, redis_url, make_cache):
-    """A purge an engine applies late selects only entries created before it."""
+def _served_disk_config(tmp_path, redis_url) -> tuple[Path, dict]:
     served_disk = tmp_path / "served-disk"
     served_disk.mkdir()
-    config = {
+    return served_disk, {
         "local_cpu": True,
         "max_local_cpu_size": 0.05,
         "local_disk": str(served_disk),
@@ -301,24 +302,52 @@ def test_entries_written_after_a_purge_are_kept(tmp_path, redis_url, make_cache)
         "remote_timeout": REMOTE_TIMEOUT,
         "purge_check_s": INTERVAL,
     }
-    cache = make_cache(config, model=MODEL)
-    assert cache.put("old", torch.ones(4, 8, dtype=torch.bfloat16))
-    time.sleep(0.05)
-    purged_at = time.time()
-    time.sleep(0.05)
-    assert cache.put("new", torch.ones(4, 8, dtype=torch.bfloat16))
-    assert cache.flush(30)
-    marker = PurgeMarker("f" * 32, purged_at, model=MODEL)
+
+
+def _apply_record(cache, config: dict, marker: PurgeMarker) -> None:
+    """``marker`` in the remote purge log only (the store keeps the entries),
+    once the engine has applied it."""
     with open_catalog(load_config(config)) as catalog:
-        # Only the record: the store keeps both entries.
         append_remote(catalog, slug("default"), marker.to_line())
     deadline = time.monotonic() + INTERVAL + REMOTE_TIMEOUT + 5
     while cache.stats.snapshot()["purges_seen"] < 1:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    files = {n.removesuffix(".pt") for n in os.listdir(served_disk) if n.endswith(".pt")}
-    assert files == {cache.key("new").storage_name}
+
+
+def _disk_entries(served_disk: Path) -> set[str]:
+    return {n.removesuffix(".pt") for n in os.listdir(served_disk) if n.endswith(".pt")}
+
+
+def test_entries_written_after_a_purge_are_kept(tmp_path, redis_url, make_cache, monkeypatch):
+    """A purge an engine applies late selects only entries created before it
+    (give or take the clock skew allowed, shortened here)."""
+    monkeypatch.setattr(marker_module, "CLOCK_SKEW_S", 0.1)
+    served_disk, config = _served_disk_config(tmp_path, redis_url)
+    cache = make_cache(config, model=MODEL)
+    assert cache.put("old", torch.ones(4, 8, dtype=torch.bfloat16))
+    time.sleep(0.05)
+    purged_at = time.time()
+    time.sleep(0.2)
+    assert cache.put("new", torch.ones(4, 8, dtype=torch.bfloat16))
+    assert cache.flush(30)
+    _apply_record(cache, config, PurgeMarker("f" * 32, purged_at, model=MODEL))
+    assert _disk_entries(served_disk) == {cache.key("new").storage_name}
     assert inventory.scan_cpu(cache) == []  # the CPU tier keeps no creation time
+
+
+def test_entries_of_a_writer_whose_clock_runs_ahead_are_purged(tmp_path, redis_url, make_cache):
+    """The purging host's clock is behind this engine's: what the engine wrote
+    just before the purge carries a later "created" than the purge's time,
+    and is purged all the same (it was kept, and served)."""
+    served_disk, config = _served_disk_config(tmp_path, redis_url)
+    cache = make_cache(config, model=MODEL)
+    time.sleep(1.0)  # the purge is news to the engine: after its start, either clock
+    assert cache.put("before", torch.ones(4, 8, dtype=torch.bfloat16))
+    assert cache.flush(30)
+    _apply_record(cache, config, PurgeMarker("e" * 32, time.time() - 0.5, model=MODEL))
+    assert _disk_entries(served_disk) == set()
+    assert inventory.scan_cpu(cache) == []
 
 
 def test_marker_is_never_an_entry(tmp_path, disk_dir, make_cache):
@@ -342,4 +371,4 @@ def test_marker_round_trip():
     assert again == marker
     selector = again.selector("ns")
     assert (selector.namespace, selector.model, selector.weights) == ("ns", None, "v2")
-    assert selector.created_before == pytest.approx(marker.time - 60)
+    assert selector.created_before == pytest.approx(marker.time + CLOCK_SKEW_S - 60)
