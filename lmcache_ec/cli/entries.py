@@ -80,6 +80,12 @@ def ls(
         with_headers(entries, session.catalog, "reading headers")
     finally:
         session.close()
+    unread = [entry for entry in entries if entry.read_failed]
+    if unread:  # the store failed these reads: the listing is not what it holds
+        session.problems.append(
+            f"{len(unread)} remote headers could not be read ({unread[0].error}); "
+            "those entries are shown as unreadable, or left out by --older-than/--weights"
+        )
     now = time.time()
     entries = list(inventory.filter_headers(entries, selector, now))
     shown = entries[:limit] if limit > 0 else entries

@@ -241,7 +241,12 @@ class RedisStore(RemoteStore):
         pipe = self._client.pipeline(transaction=False)
         pipe.exists(key)
         pipe.getrange(key, start, start + length - 1)
-        present, data = pipe.execute()
+        # Unraised: redis-py prefixes a raised reply ("Command # 2 … caused
+        # error: WRONGTYPE …"), which would hide a key of another type (damage).
+        present, data = pipe.execute(raise_on_error=False)
+        for reply in (present, data):
+            if isinstance(reply, Exception):
+                raise reply
         return _as_bytes(data) if present else None
 
     def read_log(self, name: str, size: int) -> bytes | None:

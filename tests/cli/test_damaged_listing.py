@@ -4,7 +4,9 @@
   entry: listed as unreadable, counted, and purged with its namespace; the
   entries beside it are listed and purged as ever (never a skipped tier);
 - a purge whose remote listing failed deletes nothing there, records no purge
-  there and announces none: a warning, exit 1.
+  there and announces none: a warning, exit 1;
+- ``ls`` whose header reads the store refuses lists those entries as
+  unreadable, and says so: a warning, exit 1.
 """
 
 from __future__ import annotations
@@ -46,6 +48,27 @@ def test_a_redis_key_of_another_type_is_listed_as_one_unreadable_entry(
     }
     assert "4 entries" in invoke("ls", "--config", config, "--tier", "remote").stdout
     assert invoke_json("stats", "--config", config)["tiers"]["remote"]["entries"] == 4
+
+
+def test_ls_whose_header_reads_the_store_refuses_exits_1(
+    tmp_path, disk_dir, redis_process, invoke, invoke_json
+):
+    """A user who may list but not read values: every entry is listed as
+    unreadable, and ``ls`` says so and exits 1 (a script must not take it for
+    a listing of what the store holds)."""
+    config = remote_config_file(tmp_path, disk_dir, redis_process.url)
+    populate(config, "org/model-a", "tenant-1", 3)
+    redis_process.client().acl_setuser(
+        "lister", enabled=True, passwords=["+pw"], keys="*", commands=["+@all", "-getrange"]
+    )
+    no_reads = remote_config_file(
+        tmp_path, disk_dir, f"redis://lister:pw@127.0.0.1:{redis_process.port}"
+    )
+
+    rows = invoke_json("ls", "--config", no_reads, "--tier", "remote", expect=1)
+    assert len(rows) == 3 and all("header read failed" in row["error"] for row in rows)
+    said = " ".join(invoke("ls", "--config", no_reads, "--tier", "remote", expect=1).output.split())
+    assert "3 remote headers could not be read" in said
 
 
 def test_a_purge_removes_a_wrong_type_entry_and_the_good_ones_beside_it(

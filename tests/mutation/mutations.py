@@ -6925,6 +6925,32 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "ls-unread-headers-exit-0",
+        "ls whose remote header reads the store refused says so and exits 1",
+        "lmcache_ec/cli/entries.py",
+        "    if unread:  # the store failed these reads: the listing is not what it holds\n",
+        "    if False:\n",
+        (
+            (
+                "tests/cli/test_damaged_listing.py::test_ls_whose_header_reads_the_store_refuses_"
+                "exits_1"
+            ),
+        ),
+    ),
+    Mutation(
+        "redis-wrong-type-header-read-taken-for-a-failure",
+        "a Redis key of another type is a damaged entry to ls and purge, not a store failure",
+        "lmcache_ec/remote/redis_store.py",
+        "        present, data = pipe.execute(raise_on_error=False)\n",
+        "        present, data = pipe.execute()\n",
+        (
+            (
+                "tests/cli/test_damaged_listing.py::test_a_redis_key_of_another_type_is_listed_as"
+                "_one_unreadable_entry"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
