@@ -52,7 +52,7 @@ from ..tier_contract import TierDefaults, TierKind
 from .deadline import GRACE, Deadline, LateAnswer, ReadersBusy
 from .health import RecentKeys, RemoteHealth
 from .lmcache_connector import ECStoreConnector
-from .store import READ_BATCH, ShardUnavailable, open_store
+from .store import READ_BATCH, ShardUnavailable, StoreBusy, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,11 @@ def _release_late(future: Future) -> None:
         result = future.result()
         if isinstance(result, MemoryObj):
             result.ref_count_down()
+
+
+def _miss_counter(exc: ShardUnavailable) -> str:
+    """The counter of a call that missed, the store being up."""
+    return "busy_misses" if isinstance(exc, StoreBusy) else "shard_misses"
 
 
 def _shown(exc: object) -> str:
@@ -262,8 +267,8 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
             return _MISS
         try:
             return self._deadline.run(call, _unwrapped(connection), late=late)
-        except ShardUnavailable:
-            self.health.count("shard_misses")
+        except ShardUnavailable as exc:
+            self.health.count(_miss_counter(exc))
             return _MISS
         except ReadersBusy:  # this process is busy, not the store
             self.health.count("reads_busy")
@@ -456,7 +461,7 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
     def _upload_failed(self, key: CacheEngineKey, exc: Exception) -> None:
         self.remember_missed([key])
         if isinstance(exc, ShardUnavailable):
-            self.health.count("shard_misses")  # only this key's shard is down
+            self.health.count(_miss_counter(exc))  # only this key's shard is down
         else:
             self._mark_down("put", exc)
 

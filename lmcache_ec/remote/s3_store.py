@@ -26,7 +26,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ..codec import PREFIX_SIZE
 from ..config import RemoteSettings
@@ -34,7 +34,7 @@ from ..key import ECKey
 from ..remote_names import S3Location, claim_key, parse_s3_url, redact
 from .bounded import declared_or_none, too_large
 from .deadline import DaemonPool
-from .store import RemoteStore, StoreError, appended
+from .store import RemoteStore, StoreBusy, StoreError, appended
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,13 @@ POOL_CONNECTIONS = 16  # upload threads of the connector + side-by-side lookups
 _LOOKUP_THREADS = 8  # S3 has no batch existence check or read: requests side by side
 _APPEND_TRIES = 32  # rounds of a log append racing others (each round, one of them wins)
 _READS_REMEMBERED = 4096  # (ETag, size) of recent reads, to confirm a damaged one
+# Replies refusing one call for now (throttling, a passing server error):
+# misses, not an outage (S3 asks for fewer requests, not none).
+_BUSY_CODES = frozenset(
+    {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling"}
+)
+_BUSY_LOG_EVERY_S = 60.0
+_PROBE_NAME = "ec-probe"  # never stored: the probe's read answers 404 when reads are allowed
 # What a proxy or gateway answers instead of an object (an error page, an XML
 # or JSON error with status 200): a failed call, never an entry's bytes.
 _DOCUMENT_TYPES = ("text/", "html", "xml", "json")
@@ -102,6 +109,11 @@ def is_not_found(exc: BaseException) -> bool:
     return code in ("404", "NoSuchKey", "NotFound") or status == 404
 
 
+def _is_busy(exc: BaseException) -> bool:
+    code, status = _error_code(exc)
+    return code in _BUSY_CODES or status in (500, 503)
+
+
 def _is_precondition_failed(exc: BaseException) -> bool:
     code, status = _error_code(exc)
     return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
@@ -116,17 +128,39 @@ class S3Store(RemoteStore):
         self._pool: DaemonPool | None = None  # daemon: a call left dripping never holds the exit
         self._reads: OrderedDict[str, tuple[str, int]] = OrderedDict()  # name -> (ETag, size)
         self._reads_lock = threading.Lock()
+        self._busy_logged_at: float | None = None
+        self._busy_since_log = 0
 
     def _object(self, name: str) -> dict[str, str]:
         return {"Bucket": self.location.bucket, "Key": self.location.object_key(name)}
 
     def _side_by_side(self, call: Any, names: Sequence[str]) -> list[Any]:
+        """``call`` of each name; None for a name whose call S3 refused for now."""
         if len(names) < 2:
-            return [call(name) for name in names]
+            return [_unless_busy(call, name) for name in names]
         if self._pool is None:
             self._pool = DaemonPool(_LOOKUP_THREADS, "ec-s3-many")
-        futures = [self._pool.submit(call, name) for name in names]
+        futures = [self._pool.submit(_unless_busy, call, name) for name in names]
         return [future.result() for future in futures]
+
+    def _failed(self, exc: Exception) -> NoReturn:
+        """Raise ``exc``, or ``StoreBusy`` if S3 refused the call for now (one
+        WARNING a minute says how many were refused)."""
+        if not _is_busy(exc):
+            raise exc
+        now = time.monotonic()
+        with self._reads_lock:
+            self._busy_since_log += 1
+            due = self._busy_logged_at is None or now - self._busy_logged_at >= _BUSY_LOG_EVERY_S
+            if due:
+                refused, self._busy_since_log, self._busy_logged_at = self._busy_since_log, 0, now
+        if due:
+            logger.warning(
+                "S3 refused %d call(s) for now (%s): they miss, the tier stays available",
+                refused,
+                _error_code(exc)[0] or exc,
+            )
+        raise StoreBusy(f"S3 refused the call for now: {exc}") from exc
 
     # -- entries ---------------------------------------------------------------
 
@@ -137,7 +171,7 @@ class S3Store(RemoteStore):
         except Exception as exc:
             if is_not_found(exc):
                 return False
-            raise
+            self._failed(exc)
 
     def exists_many(self, names: Sequence[str]) -> list[bool | None]:
         return self._side_by_side(self.exists, names)
@@ -148,7 +182,7 @@ class S3Store(RemoteStore):
         except Exception as exc:
             if is_not_found(exc):
                 return None
-            raise
+            self._failed(exc)
         length = int(response["ContentLength"])
         body = response["Body"]
         content_type = str(response.get("ContentType", "")).lower()
@@ -207,9 +241,12 @@ class S3Store(RemoteStore):
         return True
 
     def put(self, name: str, data: bytes | memoryview) -> None:
-        self._client.put_object(
-            Body=bytes(data), ContentType="application/octet-stream", **self._object(name)
-        )
+        try:
+            self._client.put_object(
+                Body=bytes(data), ContentType="application/octet-stream", **self._object(name)
+            )
+        except Exception as exc:
+            self._failed(exc)
 
     def delete(self, name: str) -> bool:
         if not self.exists(name):
@@ -357,8 +394,16 @@ class S3Store(RemoteStore):
     # -- lifecycle -------------------------------------------------------------
 
     def ping(self) -> None:
+        """The bucket answers, and a read is allowed (a missing object's read
+        answers 404, a denied one 403): a store that lets the probe in but
+        refuses every read stays down rather than coming back each interval."""
         try:
             self._client.head_bucket(Bucket=self.location.bucket)
+            try:
+                self._client.head_object(**self._object(_PROBE_NAME))
+            except Exception as exc:
+                if not is_not_found(exc):
+                    raise
         except Exception:
             # Credentials may have changed since the client was made (a rotated
             # or refreshed credentials file, a token that expired): the next
@@ -379,3 +424,10 @@ class S3Store(RemoteStore):
 
 def open_s3(settings: RemoteSettings) -> S3Store:
     return S3Store(settings)
+
+
+def _unless_busy(call: Any, name: str) -> Any:
+    try:
+        return call(name)
+    except StoreBusy:
+        return None

@@ -13,7 +13,9 @@ Contract:
   ``False``/``None``, never an exception;
 - ``ShardUnavailable`` (a ``StoreError``) means only part of a sharded store
   is down: the caller treats those entries as misses and the rest as healthy.
-  Batched reads never raise it: they answer ``None`` for the lost entries;
+  Batched reads never raise it: they answer ``None`` for the lost entries.
+  ``StoreBusy``, one of them, is a store refusing this call for now (S3's
+  ``SlowDown``): a miss, not an outage;
 - thread-safe: several threads may call one store.
 """
 
@@ -41,6 +43,11 @@ class StoreError(OSError):
 
 class ShardUnavailable(StoreError):
     """The shard holding the entry is down; other entries are unaffected."""
+
+
+class StoreBusy(ShardUnavailable):
+    """The store refused this call for now (throttled, a passing server error);
+    other calls may pass: a miss, not an outage."""
 
 
 @dataclass(frozen=True)

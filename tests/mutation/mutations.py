@@ -6951,6 +6951,32 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "s3-throttle-takes-the-tier-down",
+        "a call S3 refuses for now (SlowDown, 503) is a miss; the tier stays available",
+        "lmcache_ec/remote/s3_store.py",
+        "        if not _is_busy(exc):\n",
+        "        if True:\n",
+        (
+            (
+                "tests/remote/test_s3_answers.py::test_a_throttled_read_is_a_miss_and_the_tier_st"
+                "ays_available"
+            ),
+        ),
+    ),
+    Mutation(
+        "s3-probe-passes-when-reads-are-denied",
+        "an S3 store refusing every read stays down (one warning), never back at each probe",
+        "lmcache_ec/remote/s3_store.py",
+        "                self._client.head_object(**self._object(_PROBE_NAME))\n",
+        "                pass\n",
+        (
+            (
+                "tests/remote/test_s3_answers.py::test_a_store_refusing_every_read_stays_down_and"
+                "_says_so_once"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

@@ -4,12 +4,15 @@ A gateway or proxy between the cache and S3 may answer a read with an error
 page (status 200), another object's bytes, or a cut body with its own length.
 Each is a miss, and the good entry stays in the bucket: deleting it would cost
 every instance sharing it. Damage in the stored object itself is still removed
-(``tests/faults/test_corruption.py``). A credentials file rewritten while the
-tier is down (rotated keys, a refreshed token) is used by its next probe.
+(``tests/faults/test_corruption.py``). A throttled call (``SlowDown``) is a
+miss, not an outage; a store that refuses every read stays down, rather than
+coming back at each probe. A credentials file rewritten while the tier is down
+(rotated keys, a refreshed token) is used by its next probe.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -112,3 +115,71 @@ def test_credentials_rewritten_while_the_tier_is_down_are_used_by_its_probe(
         assert s3_server.client().head_object(Bucket=s3_bucket, Key=name)["ContentLength"] > 0
     finally:
         gateway.close()
+
+
+def _xml_error(status: int, code: str) -> tuple[int, dict[str, str], bytes]:
+    body = f"<Error><Code>{code}</Code><Message>{code}</Message></Error>".encode()
+    return status, {"Content-Type": "application/xml"}, body
+
+
+def test_a_throttled_read_is_a_miss_and_the_tier_stays_available(
+    s3_server, s3_bucket, make_cache, caplog
+):
+    url = f"s3://{s3_bucket}/ec"
+    tensor = make_tensor((16, 32), torch.float16)
+    with make_cache(remote_config(url, endpoint=s3_server.endpoint), model=MODEL) as writer:
+        assert writer.put("img", tensor)
+        assert writer.flush(10)
+        path = f"/{s3_bucket}/ec/{writer.key('img').storage_name}"
+    throttled = [True]
+
+    def route(method: str, where: str, headers: dict[str, str]):
+        refused = throttled[0] and method == "GET" and where == path
+        return _xml_error(503, "SlowDown") if refused else None
+
+    caplog.set_level(logging.WARNING, logger="lmcache_ec")
+    gateway = Gateway(s3_server.endpoint, route)
+    try:
+        config = remote_config(url, endpoint=gateway.endpoint, local_cpu=False)
+        with make_cache(config, model=MODEL) as reader:
+            remote = _remote(reader)
+            assert reader.get("img") is None
+            assert remote.available  # asked to slow down: not an outage
+            assert remote.counters["busy_misses"] == 1
+            throttled[0] = False
+            assert bit_equal(reader.get("img"), tensor)
+    finally:
+        gateway.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("S3 refused 1 call(s) for now (SlowDown)" in line for line in said) == 1
+    assert not any("unavailable" in line for line in said)
+
+
+def test_a_store_refusing_every_read_stays_down_and_says_so_once(
+    s3_server, s3_bucket, make_cache, caplog
+):
+    """The bucket answers (HeadBucket) but every object read is denied (a policy
+    on the wrong prefix): the tier stays down, one WARNING, instead of coming
+    back at each probe and going down at the next read."""
+    url = f"s3://{s3_bucket}/ec"
+    denied = _xml_error(403, "AccessDenied")
+
+    def route(method: str, where: str, headers: dict[str, str]):
+        reads_object = method in ("GET", "HEAD") and where.startswith(f"/{s3_bucket}/ec/")
+        return denied if reads_object else None
+
+    caplog.set_level(logging.WARNING, logger="lmcache_ec")
+    gateway = Gateway(s3_server.endpoint, route)
+    try:
+        config = outage_config(url, endpoint=gateway.endpoint, local_cpu=False)
+        with make_cache(config, model=MODEL) as reader:
+            remote = _remote(reader)
+            for _ in range(10):  # reads over several probe intervals
+                assert reader.get("img") is None
+                time.sleep(0.1)
+            assert not remote.available
+    finally:
+        gateway.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("unavailable" in line for line in said) == 1
+    assert not any("available again" in line for line in said)
