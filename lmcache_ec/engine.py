@@ -502,10 +502,14 @@ class ECCache:
         closer = threading.Thread(
             target=self._close_storage, args=(deadline,), name="ec-close", daemon=True
         )
-        closer.start()
-        closer.join(timeout=max(deadline - time.monotonic(), 0.0))
-        if closer.is_alive():
-            logger.warning("close(): storage backends did not stop in time; leaving them")
+        try:
+            closer.start()
+        except RuntimeError:  # no thread now (a pids limit): closed here, unbounded
+            self._close_storage(deadline)
+        else:
+            closer.join(timeout=max(deadline - time.monotonic(), 0.0))
+            if closer.is_alive():
+                logger.warning("close(): storage backends did not stop in time; leaving them")
         if claims is not None:  # after the flush: claims still held are withdrawn now
             claims.close(min(2.0, max(deadline - time.monotonic(), 0.0)))
 

@@ -62,11 +62,15 @@ class DaemonPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{self._name} is shut down")
-            self._jobs.put((future, fn, args))
             if not self._idle.acquire(blocking=False) and self._started < self._threads:
-                self._started += 1
-                name = f"{self._name}_{self._started - 1}"
-                threading.Thread(target=self._work, name=name, daemon=True).start()
+                name = f"{self._name}_{self._started}"
+                try:
+                    threading.Thread(target=self._work, name=name, daemon=True).start()
+                    self._started += 1
+                except RuntimeError as exc:  # no thread now (a pids limit)
+                    if self._started == 0:  # none to take the call: never queued
+                        raise ReadersBusy(f"no thread to run it: {exc}") from exc
+            self._jobs.put((future, fn, args))
         return future
 
     def _work(self) -> None:
@@ -126,6 +130,8 @@ class Deadline:
 
         try:
             future = self._pool.submit(run)
+        except ReadersBusy:
+            raise
         except RuntimeError as exc:  # closed
             raise StoreError("the remote store is closed") from exc
         if not started.wait(self.seconds) and future.cancel():

@@ -129,8 +129,9 @@ def _stop_loops_at_exit(manager: ECStorageManager) -> None:
     _unclosed.add(manager)
     with _exit_watch_lock:
         if _exit_watch is None:
-            _exit_watch = threading.Thread(target=_watch_exit, name="ec-exit-watch", daemon=True)
-            _exit_watch.start()
+            watch = threading.Thread(target=_watch_exit, name="ec-exit-watch", daemon=True)
+            watch.start()
+            _exit_watch = watch
 
 
 def _forget_exit_watch() -> None:
@@ -241,10 +242,11 @@ class ECStorageManager(StorageManager):
     def create_backends(self) -> dict[str, str]:
         try:
             created = self._create_backends()
+            _stop_loops_at_exit(self)
         except BaseException:
+            _unclosed.discard(self)
             self._stop_loop()
             raise
-        _stop_loops_at_exit(self)
         return created
 
     def _stop_loop(self) -> None:

@@ -86,11 +86,15 @@ class Promoter:
                 or len(self._queue) >= self._limit
             ):
                 return False
-            self._queue[key] = (time.monotonic(), args)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ec-promote", daemon=True)
-                self._thread.start()
-            elif len(self._queue) == 1:  # else the thread is already timing the queue
+                thread = threading.Thread(target=self._run, name="ec-promote", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread now (a pids limit): skipped, tried next time
+                    return False
+                self._thread = thread
+            self._queue[key] = (time.monotonic(), args)
+            if len(self._queue) == 1:  # else the thread is already timing the queue
                 self._cond.notify()
         return True
 

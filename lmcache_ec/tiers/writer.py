@@ -28,16 +28,30 @@ class BackgroundWriter:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._warned = False
 
     def submit(self, write: Callable[..., None], *args: Any) -> bool:
-        """Queue ``write(*args)``; False once closed (the caller cleans up)."""
+        """Queue ``write(*args)``; False once closed, or while no thread can be
+        started (a pids limit): the caller cleans up, the next submit tries again."""
         with self._lock:
-            if self._closed:
+            if self._closed or not self._started():
                 return False
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
             self._queue.put((write, args))
+        return True
+
+    def _started(self) -> bool:
+        if self._thread is None:
+            thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            try:
+                thread.start()
+            except RuntimeError as exc:  # "can't start new thread"
+                if not self._warned:  # once, until a thread starts
+                    logger.warning(
+                        "%s: no thread to write with (%s): writes skipped", self._name, exc
+                    )
+                self._warned = True
+                return False
+            self._thread, self._warned = thread, False
         return True
 
     def close(self, timeout: float = 10.0) -> None:

@@ -6977,6 +6977,101 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "writer-thread-published-before-it-runs",
+        "a disk write whose thread cannot start is skipped; the next write starts it and lands",
+        "lmcache_ec/tiers/writer.py",
+        (
+            "            thread = threading.Thread(target=self._run, name=self._name, daemon=True"
+            ")\n            try:\n"
+        ),
+        (
+            "            thread = self._thread = threading.Thread(target=self._run, name=self._na"
+            "me, daemon=True)\n            try:\n"
+        ),
+        (
+            (
+                "tests/faults/test_thread_limits.py::test_a_disk_write_whose_thread_cannot_start_"
+                "is_skipped_and_the_next_lands"
+            ),
+        ),
+    ),
+    Mutation(
+        "promotion-thread-failure-raised",
+        "a disk hit whose promotion thread cannot start is served",
+        "lmcache_ec/storage/promotion.py",
+        (
+            "                try:\n                    thread.start()\n                except Runti"
+            "meError:  # no thread now (a pids limit): skipped, tried next time\n                 "
+            "   return False\n"
+        ),
+        "                thread.start()\n",
+        (
+            (
+                "tests/faults/test_thread_limits.py::test_a_disk_hit_whose_promotion_thread_canno"
+                "t_start_is_served"
+            ),
+        ),
+    ),
+    Mutation(
+        "remote-thread-failure-takes-the-tier-down",
+        "a remote read whose thread cannot start is a miss (reads_busy), not an outage",
+        "lmcache_ec/remote/deadline.py",
+        (
+            "                try:\n                    threading.Thread(target=self._work, name=na"
+            "me, daemon=True).start()\n                    self._started += 1\n                exce"
+            "pt RuntimeError as exc:  # no thread now (a pids limit)\n                    if self."
+            "_started == 0:  # none to take the call: never queued\n                        raise "
+            'ReadersBusy(f"no thread to run it: {exc}") from exc\n'
+        ),
+        (
+            "                threading.Thread(target=self._work, name=name, daemon=True).start()\n"
+            "                self._started += 1\n"
+        ),
+        (
+            (
+                "tests/faults/test_thread_limits.py::test_a_remote_read_whose_thread_cannot_start"
+                "_is_a_miss_not_an_outage"
+            ),
+        ),
+    ),
+    Mutation(
+        "close-thread-failure-raised",
+        "close() with no thread to close with closes the storage in the caller's thread",
+        "lmcache_ec/engine.py",
+        (
+            "        except RuntimeError:  # no thread now (a pids limit): closed here, unbounded"
+            "\n            self._close_storage(deadline)\n        else:\n"
+        ),
+        "        except RuntimeError:\n            raise\n        else:\n",
+        (
+            (
+                "tests/faults/test_thread_limits.py::test_close_without_a_thread_to_close_with_cl"
+                "oses_all_the_same"
+            ),
+        ),
+    ),
+    Mutation(
+        "failed-start-leaves-the-event-loop",
+        "a cache whose start fails after LMCache's event loop started leaves a process that exits",
+        "lmcache_ec/storage/manager.py",
+        (
+            "            created = self._create_backends()\n            _stop_loops_at_exit(self)\n"
+            "        except BaseException:\n            _unclosed.discard(self)\n            self._"
+            "stop_loop()\n            raise\n        return created\n"
+        ),
+        (
+            "            created = self._create_backends()\n        except BaseException:\n        "
+            "    self._stop_loop()\n            raise\n        _stop_loops_at_exit(self)\n"
+            "        return created\n"
+        ),
+        (
+            (
+                "tests/faults/test_thread_limits.py::test_a_cache_that_cannot_start_its_threads_l"
+                "eaves_a_process_that_exits"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
