@@ -10,7 +10,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .runtime_dirs import numba_cache_where_needed
+
 __version__ = "0.1.0"
+
+numba_cache_where_needed()  # before anything imports LMCache (its numba kernels)
 
 # Attributes are imported on first use: importing LMCache configures its
 # logging, and the CLI and the vLLM plugin need to act before that.

@@ -386,6 +386,35 @@ def process_dir() -> str:
         return _process_dir
 
 
+def numba_cache_where_needed() -> None:
+    """Point numba's cache at this process's directory where it has none.
+
+    LMCache compiles numba kernels with ``cache=True`` when imported; with no
+    writable place for that cache (a read-only ``site-packages`` and a home
+    that cannot be written: an arbitrary container uid) its import fails, and
+    LMCache blames a missing torch. Where ``NUMBA_CACHE_DIR`` is unset and
+    numba's own user cache directory cannot be made, ``NUMBA_CACHE_DIR`` is
+    set to ``<process dir>/numba`` (compiled again in each process)."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    if _can_make(os.path.join(user_cache, "numba")):
+        return
+    with contextlib.suppress(OSError):
+        os.environ["NUMBA_CACHE_DIR"] = os.path.join(process_dir(), "numba")
+
+
+def _can_make(path: str) -> bool:
+    """Whether ``path`` is, or could be made as, a directory this process may write."""
+    path = os.path.abspath(path)
+    while not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return False
+        path = parent
+    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
+
+
 def _process_prefix() -> str:
     return f"{NAME}-{os.getuid()}-process-"
 

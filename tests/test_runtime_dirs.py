@@ -3,7 +3,8 @@
 What happens when another user takes one first: tests/chaos/test_runtime_dirs.py;
 here, that a name another user learnt and took (the token's directory is listed
 in the shared base, and a reboot empties it) gives way to a fresh token that
-all of this user's processes agree on.
+all of this user's processes agree on; and where numba's cache goes when its
+own cannot be made.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import time
 
+from lmcache_ec import runtime_dirs
 from lmcache_ec.runtime_dirs import (
     SOCKET_PATH_MAX,
     TOKEN_FILE,
@@ -209,3 +211,28 @@ def test_processes_replacing_a_taken_token_at_once_agree_on_one_directory(tmp_pa
     # The others' fresh tokens went unused: no private directory was made for one.
     names = {f"lmcache-ec-{os.getuid()}", f"lmcache-ec-{os.getuid()}-{stale}", agreed}
     assert set(os.listdir(base)) == names
+
+
+# -- numba's cache (LMCache compiles numba kernels when imported) ---------------
+
+
+def test_numba_caches_in_the_process_dir_where_its_user_cache_cannot_be_made(tmp_path, monkeypatch):
+    """A home nobody can write (``HOME=/`` of an arbitrary container uid): the
+    import of LMCache would fail on its numba kernels."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked / "cache"))  # under a file: never made
+    runtime_dirs.numba_cache_where_needed()
+    assert os.environ["NUMBA_CACHE_DIR"] == os.path.join(runtime_dirs.process_dir(), "numba")
+
+
+def test_numba_keeps_its_own_cache_where_it_can_make_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-yet" / "cache"))
+    runtime_dirs.numba_cache_where_needed()
+    assert "NUMBA_CACHE_DIR" not in os.environ
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "chosen"))
+    monkeypatch.setenv("XDG_CACHE_HOME", "/proc/no-cache-here")
+    runtime_dirs.numba_cache_where_needed()
+    assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path / "chosen")  # the user's choice

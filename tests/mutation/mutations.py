@@ -7072,6 +7072,22 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "numba-cache-left-unwritable",
+        (
+            "where numba's user cache cannot be made, NUMBA_CACHE_DIR points at the process dir ("
+            "LMCache's import needs it)"
+        ),
+        "lmcache_ec/runtime_dirs.py",
+        '        os.environ["NUMBA_CACHE_DIR"] = os.path.join(process_dir(), "numba")\n',
+        "        pass\n",
+        (
+            (
+                "tests/test_runtime_dirs.py::test_numba_caches_in_the_process_dir_where_its_user_"
+                "cache_cannot_be_made"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
