@@ -25,10 +25,11 @@ Records are untrusted: anyone who can write to a store can write one. A reader
   a regular file (no link followed, never blocking on a FIFO);
 - rejects a record that is not exactly that schema (sizes, types, a hex
   generation, finite non-negative numbers): logged once, ignored, never raised;
-- rejects a record more than ``FUTURE_LIMIT_S`` ahead of its own clock, and
-  clamps the time of one less far ahead to it: a record from the future
-  selects nothing written after it was read, and is not new to every engine
-  started before its time;
+- leaves a record more than ``FUTURE_LIMIT_S`` ahead of its own clock waiting
+  (``RecordAhead``: read again at each check, a disk log's too, until this
+  clock nears its time), and clamps the time of one less far ahead to it: a
+  record from the future selects nothing written after it was read, and is
+  not new to every engine started before its time;
 - scopes a record to the namespace whose log holds it: one that names another
   namespace is rejected, so no record reaches another tenant's entries (not
   even an engine's own disk and node entries, which only a remote record
@@ -101,6 +102,11 @@ _REPORTED = 1024  # problems remembered as logged
 
 class BadRecord(ValueError):
     """A purge record that is not one (the message says why)."""
+
+
+class RecordAhead(BadRecord):
+    """A record dated more than ``FUTURE_LIMIT_S`` ahead of this host's clock:
+    not taken now, taken once this clock is near its time."""
 
 
 class PurgeIncomplete(Exception):
@@ -205,7 +211,7 @@ class PurgeMarker:
         older_than = select.get("older_than")
         when = _seconds(record["time"], "time")
         if when > now + FUTURE_LIMIT_S:
-            raise BadRecord(f"its time is {when - now:.0f} s ahead of this host's clock")
+            raise RecordAhead(f"its time is {when - now:.0f} s ahead of this host's clock")
         return cls(
             generation,
             min(when, now),
@@ -402,7 +408,12 @@ class MarkerWatch:
         self._disk_signature = signature
         first = not self._disk_seen
         self._disk_seen = True
-        return data is not None and self._handle(data, "disk", first)
+        if data is None:
+            return False
+        handled, ahead = self._take_records(data, "disk", first)
+        if ahead:  # read again at each check until this clock reaches the record
+            self._disk_signature = None
+        return handled
 
     def check_remote(self, catalog: Any) -> bool:
         """Read the remote log; True if a purge was handled. Store failures are
@@ -422,17 +433,27 @@ class MarkerWatch:
         return data is not None and self._handle(data, "remote", first)
 
     def _handle(self, data: bytes, tier: str, first: bool) -> bool:
+        return self._take_records(data, tier, first)[0]
+
+    def _take_records(self, data: bytes, tier: str, first: bool) -> tuple[bool, bool]:
+        """Apply what is new in ``data``: whether a purge was handled, and
+        whether a record waits for this host's clock (``RecordAhead``)."""
         now = time.time()
-        handled = False
+        handled = ahead = False
         for line in records(data):
             try:
                 marker = PurgeMarker.parse(line, self.namespace, now)
+            except RecordAhead as exc:
+                ahead = True
+                if self._report(f"a record of the {tier} purge log waits: {exc}", line):
+                    self.bad_records += 1  # once: it is read again until taken
+                continue
             except BadRecord as exc:
                 self.bad_records += 1
                 self._report(f"ignoring a bad record of the {tier} purge log: {exc}", line)
                 continue
             handled |= self._seen(marker, tier, first)
-        return handled
+        return handled, ahead
 
     def _seen(self, marker: PurgeMarker, tier: str, first: bool) -> bool:
         with self._lock:
@@ -517,16 +538,18 @@ class MarkerWatch:
             if tier == "disk":
                 self._disk_signature = None  # re-read the log though it did not change
 
-    def _report(self, message: str, subject: bytes | None = None) -> None:
-        """Log ``message`` once per distinct problem (``subject``: the bytes at fault)."""
+    def _report(self, message: str, subject: bytes | None = None) -> bool:
+        """Log ``message`` once per distinct problem (``subject``: the bytes at
+        fault); True if it was news."""
         digest = xxhash.xxh3_64_intdigest(subject if subject is not None else message.encode())
         with self._lock:
             if digest in self._reported:
-                return
+                return False
             self._reported[digest] = None
             if len(self._reported) > _REPORTED:
                 self._reported.popitem(last=False)
         logger.warning("%s (logged once)", message)
+        return True
 
 
 __all__ = [
@@ -536,6 +559,7 @@ __all__ = [
     "MarkerWatch",
     "PurgeIncomplete",
     "PurgeMarker",
+    "RecordAhead",
     "UnreadableLog",
     "append_disk",
     "append_remote",

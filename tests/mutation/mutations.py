@@ -7088,6 +7088,41 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "disk-log-with-a-record-ahead-not-read-again",
+        (
+            "a disk purge log whose record is ahead of this clock is read again until the record "
+            "is taken"
+        ),
+        "lmcache_ec/purge/marker.py",
+        "        if ahead:  # read again at each check until this clock reaches the record\n",
+        "        if False:\n",
+        (
+            (
+                "tests/purge/test_purge_outcomes.py::test_a_record_ahead_in_a_disk_log_is_taken_o"
+                "nce_the_clock_reaches_it"
+            ),
+        ),
+    ),
+    Mutation(
+        "record-ahead-counted-at-each-read",
+        "a record waiting for this clock is counted as a bad record once, however often it is read",
+        "lmcache_ec/purge/marker.py",
+        (
+            '                if self._report(f"a record of the {tier} purge log waits: {exc}", li'
+            "ne):\n"
+        ),
+        (
+            '                self._report(f"a record of the {tier} purge log waits: {exc}", line)'
+            "\n                if True:\n"
+        ),
+        (
+            (
+                "tests/purge/test_purge_outcomes.py::test_a_record_ahead_in_a_disk_log_is_taken_o"
+                "nce_the_clock_reaches_it"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

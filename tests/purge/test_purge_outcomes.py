@@ -341,3 +341,28 @@ def test_a_record_dated_a_day_ahead_purges_nothing_written_after_it(disk_dir, ca
     assert os.path.exists(path) and engine.get("after") is not None
     warned = [r for r in caplog.records if "ahead of this host's clock" in r.getMessage()]
     assert len(warned) == 1  # once, however often the log is read
+
+
+def test_a_record_ahead_in_a_disk_log_is_taken_once_the_clock_reaches_it(
+    disk_dir, make_cache, monkeypatch
+):
+    """The purger's clock runs ahead by more than the limit: the record waits,
+    and a disk log is read again until this clock is near its time (it was read
+    once and its purge never applied, the entries served until the log changed)."""
+    monkeypatch.setattr(marker_module, "FUTURE_LIMIT_S", 0.5)  # the limit, shortened
+    config = {
+        "local_cpu": True,
+        "max_local_cpu_size": 0.05,
+        "local_disk": str(disk_dir),
+        "purge_check_s": INTERVAL,
+    }
+    engine = make_cache(config, model=MODEL)
+    assert engine.put("img", TENSOR) and engine.flush(10)
+    ahead = PurgeMarker(PurgeMarker.new(Selector()).generation, time.time() + 2.0, None, MODEL)
+    append_disk(str(disk_dir), slug("default"), ahead.to_line())
+    watch = engine._purges.watch
+    _wait_for(lambda: watch.bad_records == 1, "the record read, and left waiting")
+    assert engine.stats.snapshot()["purges_seen"] == 0
+    _wait_for(lambda: engine.stats.snapshot()["purges_seen"] == 1, "the record taken")
+    assert engine.get("img") is None
+    assert watch.bad_records == 1  # counted once, however often it was read
