@@ -90,11 +90,9 @@ _SLUG = re.compile(r"[A-Za-z0-9-]{1,64}")  # what ``key.slug`` makes
 # hostile ``time``) would look new to every engine started before that time,
 # each deleting the entries written since the purge: it is rejected.
 FUTURE_LIMIT_S = 60.0
-# An entry's "created" is its writer's clock, a purge's time the purger's: an
-# engine applying a purge counts entries created up to this much after it as
-# before it, so a writer whose clock runs ahead of the purger's by up to that
-# has its entries purged (the cost: entries written in the minute after a
-# purge applied late are purged too, misses only).
+# Entries are dated by their writer's clock, a purge by the purger's: an engine
+# applying one also takes entries created up to this much after it (a writer's
+# clock ahead; the cost: misses of entries written just after a purge).
 CLOCK_SKEW_S = FUTURE_LIMIT_S
 _REMEMBERED = 4096  # generations remembered as handled (a log holds far fewer)
 _REPORTED = 1024  # problems remembered as logged
@@ -105,8 +103,7 @@ class BadRecord(ValueError):
 
 
 class RecordAhead(BadRecord):
-    """A record dated more than ``FUTURE_LIMIT_S`` ahead of this host's clock:
-    not taken now, taken once this clock is near its time."""
+    """A record too far ahead of this clock: taken once the clock is near it."""
 
 
 class PurgeIncomplete(Exception):
@@ -436,8 +433,7 @@ class MarkerWatch:
         return self._take_records(data, tier, first)[0]
 
     def _take_records(self, data: bytes, tier: str, first: bool) -> tuple[bool, bool]:
-        """Apply what is new in ``data``: whether a purge was handled, and
-        whether a record waits for this host's clock (``RecordAhead``)."""
+        """Apply what is new in ``data``: (a purge handled, a record waits)."""
         now = time.time()
         handled = ahead = False
         for line in records(data):

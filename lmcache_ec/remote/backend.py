@@ -490,9 +490,7 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         return self._remove(key, damaged=False)
 
     def remove_damaged(self, key: CacheEngineKey) -> bool:
-        """``remove`` of an entry read damaged from this tier: the store deletes
-        it only once it confirms the damage is in what it holds (S3: not a
-        proxy's or gateway's answer in between)."""
+        """``remove`` of an entry read damaged here (``RemoteStore.delete_damaged``)."""
         return self._remove(key, damaged=True)
 
     def _remove(self, key: CacheEngineKey, damaged: bool) -> bool:
@@ -533,6 +531,15 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
 
     def close(self) -> None:
         self._closed = True
+        with self._missed_lock:
+            unsent = len(self._missed)
+        if unsent:  # remembered in memory only: a restart does not re-send them
+            logger.warning(
+                "Remote tier %s: %d entries written while it was down were never re-sent "
+                "(closed before it came back): other instances miss them until written again",
+                self._where(),
+                unsent,
+            )
         self.health.close()
         self._deadline.close()
         connection = self.connection

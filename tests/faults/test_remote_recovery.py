@@ -7,6 +7,8 @@
   tier holds, however small the CPU pool it reads them through.
 - It never undoes a purge recorded during the outage: the remote purge log
   is read (and applied) before anything is re-sent.
+- A cache closed before the store came back says how many it never re-sent
+  (the list is in memory only: a restart forgets it).
 """
 
 from __future__ import annotations
@@ -129,3 +131,18 @@ def test_writes_no_local_tier_holds_are_said_lost_not_re_sent(redis_process, mak
     (line,) = said()  # nothing claims they were re-sent
     assert f"{written} entries written during the outage are held by no local tier" in line
     assert _remote(cache).get("resent", 0) == 0 and _stored_in(redis_process.url) == 0
+
+
+def test_a_close_before_the_store_returns_says_how_many_were_never_re_sent(
+    redis_process, tmp_path, make_cache, caplog
+):
+    config = outage_config(redis_process.url, local_disk=str(tmp_path))
+    cache = make_cache(config, model=MODEL)
+    redis_process.kill()
+    for i in range(5):
+        assert cache.put(f"unsent-{i}", make_tensor((4, 8), torch.bfloat16, seed=i))
+    wait_for(lambda: _remote(cache)["awaiting_resend"] == 5, 30, "every key remembered")
+    caplog.set_level(logging.WARNING, logger="lmcache_ec.remote.backend")
+    cache.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("5 entries written while it was down were never re-sent" in m for m in said) == 1

@@ -7123,6 +7123,19 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "close-forgets-unsent-writes-silently",
+        "a cache closed before its remote store returned says how many writes it never re-sent",
+        "lmcache_ec/remote/backend.py",
+        "        if unsent:  # remembered in memory only: a restart does not re-send them\n",
+        "        if False:\n",
+        (
+            (
+                "tests/faults/test_remote_recovery.py::test_a_close_before_the_store_returns_says"
+                "_how_many_were_never_re_sent"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
