@@ -50,6 +50,25 @@ def claims_dir_for(disk_dir: str) -> str:
     return os.path.normpath(disk_dir) + ".claims"
 
 
+def claims_inside(disk_dir: str) -> str:
+    """Where the claims go when the directory beside ``disk_dir`` cannot be made:
+    ``<disk_dir>/.claims`` (a dot directory, which the tier never lists)."""
+    return os.path.join(disk_dir, ".claims")
+
+
+def open_directory_claims(disk_dir: str, group_shared: bool) -> DirectoryClaims:
+    """The claims of the disk tier ``disk_dir``: beside it, or inside it where
+    its parent cannot be written (a directory made for a service by root);
+    once inside, inside for every later process."""
+    inside = claims_inside(disk_dir)
+    if not os.path.isdir(inside):
+        try:
+            return DirectoryClaims(claims_dir_for(disk_dir), group_shared=group_shared)
+        except OSError as exc:
+            logger.info("Claims beside %s cannot be made (%s): kept inside it", disk_dir, exc)
+    return DirectoryClaims(inside, group_shared=group_shared)
+
+
 _SUFFIX = ".claim"
 _MAX_BYTES = 4096
 # Holders keep the directory's lock for a read and a rename; one that keeps it

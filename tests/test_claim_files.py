@@ -5,6 +5,8 @@
   made at once (taken over as an expired one), a release leaves it, and the
   sweep removes it — nothing ever opens it for reading in a way that waits on
   a writer or follows the link.
+- A disk directory whose parent cannot be written keeps its claims inside
+  it (``.claims``), shared by every instance, never listed as entries.
 - ``group_shared`` (``local_disk_group_shared``): two users of one group
   share claims (directory 2770, files 0660): the second is told the first
   holds an item, and takes over its expired claims. Without it, a user who
@@ -31,9 +33,11 @@ import threading
 import time
 
 import pytest
+import torch
 
 from lmcache_ec.claims import DirectoryClaims, _read, claims_dir_for
 from lmcache_ec.config import load_config
+from lmcache_ec.purge.inventory import scan_disk
 from lmcache_ec.storage.single_flight import claim_store_factory
 
 JOIN_S = 10.0  # a claim still running after this waits on something it must not
@@ -187,3 +191,42 @@ def test_the_caches_claims_follow_the_disk_tiers_group_sharing(tmp_path, group_s
     assert stat.S_IMODE(os.stat(directory).st_mode) == (0o2770 if group_shared else 0o700)
     mode = stat.S_IMODE(os.stat(os.path.join(directory, "item.claim")).st_mode)
     assert mode == (0o660 if group_shared else 0o600)
+
+
+def _mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True)
+
+
+def test_claims_go_inside_the_disk_directory_where_its_parent_cannot_be_written(
+    tmp_path, make_cache
+):
+    """A disk directory made for a service in a parent it cannot write
+    (``/var/cache/lmcache-ec`` chowned to it): claims beside it cannot be made,
+    so they are kept inside it, and instances still share them (every one
+    encoded each item, once claims were off). The parent is a read-only bind
+    mount, the disk directory a writable tmpfs in it."""
+    parent = tmp_path / "var-cache"
+    disk = parent / "lmcache-ec"
+    disk.mkdir(parents=True)
+    _mount("--bind", str(parent), str(parent))
+    try:
+        _mount("-o", "remount,bind,ro", str(parent))
+        _mount("-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk))
+        try:
+            config = load_config({"local_disk": str(disk)})
+            first, second = (claim_store_factory(config)() for _ in range(2))
+            assert first.claim("item", 600)
+            assert not second.claim("item", 600)  # they share one claims directory
+            assert os.path.isfile(disk / ".claims" / "item.claim")
+            cache = make_cache({"local_disk": str(disk), "max_local_cpu_size": 0.05})
+            assert cache.put("img", torch.ones(4, 8))
+            assert cache.flush(10)
+            assert [e.name for e in os.scandir(disk) if not e.name.startswith(".")] == [
+                cache.key("img").storage_name + ".pt"
+            ]
+            cache.close()
+            assert [e.name for e in scan_disk(str(disk))] == [cache.key("img").storage_name]
+        finally:
+            subprocess.run(["umount", str(disk)], check=False)
+    finally:
+        subprocess.run(["umount", str(parent)], check=False)

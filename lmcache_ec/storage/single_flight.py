@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..claims import ClaimStore, DirectoryClaims, claims_dir_for
+from ..claims import ClaimStore, open_directory_claims
 from ..config import ECConfig
 
 
@@ -94,8 +94,7 @@ def claim_store_factory(config: ECConfig) -> Callable[[], ClaimStore | None] | N
                 return catalog
             if catalog is not None:
                 catalog.close()
-        group_shared = config.local_disk_group_shared
-        return DirectoryClaims(claims_dir_for(disk), group_shared=group_shared) if disk else None
+        return open_directory_claims(disk, config.local_disk_group_shared) if disk else None
 
     return open_store
 

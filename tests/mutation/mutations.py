@@ -3100,8 +3100,11 @@ MUTATIONS += [
         "group-claims-not-configured",
         "the cache builds its claims with the disk tier's group sharing",
         "lmcache_ec/storage/single_flight.py",
-        "        group_shared = config.local_disk_group_shared\n",
-        "        group_shared = False\n",
+        (
+            "        return open_directory_claims(disk, config.local_disk_group_shared) if disk e"
+            "lse None\n"
+        ),
+        "        return open_directory_claims(disk, False) if disk else None\n",
         (
             (
                 "tests/test_claim_files.py::test_the_caches_claims_follow_the_disk_tiers_gro"
@@ -7133,6 +7136,25 @@ MUTATIONS += [
             (
                 "tests/faults/test_remote_recovery.py::test_a_close_before_the_store_returns_says"
                 "_how_many_were_never_re_sent"
+            ),
+        ),
+    ),
+    Mutation(
+        "claims-off-where-the-disk-parent-is-not-writable",
+        (
+            "a disk directory whose parent cannot be written keeps its claims inside it, shared b"
+            "y every instance"
+        ),
+        "lmcache_ec/claims.py",
+        (
+            '        except OSError as exc:\n            logger.info("Claims beside %s cannot be m'
+            'ade (%s): kept inside it", disk_dir, exc)\n'
+        ),
+        "        except OSError:\n            raise\n",
+        (
+            (
+                "tests/test_claim_files.py::test_claims_go_inside_the_disk_directory_where_its_pa"
+                "rent_cannot_be_written"
             ),
         ),
     ),
