@@ -425,14 +425,16 @@ class DirectoryBudget:
         return True
 
     def trim(self) -> Trimmed:
-        """Evict (LRU, no residency protection) to the limit; at start-up, where
-        the limit may have shrunk. How many entries were evicted and kept (from
-        the one scan this takes: a large directory is slow to list)."""
+        """Evict (LRU) to the limit; at start-up, where the limit may have shrunk.
+        Entries used within ``min_residency`` are spared: another process sharing
+        the directory (a larger limit, a rolling restart) is still using them.
+        How many entries were evicted and kept (from the one scan this takes: a
+        large directory is slow to list)."""
         with self._locked():
             scan = self.layout.scan(max_reserved=self.limit)
             used = scan.total
             evicted = 0
-            for entry in scan.entries:
+            for entry in self._victims(scan):
                 if used <= self.limit:
                     break
                 try:

@@ -7158,6 +7158,22 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "start-trim-evicts-fresh-entries",
+        (
+            "a start with a smaller disk limit spares entries another process used within min_res"
+            "idency_s"
+        ),
+        "lmcache_ec/tiers/budget.py",
+        "            for entry in self._victims(scan):\n                if used <= self.limit:\n",
+        "            for entry in scan.entries:\n                if used <= self.limit:\n",
+        (
+            (
+                "tests/tiers/test_disk_budget.py::test_a_start_with_a_smaller_limit_spares_anothe"
+                "r_process_fresh_entries"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

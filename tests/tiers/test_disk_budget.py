@@ -148,6 +148,21 @@ def test_a_burst_never_evicts_another_process_fresh_entries(disk_dir, make_cache
         assert all(bit_equal(first.get(f"a{i}"), tensors[i]) for i in range(3))
 
 
+def test_a_start_with_a_smaller_limit_spares_another_process_fresh_entries(disk_dir, make_cache):
+    """A rolling restart lowers the limit: the first engine restarted trims the
+    directory at its start, but not the entries the others still running wrote
+    within min_residency_s (it deleted them, under a running engine's feet)."""
+    tensors = [make_tensor(SHAPE, torch.float16, seed=i) for i in range(4)]
+    running = make_cache(_config(disk_dir, 8.5, residency=600))
+    for i in range(4):
+        assert running.put(f"r{i}", tensors[i])
+    assert running.flush(10)
+    make_cache(_config(disk_dir, 2.5, residency=600))  # restarted with a smaller limit
+    assert [running.contains(f"r{i}") for i in range(4)] == ["disk"] * 4
+    make_cache(_config(disk_dir, 2.5, residency=0))  # once they are idle, they go
+    assert [running.contains(f"r{i}") for i in range(4)] == [None, None, "disk", "disk"]
+
+
 def test_idle_entries_of_any_process_go_least_recently_used_first(disk_dir, make_cache):
     tensors = [make_tensor(SHAPE, torch.float16, seed=i) for i in range(4)]
     config = _config(disk_dir, 3.5, residency=0)
