@@ -32,8 +32,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
@@ -63,6 +65,18 @@ Items = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 Compute = Callable[[], torch.Tensor]
 
 _KEY_MEMO_SIZE = 65536  # keys remembered by mm_hash (cleared when full)
+_FORKED = "ECCache was opened before this process forked: open a new one in this process"
+_opened: weakref.WeakSet[ECCache] = weakref.WeakSet()
+
+
+def _closed_in_a_forked_child() -> None:
+    # Its threads (writers, claims, waits on in-flight computations) stayed in
+    # the parent: used here, a call could wait for ever. A clear error instead.
+    for cache in list(_opened):
+        cache._closed, cache._closed_message = True, _FORKED
+
+
+os.register_at_fork(after_in_child=_closed_in_a_forked_child)
 _KEY_MEMO_MAX_LEN = 512  # longer mm_hashes are hashed on every call
 
 
@@ -95,6 +109,8 @@ class ECCache:
         self._keying: tuple[EncoderIdentity, dict[str, ECKey]] = (identity, {})
         self.stats = ECStats()
         self._closed = False
+        self._closed_message = "ECCache is closed"
+        _opened.add(self)
         self._close_lock = threading.Lock()
         self._pool_was_full = False  # a full CPU pool is logged once per episode
         self._storage = ECStorageManager(
@@ -340,7 +356,7 @@ class ECCache:
         # The steps of key() and _check_open() inline: each call costs a few µs
         # on the hot path, as the copies between two reads leave the caches cold.
         if self._closed:
-            raise RuntimeError("ECCache is closed")
+            raise RuntimeError(self._closed_message)
         self._watch.poll_disk()
         key = self._keying[1].get(mm_hash) if type(mm_hash) is str else None
         if key is None:
@@ -538,7 +554,7 @@ class ECCache:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("ECCache is closed")
+            raise RuntimeError(self._closed_message)
 
     def __repr__(self) -> str:
         return f"ECCache(model={self.identity.model!r}, tiers={self.tiers})"

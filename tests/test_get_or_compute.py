@@ -12,6 +12,8 @@ import dataclasses
 import functools
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +24,7 @@ import torch
 
 from lmcache_ec import ECCache
 from lmcache_ec.claims import DirectoryClaims, claims_dir_for
+from lmcache_ec.storage import single_flight
 from tests.conftest import bit_equal, make_tensor
 
 SHAPE = (16, 64)
@@ -638,3 +641,60 @@ def test_a_claim_renewed_for_ever_delays_a_waiter_at_most_twice_its_bound(cache,
         stop.set()
         renewer.join(JOIN_S)
     assert compute.calls == 1 and bit_equal(out[0], make_tensor(SHAPE, DTYPE, 62))
+
+
+def test_a_forked_child_gets_a_clear_error_from_the_parents_cache_not_a_wait(cache):
+    """A process forks while one of its threads computes an entry (a DataLoader
+    or gunicorn worker): in the child, the parent's cache raises at once. Its
+    threads stayed in the parent, so the child waited for ever on that
+    computation, and its writes never landed."""
+    compute = Computation(seed=7, hold=True)
+    thread, _ = in_thread(lambda: cache.get_or_compute("in-flight", compute))
+    assert compute.started.wait(JOIN_S)
+    answer_r, answer_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            try:
+                cache.get_or_compute("in-flight", Computation(seed=7), wait_s=1.0)
+                said = b"returned"
+            except RuntimeError as exc:
+                said = str(exc).encode()[:200]
+            os.write(answer_w, said)
+        finally:
+            os._exit(0)
+    os.close(answer_w)
+    try:
+        ready, _, _ = select.select([answer_r], [], [], JOIN_S)  # a bound on a hang
+        said = os.read(answer_r, 256) if ready else b"(no answer: it waits)"
+    finally:
+        os.close(answer_r)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        compute.go.set()
+    assert b"opened before this process forked" in said
+    assert finished(thread)
+    assert bit_equal(cache.get("in-flight"), make_tensor(SHAPE, DTYPE, 7))  # the parent's works
+
+
+def test_a_batch_interrupted_while_joining_leaves_no_flight_behind(cache, monkeypatch):
+    """Ctrl-C caught in a notebook while a large batch joins its flights: the
+    ones it already leads are landed, so a later call of those keys computes
+    (it waited for ever on a leader that was gone)."""
+    join = single_flight.LocalFlights.join
+    joined: list[str] = []
+
+    def interrupted_join(flights, name):
+        if len(joined) == 2:
+            raise KeyboardInterrupt
+        joined.append(name)
+        return join(flights, name)
+
+    monkeypatch.setattr(single_flight.LocalFlights, "join", interrupted_join)
+    with pytest.raises(KeyboardInterrupt):
+        cache.get_or_compute_many(["a", "b", "c", "d"], lambda hashes: [])
+    monkeypatch.undo()
+    compute = Computation(seed=2)
+    thread, out = in_thread(lambda: cache.get_or_compute("a", compute))
+    assert finished(thread), "a flight the interrupted batch led was left behind"
+    assert bit_equal(out[0], make_tensor(SHAPE, DTYPE, 2))

@@ -114,24 +114,11 @@ class GetOrCompute:
             leading: dict[str, tuple[str, Flight]] = {}
             following: dict[str, Flight] = {}
             own: list[str] = []  # the outer call of this thread waits for them from another
-            for mm_hash in wanted:
-                if mm_hash in found:
-                    continue
-                name = names[mm_hash]
-                flight, leads = self._flights.join(name)
-                if leads:
-                    leading[mm_hash] = (name, flight)
-                elif flight.leader != threading.get_ident():
-                    following[mm_hash] = flight
-                elif self._waits_on_another(flight):
-                    own.append(mm_hash)  # its flight cannot land while this thread is here
-                else:
-                    # Asked from inside this thread's own compute of that entry.
-                    self._abandon(leading)
-                    raise RuntimeError(
-                        f"compute for {mm_hash!r:.80} asked get_or_compute for the same key: "
-                        "it would wait for itself"
-                    )
+            try:
+                self._join(wanted, names, found, leading, following, own)
+            except BaseException:  # a caught Ctrl-C too: no flight of ours left unlanded
+                self._abandon(leading)
+                raise
             if leading:
                 found.update(self._lead(leading, compute, target, float(wait_s), identity))
             late = self._read_until(own, deadline, identity, target, found)
@@ -150,6 +137,34 @@ class GetOrCompute:
             answers.append(found[mm_hash].clone() if mm_hash in seen else found[mm_hash])
             seen.add(mm_hash)
         return answers
+
+    def _join(
+        self,
+        wanted: list[str],
+        names: dict[str, str],
+        found: dict[str, torch.Tensor],
+        leading: dict[str, tuple[str, Flight]],
+        following: dict[str, Flight],
+        own: list[str],
+    ) -> None:
+        """Join the flight of each hash not ``found`` yet: as its leader, a
+        follower, or (``own``) the thread whose outer call leads it."""
+        for mm_hash in wanted:
+            if mm_hash in found:
+                continue
+            name = names[mm_hash]
+            flight, leads = self._flights.join(name)
+            if leads:
+                leading[mm_hash] = (name, flight)
+            elif flight.leader != threading.get_ident():
+                following[mm_hash] = flight
+            elif self._waits_on_another(flight):
+                own.append(mm_hash)  # its flight cannot land while this thread is here
+            else:  # asked from inside this thread's own compute of that entry
+                raise RuntimeError(
+                    f"compute for {mm_hash!r:.80} asked get_or_compute for the same key: "
+                    "it would wait for itself"
+                )
 
     def _key(self, mm_hash: str, identity: EncoderIdentity) -> ECKey:
         """The key of ``mm_hash`` under ``identity`` (the call's)."""
@@ -200,9 +215,14 @@ class GetOrCompute:
         """Land the flights of ``hashes`` (taken out of ``flights``) with their
         results, None for those without one; land never raises."""
         self._mark_on_others(flights, hashes, False)
-        for mm_hash in hashes:
-            name, flight = flights.pop(mm_hash)
-            self._flights.land(name, flight, results.get(mm_hash), share=_detached_copy)
+        try:
+            for mm_hash in hashes:
+                name, flight = flights[mm_hash]
+                self._flights.land(name, flight, results.get(mm_hash), share=_detached_copy)
+                del flights[mm_hash]
+        except BaseException:  # interrupted part way: the rest land without a result
+            self._abandon({h: flights.pop(h) for h in hashes if h in flights})
+            raise
 
     def _landed_by(self, flight: Flight, deadline: float) -> bool:
         """Wait for ``flight`` to land: without limit while its leader computes,

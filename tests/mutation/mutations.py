@@ -1355,8 +1355,8 @@ MUTATIONS += [
         "compute-waits-for-itself",
         "a compute asking for its own entry in its own thread is a clear error, never a stall",
         GET_OR_COMPUTE,
-        "                elif flight.leader != threading.get_ident():\n",
-        "                elif True:\n",
+        "            elif flight.leader != threading.get_ident():\n",
+        "            elif True:\n",
         (
             f"{T_GET_OR_COMPUTE}::test_a_compute_asking_for_its_own_key_is_a_clear_error_not_a_stall",
             f"{T_GET_OR_COMPUTE}::test_a_compute_may_ask_for_other_keys_but_not_its_own_in_a_batch",
@@ -1523,15 +1523,6 @@ MUTATIONS += [
             "tests/test_engine.py::"
             "test_a_cpu_pool_larger_than_the_host_grants_is_a_smaller_pool_not_a_failed_start",
         ),
-    ),
-    Mutation(
-        "batch-hash-checked-after-joining",
-        "a bad hash in a batch fails the call without leaving a flight behind",
-        "lmcache_ec/storage/get_or_compute.py",
-        "        names = {mm_hash: self._name(mm_hash, identity) for mm_hash in wanted}\n",
-        '        names = type("Lazy", (dict,), '
-        '{"__missing__": lambda _, h: self._name(h, identity)})()\n',
-        ("tests/test_get_or_compute.py::test_a_bad_hash_in_a_batch_leaves_no_flight_behind",),
     ),
     Mutation(
         "followers-share-the-leaders-tensor",
@@ -5387,8 +5378,8 @@ MUTATIONS += [
         "a compute may ask for an entry its batch waits for from another instance",
         "lmcache_ec/storage/get_or_compute.py",
         (
-            "                elif self._waits_on_another(flight):\n"
-            "                    own.append(mm_hash)  # its flight cannot land while this "
+            "            elif self._waits_on_another(flight):\n"
+            "                own.append(mm_hash)  # its flight cannot land while this "
             "thread is here\n"
         ),
         "",
@@ -7171,6 +7162,44 @@ MUTATIONS += [
             (
                 "tests/tiers/test_disk_budget.py::test_a_start_with_a_smaller_limit_spares_anothe"
                 "r_process_fresh_entries"
+            ),
+        ),
+    ),
+    Mutation(
+        "forked-child-waits-on-the-parents-cache",
+        (
+            "a forked child using its parent's ECCache gets a clear error at once, never a wait f"
+            "or the parent's threads"
+        ),
+        "lmcache_ec/engine.py",
+        "os.register_at_fork(after_in_child=_closed_in_a_forked_child)\n",
+        "\n",
+        (
+            (
+                "tests/test_get_or_compute.py::test_a_forked_child_gets_a_clear_error_from_the_pa"
+                "rents_cache_not_a_wait"
+            ),
+        ),
+    ),
+    Mutation(
+        "interrupted-batch-leaves-its-flights",
+        (
+            "a get_or_compute_many interrupted while joining lands the flights it leads (later ca"
+            "lls never wait on them)"
+        ),
+        "lmcache_ec/storage/get_or_compute.py",
+        (
+            "            except BaseException:  # a caught Ctrl-C too: no flight of ours left unl"
+            "anded\n                self._abandon(leading)\n                raise\n"
+        ),
+        (
+            "            except RuntimeError:\n                self._abandon(leading)\n            "
+            "    raise\n"
+        ),
+        (
+            (
+                "tests/test_get_or_compute.py::test_a_batch_interrupted_while_joining_leaves_no_f"
+                "light_behind"
             ),
         ),
     ),
