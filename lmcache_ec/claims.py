@@ -315,7 +315,10 @@ class ClaimAgent:
     most ``within_s``, so that nobody who then claims finds nothing to load.
     """
 
-    _MAX_ANSWERS = 4096  # answers nobody collected (requests gone) are dropped oldest first
+    # Answers nobody collected (requests gone) are dropped oldest first beyond
+    # this many, once older than the longest a caller takes to collect one.
+    _MAX_ANSWERS = 4096
+    _ANSWER_KEPT_S = 60.0
     _DEFERRED_POLL_S = 0.002  # how often deferred releases are checked
 
     def __init__(self, open_store: Callable[[], ClaimStore | None], ttl_s: float) -> None:
@@ -323,9 +326,10 @@ class ClaimAgent:
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)
         self._pending: set[str] = set()
-        self._answers: OrderedDict[str, bool] = OrderedDict()
+        self._answers: OrderedDict[str, tuple[bool, float]] = OrderedDict()  # (won, when)
         self._queue: queue.SimpleQueue[_Order | None] = queue.SimpleQueue()
         self._deferred: list[tuple[str, Callable[[], bool], float]] = []  # this thread's only
+        self._held: set[str] = set()  # won, not released: withdrawn at close (this thread's)
         self._no_store = False  # no store to share: every claim is ours at once
         self._thread = threading.Thread(
             target=self._loop, args=(open_store,), name="ec-claims", daemon=True
@@ -349,7 +353,7 @@ class ClaimAgent:
         with self._lock:
             for name in names:
                 if name in self._answers:
-                    answers.append(self._answers.pop(name))
+                    answers.append(self._answers.pop(name)[0])
                     continue
                 answers.append(None)
                 if name not in self._pending:
@@ -389,6 +393,10 @@ class ClaimAgent:
                 self._carry_out(store, order)
             self._release_ready(store, final=False)
         self._release_ready(store, final=True)
+        # Claims whose caller was still computing at close: its result is not
+        # stored, and its release would come after this thread is gone.
+        for name in list(self._held):
+            self._release(store, name)
         close = getattr(store, "close", None)
         if close is not None:
             with contextlib.suppress(Exception):
@@ -444,11 +452,18 @@ class ClaimAgent:
                     won = [bool(store.claim(name, order.seconds)) for name in order.names]
             except Exception as exc:  # a store should not raise; encode if it does
                 logger.debug("Claim store failed (claim): %s", exc)
+        now = time.monotonic()
+        self._held.update(name for name, answer in zip(order.names, won, strict=True) if answer)
         with self._lock:
             for name, answer in zip(order.names, won, strict=True):
                 self._pending.discard(name)
-                self._answers[name] = answer
+                self._answers[name] = (answer, now)
+            # A batch of more than _MAX_ANSWERS keys collects its answers after
+            # they all came: none dropped before then (taken for a won claim).
             while len(self._answers) > self._MAX_ANSWERS:
+                _, (_, when) = next(iter(self._answers.items()))
+                if now - when < self._ANSWER_KEPT_S:
+                    break
                 self._answers.popitem(last=False)
             self._answered.notify_all()
 
@@ -470,6 +485,7 @@ class ClaimAgent:
         self._deferred = waiting
 
     def _release(self, store: ClaimStore | None, name: str) -> None:
+        self._held.discard(name)
         with self._lock:  # an answer nobody collected says nothing after this
             self._answers.pop(name, None)
         if store is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import os
 import select
 import signal
@@ -23,7 +24,7 @@ import pytest
 import torch
 
 from lmcache_ec import ECCache
-from lmcache_ec.claims import DirectoryClaims, claims_dir_for
+from lmcache_ec.claims import ClaimAgent, DirectoryClaims, claims_dir_for
 from lmcache_ec.storage import single_flight
 from tests.conftest import bit_equal, make_tensor
 
@@ -698,3 +699,56 @@ def test_a_batch_interrupted_while_joining_leaves_no_flight_behind(cache, monkey
     thread, out = in_thread(lambda: cache.get_or_compute("a", compute))
     assert finished(thread), "a flight the interrupted batch led was left behind"
     assert bit_equal(out[0], make_tensor(SHAPE, DTYPE, 2))
+
+
+def test_a_batch_of_more_keys_than_answers_kept_waits_on_every_one_held_elsewhere(
+    cache, disk_dir, monkeypatch
+):
+    """Another instance holds every key of a batch larger than the answers the
+    claim agent keeps uncollected (shortened here from 4096): each is waited
+    for. The oldest answers were dropped before the batch collected them, and
+    a missing answer counts as a won claim: computed at once, twice in all."""
+    monkeypatch.setattr(ClaimAgent, "_MAX_ANSWERS", 8)
+    hashes = [f"held-{i}" for i in range(24)]
+    holder = DirectoryClaims(claims_dir_for(str(disk_dir)))
+    for mm_hash in hashes:
+        assert holder.claim(cache.key(mm_hash).storage_name, 600)
+    out = cache.get_or_compute_many(
+        hashes, lambda asked: [make_tensor(SHAPE, DTYPE, 1) for _ in asked], wait_s=0.2
+    )
+    assert len(out) == len(hashes)
+    assert cache.stats.snapshot()["get_or_compute"]["waits"] == len(hashes)
+
+
+def test_close_during_a_compute_withdraws_its_claim(cache, disk_dir):
+    """The cache is closed while a compute runs: its claim is withdrawn at the
+    close (the result will not be stored), not left to make every other
+    instance wait out its TTL."""
+    compute = Computation(seed=4, hold=True)
+    thread, out = in_thread(lambda: cache.get_or_compute("closing", compute))
+    assert compute.started.wait(JOIN_S)
+    name = cache.key("closing").storage_name
+    cache.close()
+    assert DirectoryClaims(claims_dir_for(str(disk_dir))).claim(name, 60)  # free
+    compute.go.set()
+    assert finished(thread)
+    assert bit_equal(out[0], make_tensor(SHAPE, DTYPE, 4))  # its caller still gets it
+
+
+def test_a_batch_left_unstored_by_a_close_says_so_in_one_line(cache, caplog):
+    started, go = threading.Event(), threading.Event()
+
+    def compute(asked: list[str]) -> list[torch.Tensor]:
+        started.set()
+        assert go.wait(JOIN_S)
+        return [make_tensor(SHAPE, DTYPE, i) for i in range(len(asked))]
+
+    hashes = [f"batch-{i}" for i in range(20)]
+    thread, out = in_thread(lambda: cache.get_or_compute_many(hashes, compute))
+    assert started.wait(JOIN_S)
+    cache.close()
+    caplog.set_level(logging.WARNING, logger="lmcache_ec.storage.get_or_compute")
+    go.set()
+    assert finished(thread) and len(out[0]) == len(hashes)
+    said = [r.getMessage() for r in caplog.records if "not stored" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("get_or_compute: 20 not stored")

@@ -462,11 +462,12 @@ class GetOrCompute:
                 "while they were computed",
                 len(hashes),
             )
+        unstored: list[str] = []
         for mm_hash, tensor in zip(hashes, tensors, strict=True):
             try:
                 stored = not changed and self._cache.put(mm_hash, tensor, identity=identity)
             except Exception as exc:  # closed meanwhile: the caller still gets its tensor
-                logger.warning("get_or_compute: %.40s not stored: %s", mm_hash, exc)
+                unstored.append(f"{mm_hash:.40}: {exc}")
                 stored = False
             if agent is not None:
                 key = identity.key(mm_hash)
@@ -478,6 +479,8 @@ class GetOrCompute:
                     within_s=wait_s,
                 )
             results[mm_hash] = tensor if tensor.device == device else tensor.to(device)
+        if unstored:  # one line for the call, however many entries
+            logger.warning("get_or_compute: %d not stored (%s)", len(unstored), unstored[0])
 
     def _checked(
         self, hashes: list[str], tensors: Any, identity: EncoderIdentity

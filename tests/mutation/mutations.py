@@ -7203,6 +7203,46 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "claim-answers-dropped-before-collected",
+        (
+            "a batch of more keys than the claim answers kept waits on every key another instance"
+            " holds"
+        ),
+        "lmcache_ec/claims.py",
+        "                if now - when < self._ANSWER_KEPT_S:\n                    break\n",
+        "",
+        (
+            (
+                "tests/test_get_or_compute.py::test_a_batch_of_more_keys_than_answers_kept_waits_"
+                "on_every_one_held_elsewhere"
+            ),
+        ),
+    ),
+    Mutation(
+        "close-leaves-claims-of-computes-in-flight",
+        "close() during a compute withdraws its claim (others do not wait out its TTL)",
+        "lmcache_ec/claims.py",
+        "        for name in list(self._held):\n            self._release(store, name)\n",
+        "",
+        ("tests/test_get_or_compute.py::test_close_during_a_compute_withdraws_its_claim",),
+    ),
+    Mutation(
+        "unstored-batch-logged-per-entry",
+        "a batch left unstored by a close is one log line, not one per entry",
+        "lmcache_ec/storage/get_or_compute.py",
+        '                unstored.append(f"{mm_hash:.40}: {exc}")\n',
+        (
+            '                unstored.append(f"{mm_hash:.40}: {exc}")\n                logger.warn'
+            'ing("get_or_compute: %.40s not stored: %s", mm_hash, exc)\n'
+        ),
+        (
+            (
+                "tests/test_get_or_compute.py::test_a_batch_left_unstored_by_a_close_says_so_in_o"
+                "ne_line"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
