@@ -70,8 +70,7 @@ _opened: weakref.WeakSet[ECCache] = weakref.WeakSet()
 
 
 def _closed_in_a_forked_child() -> None:
-    # Its threads (writers, claims, waits on in-flight computations) stayed in
-    # the parent: used here, a call could wait for ever. A clear error instead.
+    # Its threads stayed in the parent: a call here could wait for ever.
     for cache in list(_opened):
         cache._closed, cache._closed_message = True, _FORKED
 
@@ -149,6 +148,7 @@ class ECCache:
             self._read,
             check_open=self._check_open,
             check_fits=self._check_fits,
+            purge_stamp=self._reader.purge_stamp,
         )
 
     @classmethod

@@ -752,3 +752,17 @@ def test_a_batch_left_unstored_by_a_close_says_so_in_one_line(cache, caplog):
     assert finished(thread) and len(out[0]) == len(hashes)
     said = [r.getMessage() for r in caplog.records if "not stored" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("get_or_compute: 20 not stored")
+
+
+def test_a_removal_while_an_entry_is_computed_keeps_its_result_out_of_the_tiers(cache):
+    """``remove(k)`` while ``k`` is computed: its caller gets the result, but it
+    is not stored (it was stored after the removal and served, undoing it)."""
+    compute = Computation(seed=5, hold=True)
+    thread, out = in_thread(lambda: cache.get_or_compute("removed", compute))
+    assert compute.started.wait(JOIN_S)
+    assert not cache.remove("removed")  # nothing stored yet
+    compute.go.set()
+    assert finished(thread)
+    assert bit_equal(out[0], make_tensor(SHAPE, DTYPE, 5))
+    assert cache.contains("removed") is None
+    assert cache.stats.snapshot()["get_or_compute"]["not_stored"] == 1

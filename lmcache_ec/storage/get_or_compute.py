@@ -79,8 +79,10 @@ class GetOrCompute:
         *,
         check_open: Callable[[], None],
         check_fits: Callable[[int], None],
+        purge_stamp: Callable[[], int],
     ) -> None:
         self._cache = cache
+        self._purge_stamp = purge_stamp  # TierReader.purge_stamp: a removal or purge began?
         self._config = config
         self._read_keys = read
         self._check_open = check_open  # raises once the cache is closed
@@ -446,6 +448,7 @@ class GetOrCompute:
         computed the results is unknown, so they are returned, never stored.
         """
         agent = self._claims if claimed else None
+        stamp = self._purge_stamp()
         try:
             tensors = self._checked(hashes, compute(list(hashes)), identity)
         except BaseException:
@@ -455,17 +458,21 @@ class GetOrCompute:
             raise
         self._cache.stats.add("computes", len(hashes))
         changed = self._cache.identity is not identity
-        if changed:
+        # A remove() or purge while they were computed may have been meant for
+        # them: stored after it, they would be served.
+        purged = stamp == -1 or self._purge_stamp() != stamp
+        unstorable = changed or purged
+        if unstorable:
             self._cache.stats.add("compute_not_stored", len(hashes))
             logger.warning(
-                "get_or_compute: %d result(s) not stored: the cache's identity changed "
-                "while they were computed",
+                "get_or_compute: %d result(s) not stored: %s while they were computed",
                 len(hashes),
+                "the cache's identity changed" if changed else "a removal or purge ran",
             )
         unstored: list[str] = []
         for mm_hash, tensor in zip(hashes, tensors, strict=True):
             try:
-                stored = not changed and self._cache.put(mm_hash, tensor, identity=identity)
+                stored = not unstorable and self._cache.put(mm_hash, tensor, identity=identity)
             except Exception as exc:  # closed meanwhile: the caller still gets its tensor
                 unstored.append(f"{mm_hash:.40}: {exc}")
                 stored = False

@@ -141,8 +141,9 @@ class TierReader:
         with self._purge_lock:
             self._purges_applying -= 1
 
-    def _purges_at_start(self) -> int:
-        """What a read notes as it begins: -1 (never promoted) while a purge is applied."""
+    def purge_stamp(self) -> int:
+        """What a read (or a computation) notes as it begins: -1 while a purge
+        or removal is applied; compared after, whether one began meanwhile."""
         return -1 if self._purges_applying else self._purges_begun
 
     def settle(self, key: ECKey) -> None:
@@ -243,7 +244,7 @@ class TierReader:
         """
         self._promoter.reading()
         self._promoter.settle(key)  # a read after a disk hit is a CPU hit
-        purges = self._purges_at_start() if prefetched is None else prefetched.purges
+        purges = self.purge_stamp() if prefetched is None else prefetched.purges
         cpu = self._cpu
         try:
             if cpu.holds_entries:
@@ -307,7 +308,7 @@ class TierReader:
         wanted = [key for key in dict.fromkeys(keys) if not self._held_locally(key, local)]
         if len(wanted) < 2:
             return None
-        purges = self._purges_at_start()
+        purges = self.purge_stamp()
         try:
             frames = tier.read_many(wanted)
         except Exception as exc:

@@ -7243,6 +7243,19 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "result-stored-after-a-removal",
+        "a result computed across a remove() or a purge is returned but not stored",
+        "lmcache_ec/storage/get_or_compute.py",
+        "        purged = stamp == -1 or self._purge_stamp() != stamp\n",
+        "        purged = False\n",
+        (
+            (
+                "tests/test_get_or_compute.py::test_a_removal_while_an_entry_is_computed_keeps_it"
+                "s_result_out_of_the_tiers"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the
