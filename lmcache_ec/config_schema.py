@@ -182,8 +182,9 @@ SCHEMA: dict[str, Option] = {
             help="Share the disk tier with the members of its directory's group: a directory "
             "this process makes is 2770 (new files keep its group) and entries are 0660. "
             "Its size ledger is then kept in it (.ledger, 0660), so the limit holds across "
-            "the group's users. Off, it is 0700 and entries 0600: stored embeddings can "
-            "reveal image content.",
+            "the group's users. A directory made private before keeps its mode and group "
+            "(a WARNING at start) until its owner runs chgrp <group> and chmod 2770 on it. "
+            "Off, it is 0700 and entries 0600: stored embeddings can reveal image content.",
             lmcache=False,
         ),
         # -- sharing a directory, and the node tier (tiers/budget.py, tiers/node.py)

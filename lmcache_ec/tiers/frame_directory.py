@@ -64,9 +64,19 @@ SEEN_MAX = 1 << 16
 
 
 def _warn_if_open(path: str, modes: DirectoryModes) -> None:
-    """Log a directory (made by someone else) that lets more users in than ``modes``."""
+    """Log a directory (made earlier, or by someone else) that lets more users
+    in than ``modes``, or fewer than group sharing needs."""
     with contextlib.suppress(OSError):
-        mode = os.stat(path).st_mode & 0o777
+        mode = os.stat(path).st_mode & 0o7777
+        if modes.group_shared and mode & 0o2070 != 0o2070:  # made private before
+            logger.warning(
+                "Directory %s has mode %04o: users of its group cannot share it "
+                "(local_disk_group_shared) until its owner runs chgrp <group> and "
+                "chmod %04o on it",
+                path,
+                mode,
+                modes.directory,
+            )
         if mode & ~modes.directory & 0o077:
             logger.warning(
                 "Directory %s has mode %04o: other users can read its entries "

@@ -7256,6 +7256,19 @@ MUTATIONS += [
             ),
         ),
     ),
+    Mutation(
+        "group-sharing-on-a-private-directory-silent",
+        "local_disk_group_shared on a directory made private before says what its owner must run",
+        "lmcache_ec/tiers/frame_directory.py",
+        "        if modes.group_shared and mode & 0o2070 != 0o2070:  # made private before\n",
+        "        if False:\n",
+        (
+            (
+                "tests/tiers/test_disk_tier.py::test_group_sharing_turned_on_for_a_private_direct"
+                "ory_says_what_it_needs"
+            ),
+        ),
+    ),
 ]
 
 # Applied before the list: a deliberately broken copy. If these tests pass, the

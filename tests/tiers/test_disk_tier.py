@@ -200,3 +200,22 @@ def test_directory_and_entries_are_private_unless_shared_with_a_group(
     assert _mode(directory) == dir_mode
     (entry,) = directory.glob("*.pt")
     assert _mode(entry) == file_mode
+
+
+def test_group_sharing_turned_on_for_a_private_directory_says_what_it_needs(
+    disk_dir, make_cache, caplog
+):
+    """The directory was made private (0700) by an earlier config: turning
+    ``local_disk_group_shared`` on does not open it (only its owner may, and
+    the group must be the sharing one), so the start says what to run."""
+    disk_dir.mkdir(exist_ok=True)
+    os.chmod(disk_dir, 0o700)
+    with caplog.at_level(logging.WARNING, logger="lmcache_ec.tiers.frame_directory"):
+        make_cache({"local_disk": str(disk_dir), "local_disk_group_shared": True})
+    said = [r.getMessage() for r in caplog.records if "users of its group" in r.getMessage()]
+    assert len(said) == 1 and "chmod 2770" in said[0] and "0700" in said[0]
+    caplog.clear()
+    os.chmod(disk_dir, 0o2770)
+    with caplog.at_level(logging.WARNING, logger="lmcache_ec.tiers.frame_directory"):
+        make_cache({"local_disk": str(disk_dir), "local_disk_group_shared": True})
+    assert not [r for r in caplog.records if "users of its group" in r.getMessage()]
