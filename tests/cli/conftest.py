@@ -55,6 +55,16 @@ def remote_config_file(tmp_path, disk_dir, url: str) -> str:
     )
 
 
+def config_without(tmp_path, disk_dir, redis_process, command: str) -> str:
+    """``remote_config_file`` for a Redis user who may run every command but
+    ``command`` (an ACL), on ``redis_process``."""
+    redis_process.client().acl_setuser(
+        "lister", enabled=True, passwords=["+pw"], keys="*", commands=["+@all", f"-{command}"]
+    )
+    url = f"redis://lister:pw@127.0.0.1:{redis_process.port}"
+    return remote_config_file(tmp_path, disk_dir, url)
+
+
 @pytest.fixture
 def config_file(tmp_path, disk_dir):
     return write_config(

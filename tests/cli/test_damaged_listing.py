@@ -15,7 +15,7 @@ import redis
 
 from lmcache_ec.remote_names import redis_data_key, redis_meta_key
 
-from .conftest import populate, remote_config_file
+from .conftest import config_without, populate, remote_config_file
 
 
 def _entry_keys(client: redis.Redis) -> list[bytes]:
@@ -58,12 +58,7 @@ def test_ls_whose_header_reads_the_store_refuses_exits_1(
     a listing of what the store holds)."""
     config = remote_config_file(tmp_path, disk_dir, redis_process.url)
     populate(config, "org/model-a", "tenant-1", 3)
-    redis_process.client().acl_setuser(
-        "lister", enabled=True, passwords=["+pw"], keys="*", commands=["+@all", "-getrange"]
-    )
-    no_reads = remote_config_file(
-        tmp_path, disk_dir, f"redis://lister:pw@127.0.0.1:{redis_process.port}"
-    )
+    no_reads = config_without(tmp_path, disk_dir, redis_process, "getrange")
 
     rows = invoke_json("ls", "--config", no_reads, "--tier", "remote", expect=1)
     assert len(rows) == 3 and all("header read failed" in row["error"] for row in rows)
@@ -89,13 +84,8 @@ def test_a_purge_whose_remote_listing_failed_records_and_announces_nothing_there
     config = remote_config_file(tmp_path, disk_dir, redis_process.url)
     populate(config, "org/model-a", "tenant-1", 3)
     client = redis_process.client()
-    client.acl_setuser(
-        "lister", enabled=True, passwords=["+pw"], keys="*", commands=["+@all", "-scan"]
-    )
+    no_scan = config_without(tmp_path, disk_dir, redis_process, "scan")
     stored = _entry_keys(client)
-    no_scan = remote_config_file(
-        tmp_path, disk_dir, f"redis://lister:pw@127.0.0.1:{redis_process.port}"
-    )
 
     result = invoke(
         "purge", "--config", no_scan, "--namespace", "tenant-1", "--tier", "remote", expect=1

@@ -21,7 +21,7 @@ import pytest
 from lmcache_ec.cli import entries
 from tests.servers import Drip
 
-from .conftest import populate, remote_config_file
+from .conftest import config_without, populate, remote_config_file
 
 BOUND_S = 10.0  # far past the deadlines set here; only a hung command reaches it
 
@@ -97,12 +97,7 @@ def test_stats_leaves_out_a_remote_tier_it_could_not_list(
     """A user who may do all but SCAN: the remote holds entries it cannot count."""
     config = remote_config_file(tmp_path, disk_dir, redis_process.url)
     populate(config, "org/model-a", "tenant-1", 3)
-    redis_process.client().acl_setuser(
-        "lister", enabled=True, passwords=["+pw"], keys="*", commands=["+@all", "-scan"]
-    )
-    no_scan = remote_config_file(
-        tmp_path, disk_dir, f"redis://lister:pw@127.0.0.1:{redis_process.port}"
-    )
+    no_scan = config_without(tmp_path, disk_dir, redis_process, "scan")
     result = invoke("stats", "--config", no_scan, "--json", expect=None)
     assert "remote tier skipped" in _said(result)
     shown = json.loads(result.stdout)
