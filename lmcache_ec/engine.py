@@ -65,6 +65,7 @@ Items = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 Compute = Callable[[], torch.Tensor]
 
 _KEY_MEMO_SIZE = 65536  # keys remembered by mm_hash (cleared when full)
+_KEY_MEMO_MAX_LEN = 512  # longer mm_hashes are hashed on every call
 _FORKED = "ECCache was opened before this process forked: open a new one in this process"
 _opened: weakref.WeakSet[ECCache] = weakref.WeakSet()
 
@@ -76,7 +77,6 @@ def _closed_in_a_forked_child() -> None:
 
 
 os.register_at_fork(after_in_child=_closed_in_a_forked_child)
-_KEY_MEMO_MAX_LEN = 512  # longer mm_hashes are hashed on every call
 
 
 def _lmcache_metadata(model: str) -> LMCacheMetadata:

@@ -459,7 +459,8 @@ class ECRemoteBackend(TierDefaults, RemoteBackend):
         self.health.count("uploads" if sent else "upload_skipped_existing")
 
     def _upload_failed(self, key: CacheEngineKey, exc: Exception) -> None:
-        self.remember_missed([key])
+        if not isinstance(exc, StoreBusy):  # refused for now: no outage ends to re-send it
+            self.remember_missed([key])
         if isinstance(exc, ShardUnavailable):
             self.health.count(_miss_counter(exc))  # only this key's shard is down
         else:

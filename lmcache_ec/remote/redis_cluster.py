@@ -19,6 +19,7 @@ timeouts: ``redis_store.py``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -197,7 +198,8 @@ class RedisClusterStore(RemoteStore):
         try:
             self._client_of(node).ping()
         except Exception as exc:  # still down: skipped for another interval, no new warning
-            self._shard_failed(node, exc)
+            with contextlib.suppress(Exception):  # a thread of its own: nobody to raise to
+                self._shard_failed(node, exc)
         else:
             self._ping_answered(node)
         finally:

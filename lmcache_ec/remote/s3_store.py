@@ -227,7 +227,7 @@ class S3Store(RemoteStore):
         except Exception as exc:
             if is_not_found(exc):
                 return False
-            raise
+            self._failed(exc)
         if read is None:  # its read is no longer remembered: unconfirmed, kept
             return False
         if read != (str(stored.get("ETag", "")), int(stored["ContentLength"])):
