@@ -62,15 +62,16 @@ class DaemonPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{self._name} is shut down")
+            self._jobs.put((future, fn, args))  # before the start: a new thread takes it first
             if not self._idle.acquire(blocking=False) and self._started < self._threads:
                 name = f"{self._name}_{self._started}"
                 try:
                     threading.Thread(target=self._work, name=name, daemon=True).start()
                     self._started += 1
                 except RuntimeError as exc:  # no thread now (a pids limit)
-                    if self._started == 0:  # none to take the call: never queued
+                    if self._started == 0:  # none to take the call: it never runs
+                        future.cancel()
                         raise ReadersBusy(f"no thread to run it: {exc}") from exc
-            self._jobs.put((future, fn, args))
         return future
 
     def _work(self) -> None:

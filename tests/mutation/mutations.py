@@ -7015,7 +7015,8 @@ MUTATIONS += [
             "                try:\n                    threading.Thread(target=self._work, name=na"
             "me, daemon=True).start()\n                    self._started += 1\n                exce"
             "pt RuntimeError as exc:  # no thread now (a pids limit)\n                    if self."
-            "_started == 0:  # none to take the call: never queued\n                        raise "
+            "_started == 0:  # none to take the call: it never runs\n                        futu"
+            "re.cancel()\n                        raise "
             'ReadersBusy(f"no thread to run it: {exc}") from exc\n'
         ),
         (
