@@ -196,14 +196,10 @@ class RedisClusterStore(RemoteStore):
 
     def _trial(self, node: Any) -> None:
         try:
-            self._client_of(node).ping()
+            self._ping_claimed(node)
         except Exception as exc:  # still down: skipped for another interval, no new warning
             with contextlib.suppress(Exception):  # a thread of its own: nobody to raise to
                 self._shard_failed(node, exc)
-        else:
-            self._ping_answered(node)
-        finally:
-            self._end_ping(node)
 
     def _start_ping(self, node: Any) -> bool:
         """Claims ``node``'s one ping in flight; False if it has one (or we are closed)."""
@@ -495,6 +491,10 @@ class RedisClusterStore(RemoteStore):
     def _ping(self, node: Any) -> None:
         if not self._start_ping(node):
             raise RedisConnectionError("its previous ping is still unanswered")
+        self._ping_claimed(node)
+
+    def _ping_claimed(self, node: Any) -> None:
+        """Ping ``node``, whose one ping in flight the caller claimed (``_start_ping``)."""
         try:
             self._client_of(node).ping()
             self._ping_answered(node)

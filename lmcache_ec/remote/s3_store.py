@@ -127,7 +127,7 @@ class S3Store(RemoteStore):
         self._client = make_client(settings)
         self._pool: DaemonPool | None = None  # daemon: a call left dripping never holds the exit
         self._reads: OrderedDict[str, tuple[str, int]] = OrderedDict()  # name -> (ETag, size)
-        self._reads_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _reads and the refused-call count
         self._busy_logged_at: float | None = None
         self._busy_since_log = 0
 
@@ -149,7 +149,7 @@ class S3Store(RemoteStore):
         if not _is_busy(exc):
             raise exc
         now = time.monotonic()
-        with self._reads_lock:
+        with self._lock:
             self._busy_since_log += 1
             due = self._busy_logged_at is None or now - self._busy_logged_at >= _BUSY_LOG_EVERY_S
             if due:
@@ -210,7 +210,7 @@ class S3Store(RemoteStore):
         return self._side_by_side(self.get, names)
 
     def _remember_read(self, name: str, etag: str, length: int) -> None:
-        with self._reads_lock:
+        with self._lock:
             self._reads[name] = (etag, length)
             self._reads.move_to_end(name)
             if len(self._reads) > _READS_REMEMBERED:
@@ -220,7 +220,7 @@ class S3Store(RemoteStore):
         """Deletes ``name`` only if the object stored now is the one read (same
         ETag and size): bytes damaged on the way (a proxy or gateway answering
         with another object or a wrong length) leave a good entry in place."""
-        with self._reads_lock:
+        with self._lock:
             read = self._reads.pop(name, None)
         try:
             stored = self._client.head_object(**self._object(name))
